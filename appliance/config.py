@@ -1,0 +1,227 @@
+"""Every knob of the appliance, declared once, read once.
+
+Each knob has an environment name, a type, a default and a one-line doc in ``KNOBS``. Horovod's
+names are kept where Horovod has the knob (``HOROVOD_FUSION_THRESHOLD``...); ours start with
+``APPLIANCE_``. Command-line flags win over the environment, which wins over the default.
+``describe()`` renders the table (rank 0 prints it with ``--verbose`` / ``APPLIANCE_VERBOSE``).
+
+Nothing else in the package reads ``os.environ`` for a knob; modules ask for a dataclass
+built here (``RuntimeConfig.from_env()``...). Invalid values raise ``ConfigError`` naming the
+variable and what was wrong with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Callable, Mapping
+
+
+class ConfigError(ValueError):
+    """A knob has a value that cannot be used; the message names the variable."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    env: str
+    type: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+def _bool(s: str) -> bool:
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {s!r}")
+
+
+def _size(s: str) -> int:
+    """Bytes, optionally with a K/M/G suffix (powers of 1024)."""
+    v = s.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if v.endswith(suffix):
+            v, mult = v[:-1], m
+            break
+    n = int(float(v) * mult)
+    if n < 0:
+        raise ValueError("must not be negative")
+    return n
+
+
+def _nonneg_float(s: str) -> float:
+    f = float(s)
+    if f < 0:
+        raise ValueError("must not be negative")
+    return f
+
+
+def _rank_int(s: str) -> int:
+    n = int(s)
+    if n < 0:
+        raise ValueError("must not be negative")
+    return n
+
+
+# --- the table ----------------------------------------------------------------------------
+KNOBS: dict[str, Knob] = {k.env: k for k in [
+    # Process layout (the launcher sets these; OpenMPI's OMPI_COMM_WORLD_* are the fallback).
+    Knob("HOROVOD_RANK", _rank_int, None, "this process's rank"),
+    Knob("HOROVOD_SIZE", _rank_int, None, "number of ranks in the job"),
+    Knob("HOROVOD_LOCAL_RANK", _rank_int, None, "rank among the processes of this host"),
+    Knob("HOROVOD_LOCAL_SIZE", _rank_int, None, "number of ranks on this host"),
+    Knob("HOROVOD_CROSS_RANK", _rank_int, None, "index of this host among the job's hosts"),
+    Knob("HOROVOD_CROSS_SIZE", _rank_int, None, "number of hosts in the job"),
+    Knob("HOROVOD_HOSTNAME", str, None, "host name as the launcher knows it (default: gethostname())"),
+    # Bootstrap.
+    Knob("APPLIANCE_STORE_ADDR", str, None, "host:port of the rendezvous store hosted by rank 0"),
+    Knob("APPLIANCE_JOB_SECRET", str, None, "per-job secret (hex); every connection must prove it"),
+    Knob("APPLIANCE_JOB_ID", str, "", "job identifier, part of every handshake"),
+    Knob("APPLIANCE_DATA_ADDR", str, "", "address this rank listens on for peers (the launcher picks it)"),
+    Knob("HOROVOD_GLOO_IFACE", str, "", "network interface whose address this rank listens on"),
+    Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init"),
+    # Engine.
+    Knob("HOROVOD_FUSION_THRESHOLD", _size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)"),
+    Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming"),
+    Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)"),
+    Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor"),
+    Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks"),
+    Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 0.0, "abort the job when a tensor waits this long (0 = never)"),
+    Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
+    Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
+    Knob("APPLIANCE_SHM", _bool, True, "use shared memory between ranks of one host"),
+    Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0"),
+]}
+
+
+def read(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The value of knob ``name`` from ``env`` (default ``os.environ``), typed and validated."""
+    knob = KNOBS[name]
+    env = os.environ if env is None else env
+    raw = env.get(name)
+    if raw is None or (raw == "" and knob.default is not None and knob.type is not str):
+        return knob.default
+    try:
+        return knob.type(raw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{name}={raw!r}: {e} ({knob.doc})") from None
+
+
+def describe(env: Mapping[str, str] | None = None) -> str:
+    """The knob table with current values, one line per knob."""
+    rows = []
+    for k in KNOBS.values():
+        try:
+            value = read(k.env, env)
+        except ConfigError as e:
+            value = f"<invalid: {e}>"
+        if k.env == "APPLIANCE_JOB_SECRET" and value:
+            value = "<set>"
+        rows.append(f"  {k.env:<36} {value!s:<14} {k.doc}")
+    return "\n".join(rows)
+
+
+# --- the runtime's view ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything ``appliance.runtime.init()`` needs, read from the environment at init."""
+
+    rank: int = 0
+    size: int = 1
+    host: str = ""
+    store_host: str = ""
+    store_port: int = 0
+    secret: bytes = b""
+    job_id: str = ""
+    data_addr: str = ""
+    start_timeout_s: float = 60.0
+    fusion_threshold: int = 128 << 20
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    stall_check_s: float = 60.0
+    stall_shutdown_s: float = 0.0
+    chunk_bytes: int = 1 << 20
+    heartbeat_timeout_s: float = 10.0
+    shm: bool = True
+    verbose: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "RuntimeConfig":
+        env = os.environ if env is None else env
+        rank, size = read("HOROVOD_RANK", env), read("HOROVOD_SIZE", env)
+        if rank is None and "OMPI_COMM_WORLD_RANK" in env:  # started by OpenMPI's mpirun
+            rank, size = int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"])
+        if rank is None and size is None:
+            rank, size = 0, 1  # no launcher: a single rank, so the same script runs on a laptop
+        if rank is None or size is None:
+            raise ConfigError("HOROVOD_RANK and HOROVOD_SIZE must be set together")
+        if size < 1 or rank >= size:
+            raise ConfigError(f"HOROVOD_RANK={rank} is not below HOROVOD_SIZE={size}")
+
+        store_host, store_port, secret = "", 0, b""
+        if size > 1:
+            addr = read("APPLIANCE_STORE_ADDR", env)
+            if not addr:
+                raise ConfigError(
+                    f"rank {rank} of {size}: APPLIANCE_STORE_ADDR is not set. Start workers with "
+                    "`appliance launch`, or under mpirun pass -x APPLIANCE_STORE_ADDR=<rank 0 host>:<port> "
+                    "-x APPLIANCE_JOB_SECRET")
+            store_host, _, port = addr.rpartition(":")
+            try:
+                store_port = int(port)
+            except ValueError:
+                raise ConfigError(f"APPLIANCE_STORE_ADDR={addr!r}: expected host:port") from None
+            if not store_host or not 0 < store_port < 65536:
+                raise ConfigError(f"APPLIANCE_STORE_ADDR={addr!r}: expected host:port")
+            hex_secret = read("APPLIANCE_JOB_SECRET", env)
+            if not hex_secret:
+                raise ConfigError(
+                    f"rank {rank} of {size}: APPLIANCE_JOB_SECRET is not set; every rank needs the "
+                    "job's secret (the launcher passes it in the environment; under mpirun: "
+                    "export APPLIANCE_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))') "
+                    "and add -x APPLIANCE_JOB_SECRET)")
+            try:
+                secret = bytes.fromhex(hex_secret)
+            except ValueError:
+                raise ConfigError("APPLIANCE_JOB_SECRET must be hexadecimal") from None
+
+        data_addr = read("APPLIANCE_DATA_ADDR", env)
+        iface = read("HOROVOD_GLOO_IFACE", env)
+        if not data_addr and iface:
+            data_addr = interface_address(iface)
+        return cls(
+            rank=rank,
+            size=size,
+            host=read("HOROVOD_HOSTNAME", env) or socket.gethostname(),
+            store_host=store_host,
+            store_port=store_port,
+            secret=secret,
+            job_id=read("APPLIANCE_JOB_ID", env),
+            data_addr=data_addr,
+            start_timeout_s=read("HOROVOD_START_TIMEOUT", env),
+            fusion_threshold=read("HOROVOD_FUSION_THRESHOLD", env),
+            cycle_time_ms=read("HOROVOD_CYCLE_TIME", env),
+            cache_capacity=read("HOROVOD_CACHE_CAPACITY", env),
+            stall_check_s=0.0 if read("HOROVOD_STALL_CHECK_DISABLE", env) else read("HOROVOD_STALL_CHECK_TIME_SECONDS", env),
+            stall_shutdown_s=read("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", env),
+            chunk_bytes=max(1, read("APPLIANCE_CHUNK_BYTES", env)),
+            heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
+            shm=read("APPLIANCE_SHM", env),
+            verbose=read("APPLIANCE_VERBOSE", env),
+        )
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of network interface ``name`` (Linux)."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError as e:
+            raise ConfigError(f"network interface {name!r} has no IPv4 address here: {e.strerror}") from None
+    return socket.inet_ntoa(packed[20:24])

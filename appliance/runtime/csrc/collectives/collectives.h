@@ -1,0 +1,48 @@
+// The collective algorithms, one file each (collectives/<name>.cc), each opening with its
+// cost model in terms of ranks P and bytes N. Transport-agnostic: they only use Comm.
+// All calls are collective: every rank calls the same function with agreeing sizes.
+//
+// IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/comm.h"
+#include "common/types.h"
+
+namespace appliance {
+
+struct CollectiveOptions {
+  // Pipelining grain: ring steps move segments in pieces of this many bytes so receive,
+  // reduce and send overlap. Small values let tests reach the multi-piece paths cheaply.
+  size_t chunk_bytes = 1 << 20;
+};
+
+// In place over `count` elements. op is Sum, Min, Max or Product (Average is Sum plus a
+// postscale applied by the caller). Ring: reduce-scatter then allgather.
+void allreduce(Comm& c, void* buf, size_t count, DataType dt, ReduceOp op, const CollectiveOptions& o);
+
+// Rank r contributes bytes[r] bytes from `in`; `out` receives all contributions in rank
+// order (sum(bytes) bytes). `in` may alias out + offset(rank).
+void allgatherv(Comm& c, const void* in, void* out, const std::vector<size_t>& bytes,
+                const CollectiveOptions& o);
+
+// `bytes` bytes from root's buf to every rank's buf.
+void broadcast(Comm& c, void* buf, size_t bytes, int root, const CollectiveOptions& o);
+
+// Rank r sends send_bytes[p] bytes (consecutive in `in`, in peer order) to each peer p and
+// receives recv_bytes[p] bytes from each peer p into `out` (in peer order).
+void alltoallv(Comm& c, const void* in, const std::vector<size_t>& send_bytes, void* out,
+               const std::vector<size_t>& recv_bytes, const CollectiveOptions& o);
+
+// `buf` holds sum(counts) elements on every rank and is used as scratch; `out` receives this
+// rank's reduced block: counts[rank] elements, the block at offset sum(counts[0..rank)).
+void reducescatter(Comm& c, void* buf, void* out, const std::vector<size_t>& counts, DataType dt,
+                   ReduceOp op, const CollectiveOptions& o);
+
+// Returns when every rank has entered.
+void barrier(Comm& c);
+
+}  // namespace appliance

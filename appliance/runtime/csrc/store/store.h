@@ -1,0 +1,58 @@
+// Store: the tiny key-value service ranks bootstrap through. Rank 0 hosts a TcpStoreServer
+// (a thread) at the address the launcher hands out; every rank, rank 0 included, talks to
+// it with a TcpStoreClient. Values are opaque bytes. Every connection is authenticated
+// (transport/auth.h). Waits are bounded; a timeout names the keys that never appeared.
+//
+// IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/auth.h"
+
+namespace appliance {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Wait until `key` exists (up to timeout_ms) and return its value; Error(kTimeout) otherwise.
+  virtual std::vector<uint8_t> get(const std::string& key, int64_t timeout_ms) = 0;
+  // Wait until all keys exist; Error(kTimeout) listing the missing ones otherwise.
+  virtual void wait(const std::vector<std::string>& keys, int64_t timeout_ms) = 0;
+  // Atomically add delta to the integer at key (missing = 0) and return the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+class TcpStoreServer {
+ public:
+  // Listens on bind_host:port (port 0 = ephemeral) and serves until destroyed.
+  TcpStoreServer(const std::string& bind_host, int port, AuthParams auth);
+  ~TcpStoreServer();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class TcpStoreClient final : public Store {
+ public:
+  // Connects (retrying until connect_timeout_ms: rank 0 may start later than us).
+  TcpStoreClient(const std::string& host, int port, AuthParams auth, int64_t connect_timeout_ms);
+  ~TcpStoreClient() override;
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, int64_t timeout_ms) override;
+  void wait(const std::vector<std::string>& keys, int64_t timeout_ms) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace appliance

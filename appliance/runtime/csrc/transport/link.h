@@ -1,0 +1,48 @@
+// Link: an ordered, reliable byte stream to one peer rank. The one transport interface.
+//
+// Implementations: TCP (transport/tcp, any pair of hosts) and shared memory
+// (transport/shm, same host; comes with the performance work). Which one serves a pair is
+// decided in one place, transport/mesh. Everything above a Link speaks frames (wire/frame.h)
+// through a Channel (transport/channel.h); a Link itself knows nothing of frames.
+//
+// A Link is used by one thread at a time and is non-blocking: send_some/recv_some move what
+// they can and return at once. To wait, callers poll `wait_handle()`: a file descriptor for
+// TCP; for links that have none (shared memory) it is -1 and callers spin/back off instead.
+// Failures throw Error(kPeerLost) naming the peer rank: EOF, reset, broken pipe.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace appliance {
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  int peer() const { return peer_; }
+  const std::string& peer_host() const { return peer_host_; }
+  virtual const char* kind() const = 0;  // "tcp" or "shm"
+
+  // Move up to `len` bytes; return how many moved (0 = would block). Throw on peer loss.
+  virtual size_t send_some(const void* data, size_t len) = 0;
+  virtual size_t recv_some(void* data, size_t len) = 0;
+
+  // A pollable fd that becomes readable/writable with the link, or -1.
+  virtual int wait_handle() const = 0;
+
+  // Stop both directions; later calls throw. Idempotent.
+  virtual void close() = 0;
+
+ protected:
+  Link(int peer, std::string peer_host) : peer_(peer), peer_host_(std::move(peer_host)) {}
+
+ private:
+  int peer_;
+  std::string peer_host_;
+};
+
+using LinkPtr = std::unique_ptr<Link>;
+
+}  // namespace appliance
