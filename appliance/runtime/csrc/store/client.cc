@@ -16,6 +16,9 @@
 
 #include "common/status.h"
 #include "store/store.h"
+
+#include <chrono>
+#include <thread>
 #include "store/store_protocol.h"
 #include "transport/frame_io.h"
 #include "transport/tcp/socket.h"
@@ -148,13 +151,20 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, AuthParams aut
     : impl_(new Impl) {
   impl_->where = "the store at " + host + ":" + std::to_string(port);
   Deadline d = deadline_after_ms(connect_timeout_ms);
-  impl_->fd = connect_tcp(host, port, d, "the store");
-  try {
-    // A slow store host still gets a few seconds for the handshake itself.
-    auth_connect(impl_->fd, auth, kStoreServerRank, kStoreChannel, std::max(d, deadline_after_ms(5000)));
-  } catch (...) {
-    ::close(impl_->fd);
-    throw;
+  for (;;) {
+    impl_->fd = connect_tcp(host, port, d, "the store");
+    try {
+      // A slow store host still gets a few seconds for the handshake itself.
+      auth_connect(impl_->fd, auth, kStoreServerRank, kStoreChannel, std::max(d, deadline_after_ms(5000)));
+      return;
+    } catch (const Error& e) {
+      ::close(impl_->fd);
+      impl_->fd = -1;
+      // A store of another job id answered: the previous generation of this job (a rank
+      // re-initialised faster than rank 0). Wait for the current one until the deadline.
+      if (e.status().code != Code::kMismatch || Clock::now() >= d) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
 }
 

@@ -55,7 +55,7 @@ Error about_peer(Code code, int rank, const std::string& addr, const std::string
 AcceptorHandshake::AcceptorHandshake(const AuthParams& me, std::string peer_addr, uint32_t channels)
     : me_(me), addr_(std::move(peer_addr)), channels_(channels) {}
 
-void AcceptorHandshake::refuse(const std::string& why, bool tell_peer) {
+void AcceptorHandshake::refuse(const std::string& why, bool tell_peer, Code code) {
   if (state_ != State::kRunning) return;
   state_ = State::kRefused;
   std::string who = "connection from " + addr_;
@@ -63,7 +63,7 @@ void AcceptorHandshake::refuse(const std::string& why, bool tell_peer) {
   failure_ = Status{Code::kAuth, -1, "", rank_label(me_.rank) + " refused a " + who + ": " + why};
   if (tell_peer) {
     Writer w;
-    w.status(Status{Code::kAuth, me_.rank, "", why});
+    w.status(Status{code, me_.rank, "", why});
     const uint32_t seq = in_.next_seq() <= 1 ? 0 : 1;  // answers HELLO (0) or PROOF (1)
     auto bytes = encode_frame(FrameType::kAbort, seq, w.buffer().data(), w.buffer().size());
     out_.insert(out_.end(), bytes.begin(), bytes.end());
@@ -116,7 +116,9 @@ void AcceptorHandshake::on_hello(const Frame& f) {
   hello_seen_ = true;
   if (nonce_c_.size() != kNonceBytes) r.fail("nonce of " + std::to_string(nonce_c_.size()) + " bytes");
   if (job_id != me_.job_id) {
-    refuse("job id '" + job_id + "' is not this job's ('" + me_.job_id + "')", true);
+    // kMismatch, not kAuth: a rank that re-initialised may reach the previous store
+    // generation before it is gone; the store client retries on this code.
+    refuse("job id '" + job_id + "' is not this job's ('" + me_.job_id + "')", true, Code::kMismatch);
     return;
   }
   if (expect_rank != me_.rank) {
@@ -216,7 +218,8 @@ void auth_connect(int fd, const AuthParams& me, int expect_rank, int channel, De
   auto refusal = [&](const Frame& f, const char* what) {
     Reader r(f.payload.data(), f.payload.size(), "refusal from " + who);
     Status s = r.status();
-    return about_peer(Code::kAuth, expect_rank, addr, std::string(what) + ": " + s.message);
+    return about_peer(s.code == Code::kMismatch ? Code::kMismatch : Code::kAuth, expect_rank, addr,
+                      std::string(what) + ": " + s.message);
   };
 
   Frame ch;

@@ -94,7 +94,7 @@ class AcceptorHandshake {
  private:
   void on_hello(const Frame& f);
   void on_proof(const Frame& f);
-  void refuse(const std::string& why, bool tell_peer);
+  void refuse(const std::string& why, bool tell_peer, Code code = Code::kAuth);
 
   AuthParams me_;
   std::string addr_;
