@@ -75,10 +75,13 @@ def test_corrupted_second_frame_header_is_caught_at_its_boundary():
     assert e["code"] == C["protocol error"] and e["origin_rank"] == 0 and "frame #1" in e["message"], e
 
 
-def test_watch_wakes_a_rank_blocked_on_a_healthy_peer():
+@pytest.mark.parametrize("watch_fd", [True, False])
+def test_watch_wakes_a_rank_blocked_on_a_healthy_peer(watch_fd):
     # Rank 0 dawdles before the barrier; no link fails. The harness's timeout reaches the
-    # others only through their Watch, so they must leave at once, not when rank 0 shows up.
-    res = T.run_collective("barrier", 3, [b""] * 3, delay_rank=0, delay_ms=1200, timeout_ms=200)
+    # others only through their Watch, so they must leave at once, not when rank 0 shows up:
+    # through the Watch fd, or (without one) through the periodic service every ~100 ms.
+    res = T.run_collective("barrier", 3, [b""] * 3, delay_rank=0, delay_ms=1200, timeout_ms=200,
+                           watch_fd=watch_fd)
     assert res["job_error"]["code"] == C["timeout"]
     for r in (1, 2):
         assert res["errors"][r]["code"] == C["timeout"], res["errors"][r]

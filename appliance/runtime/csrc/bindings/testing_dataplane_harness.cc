@@ -225,7 +225,7 @@ HarnessResult run_collective(const CollectiveSpec& spec, const std::vector<std::
   for (int r = 0; r < P; ++r) {
     comms.push_back(std::make_unique<Comm>(r, P, std::move(chans[r]), spec.max_frame));
     int rd = pipes[r]->rd;
-    comms.back()->set_watch(Watch{rd, [rd, &board]() {
+    comms.back()->set_watch(Watch{spec.watch_fd ? rd : -1, [rd, &board]() {
                                     char sink[64];
                                     while (::read(rd, sink, sizeof(sink)) > 0) {
                                     }

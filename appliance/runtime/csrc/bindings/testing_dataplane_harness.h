@@ -48,6 +48,7 @@ struct CollectiveSpec {
   int delay_rank = -1;    // this rank sleeps delay_ms before entering
   int delay_ms = 0;
   int sockbuf = 0;        // SO_SNDBUF/SO_RCVBUF for the socketpairs, 0 = system default
+  bool watch_fd = true;   // false: the Watch has no fd and relies on periodic servicing
   FaultSpec fault;
   int64_t timeout_ms = 20000;
 };

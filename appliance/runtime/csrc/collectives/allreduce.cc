@@ -5,12 +5,12 @@
 //   about N/P bytes to the right neighbour while receiving one from the left.
 //   bytes on the wire per rank: 2N(P-1)/P sent and as many received (bandwidth-optimal);
 //   time ~ 2(P-1)(alpha + N/(P beta)) + one reduction pass over N(P-1)/P bytes, overlapped
-//   with the transfer: incoming blocks are reduced in chunk_bytes pieces as they arrive,
-//   while the kernel keeps moving the outgoing block.
+//   with the transfer: incoming blocks are reduced frame by frame (chunk_bytes) as they
+//   arrive, while the kernel keeps moving the outgoing block.
 //   Latency grows as 2(P-1) alpha; with count < P some blocks are empty and travel as empty
 //   frames (small tensors are expected to be fused by the caller).
-// Memory: one block (N/P bytes) of the Comm workspace receives incoming data (cache-hot
-// when reduced); the allgather half receives straight into the user's buffer.
+// Memory: one chunk of the Comm workspace stages incoming frames, reduced while cache-hot;
+// the allgather half receives straight into the user's buffer. Nothing of size N.
 //
 // Blocks: element i of the P-way split gets floor(count/P) elements, plus one for the first
 // count mod P blocks. Rank r owns the reduction of block r after the first half.

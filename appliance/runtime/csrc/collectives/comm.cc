@@ -68,6 +68,8 @@ void Comm::service_watch() {
   if (watch_.service) watch_.service();
 }
 
+size_t Comm::frame_size(size_t piece) const { return piece ? std::min(piece, max_frame_) : max_frame_; }
+
 // One non-blocking pass over every pending op. Returns whether any byte moved.
 bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* all_done) {
   bool moved = false;
@@ -82,7 +84,7 @@ bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* al
           s.done = true;
           break;
         }
-        s.cur = std::min(max_frame_, s.op->len - s.off);
+        s.cur = std::min(frame_size(s.op->piece), s.op->len - s.off);
         ch.begin_send(static_cast<const uint8_t*>(s.op->data) + s.off, s.cur);
         s.started = true;
       }
@@ -103,12 +105,14 @@ bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* al
           r.done = true;
           break;
         }
-        r.cur = std::min(max_frame_, op.len - r.off);
-        ch.begin_recv(static_cast<uint8_t*>(op.data) + r.off, r.cur);
+        r.cur = std::min(frame_size(op.piece), op.len - r.off);
+        ch.begin_recv(op.stage ? op.stage : static_cast<uint8_t*>(op.data) + r.off, r.cur);
         r.started = true;
       }
       bool complete = ch.pump_recv();
-      if (op.on_piece && op.len > 0) {
+      if (op.stage) {
+        if (complete && r.cur && op.on_piece) op.on_piece(r.off, r.cur);
+      } else if (op.on_piece && op.len > 0) {
         size_t have = r.off + ch.received_bytes();
         size_t grain = op.grain ? op.grain : op.len;
         while (r.delivered < have) {

@@ -37,6 +37,9 @@ struct SendOp {
   int peer;
   const void* data;
   size_t len;
+  // Frame size for this message: frames of min(piece, max_frame) bytes (0 = max_frame).
+  // Sender and receiver must use the same value (both derive it from the same options).
+  size_t piece = 0;
 };
 
 struct RecvOp {
@@ -45,8 +48,15 @@ struct RecvOp {
   size_t len;
   // Optional: called as contiguous prefixes of `data` complete, with granularity `grain`
   // bytes (the last piece may be shorter), so callers can reduce while more arrives.
+  // Never called for an empty message.
   size_t grain = 0;
   std::function<void(size_t offset, size_t len)> on_piece;
+  // Frame size, as SendOp::piece (must match the sender's).
+  size_t piece = 0;
+  // Optional staging buffer of at least one frame: each frame lands here instead of in
+  // `data` (which is then unused) and on_piece(offset, n) fires once per frame, with the
+  // frame's bytes at stage[0, n). Keeps reductions in cache and scratch memory small.
+  void* stage = nullptr;
 };
 
 struct Watch {
@@ -88,6 +98,7 @@ class Comm {
   bool pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* all_done);
   void wait_for_progress(const std::vector<SendState>& ss, const std::vector<RecvState>& rs);
   void service_watch();
+  size_t frame_size(size_t piece) const;
 
   int rank_, size_;
   std::vector<std::unique_ptr<Channel>> channels_;

@@ -5,7 +5,8 @@
 //   bytes on the wire per rank: N - N_own sent and as many received (about N(P-1)/P);
 //   time ~ (P-1) * (alpha + B/beta) plus one reduction pass over the received bytes, which
 //   overlaps the transfer (pieces of chunk_bytes are reduced as they arrive).
-// Memory: one block of scratch from the Comm workspace; nothing allocated per call.
+// Memory: one chunk of staging from the Comm workspace (frames are received there while
+// still cache-hot and reduced at once); nothing allocated per call, nothing of size N.
 //
 // Schedule: at step s (0..P-2) rank r sends block (r-s-1) mod P and receives block
 // (r-s-2) mod P, reducing it into its own copy. The block sent at step s+1 is the one just
@@ -14,6 +15,7 @@
 // commutative, so the result is bitwise the same), saving a copy.
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "collectives/reduce.h"
 #include "collectives/ring.h"
@@ -30,27 +32,34 @@ void reduce_scatter(Comm& c, uint8_t* buf, const std::vector<size_t>& off, const
     if (final_out && len[0]) std::memcpy(final_out, buf + off[0], len[0]);
     return;
   }
-  const size_t g = grain(o.chunk_bytes, esz);
-  uint8_t* scratch = static_cast<uint8_t*>(c.workspace(*std::max_element(len.begin(), len.end())));
+  // Frames of whole elements, at most chunk_bytes: each incoming frame is staged in a
+  // cache-sized buffer and reduced at once.
+  if (esz > c.max_frame())
+    throw Error(Code::kInvalid, "max_frame " + std::to_string(c.max_frame()) + " is smaller than one element");
+  const size_t g = grain(std::min(o.chunk_bytes, c.max_frame()), esz);
+  uint8_t* stage = static_cast<uint8_t*>(c.workspace(g));
   std::vector<SendOp> sends(1);
   std::vector<RecvOp> recvs(1);
   for (int s = 0; s < P - 1; ++s) {
     const int sb = mod(r - s - 1, P), rb = mod(r - s - 2, P);
-    sends[0] = SendOp{right(c), buf + off[sb], len[sb]};
+    sends[0] = SendOp{right(c), buf + off[sb], len[sb], g};
     RecvOp& rv = recvs[0];
     rv.peer = left(c);
     rv.len = len[rb];
-    rv.grain = g;
+    rv.piece = g;
     uint8_t* mine = buf + off[rb];
-    if (s == P - 2 && final_out) {
+    if (s == P - 2 && final_out) {  // last step: straight into out, then fold the local part in
       rv.data = final_out;
+      rv.stage = nullptr;
+      rv.grain = g;
       rv.on_piece = [final_out, mine, dt, op, esz](size_t at, size_t n) {
         reduce_into(final_out + at, mine + at, n / esz, dt, op);
       };
     } else {
-      rv.data = scratch;
-      rv.on_piece = [scratch, mine, dt, op, esz](size_t at, size_t n) {
-        reduce_into(mine + at, scratch + at, n / esz, dt, op);
+      rv.data = nullptr;
+      rv.stage = stage;
+      rv.on_piece = [stage, mine, dt, op, esz](size_t at, size_t n) {
+        reduce_into(mine + at, stage, n / esz, dt, op);
       };
     }
     c.exchange(sends, recvs);

@@ -36,8 +36,9 @@ inline void check_op(ReduceOp op, const char* what) {
 // Ring reduce-scatter over P-1 steps. At the end block `rank` holds the reduction of every
 // rank's block `rank`: in `buf` itself, or in `final_out` when given (then buf's block
 // `rank` keeps the partial value it had). Offsets/lengths in bytes, multiples of the
-// element size. Incoming blocks land in the Comm workspace and are reduced piece by piece
-// as they arrive. Lives in reducescatter.cc.
+// element size. Blocks travel in frames of whole elements of at most chunk_bytes; each
+// incoming frame is staged in the Comm workspace (one chunk) and reduced on arrival.
+// Error(kInvalid) when max_frame is smaller than one element. Lives in reducescatter.cc.
 void reduce_scatter(Comm& c, uint8_t* buf, const std::vector<size_t>& off, const std::vector<size_t>& len,
                     DataType dt, ReduceOp op, const CollectiveOptions& o, uint8_t* final_out);
 
