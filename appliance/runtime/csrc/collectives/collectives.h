@@ -24,7 +24,9 @@ enum class BroadcastAlgo : uint8_t {
 
 struct CollectiveOptions {
   // Pipelining grain: ring steps move segments in pieces of this many bytes so receive,
-  // reduce and send overlap. Small values let tests reach the multi-piece paths cheaply.
+  // reduce and send overlap (reduce-scatter frames are cut here, at whole elements, staged
+  // in a chunk-sized workspace and reduced on arrival; the chain broadcast forwards pieces
+  // of this size). Must agree on all ranks. Small values let tests reach multi-piece paths.
   size_t chunk_bytes = 1 << 20;
   // Tests and benchmarks force one broadcast algorithm; the engine leaves kAuto.
   BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;

@@ -88,8 +88,8 @@ class Comm {
   void recv(int peer, void* data, size_t len);
   void sendrecv(int dst, const void* sdata, size_t slen, int src, void* rdata, size_t rlen);
 
-  // Scratch of at least `bytes` bytes, 64-byte aligned, valid until the next call. Contents
-  // are not preserved across growth.
+  // Scratch of at least `bytes` bytes, 64-byte aligned; stays valid until a later call
+  // asks for more (contents are not preserved when it grows).
   void* workspace(size_t bytes);
 
  private:
