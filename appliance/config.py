@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 
 class ConfigError(ValueError):
@@ -82,7 +83,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_JOB_ID", str, "", "job identifier, part of every handshake"),
     Knob("APPLIANCE_DATA_ADDR", str, "", "address this rank listens on for peers (the launcher picks it)"),
     Knob("HOROVOD_GLOO_IFACE", str, "", "network interface whose address this rank listens on"),
-    Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init"),
+    Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init (launch: --start-timeout)"),
     # Engine.
     Knob("HOROVOD_FUSION_THRESHOLD", _size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)"),
     Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming"),
@@ -93,7 +94,9 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
     Knob("APPLIANCE_SHM", _bool, True, "use shared memory between ranks of one host"),
-    Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0"),
+    Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
+    # Launcher.
+    Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
 ]}
 
 
@@ -211,6 +214,89 @@ class RuntimeConfig:
             heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
             shm=read("APPLIANCE_SHM", env),
             verbose=read("APPLIANCE_VERBOSE", env),
+        )
+
+
+# --- the launcher's view --------------------------------------------------------------------
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_forwards(items: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """``-x NAME`` (the launcher's value of NAME) and ``-x NAME=VALUE``, as mpirun, -> a dict."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"-x {item!r}: expected NAME or NAME=VALUE with NAME a variable name")
+        if not eq:
+            if name not in env:
+                raise ConfigError(f"-x {name}: {name} is not set in the launcher's environment (use -x {name}=VALUE)")
+            value = env[name]
+        out[name] = value
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """One ``appliance launch``: what to run, where, and how to treat it.
+
+    ``env`` holds the variables given explicitly for every worker (``-x`` and the Python API's
+    ``env``); ``environ`` is the launcher's own environment, the base of every local worker's.
+    Precedence: flag, then ``env``, then ``environ``, then the knob's default.
+    """
+
+    command: tuple[str, ...]
+    np: int
+    hosts: str | None = None
+    hostfile: str | None = None
+    start_timeout_s: float = 60.0
+    output_dir: str | None = None
+    verbose: bool = False
+    timeout_s: float | None = None
+    stop_grace_s: float = 3.0
+    cwd: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
+               start_timeout: float | None = None, output_dir: str | os.PathLike | None = None,
+               verbose: bool | None = None, timeout: float | None = None, forward: Sequence[str] = (),
+               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+               environ: Mapping[str, str] | None = None) -> "LaunchConfig":
+        environ = dict(os.environ if environ is None else environ)
+        command = tuple(str(c) for c in command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            raise ConfigError("no command to launch (usage: appliance launch -np N [-H host:slots,...] -- COMMAND...)")
+        if not isinstance(np, int) or np < 1:
+            raise ConfigError(f"-np must be a positive number of processes, got {np!r}")
+        if hosts is not None and hostfile is not None:
+            raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"timeout must be positive, got {timeout!r}")
+        if start_timeout is not None and not start_timeout > 0:
+            raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        explicit = {str(k): str(v) for k, v in (env or {}).items()}
+        bad = [k for k in explicit if not _ENV_NAME.match(k)]
+        if bad:
+            raise ConfigError(f"env: {bad[0]!r} is not a variable name")
+        explicit.update(parse_forwards(forward, environ))
+        merged = {**environ, **explicit}
+        return cls(
+            command=command,
+            np=np,
+            hosts=hosts,
+            hostfile=None if hostfile is None else os.fspath(hostfile),
+            start_timeout_s=read("HOROVOD_START_TIMEOUT", merged) if start_timeout is None else float(start_timeout),
+            output_dir=None if output_dir is None else os.fspath(output_dir),
+            verbose=read("APPLIANCE_VERBOSE", merged) if verbose is None else bool(verbose),
+            timeout_s=None if timeout is None else float(timeout),
+            stop_grace_s=read("APPLIANCE_STOP_GRACE", merged),
+            cwd=None if cwd is None else os.fspath(cwd),
+            env=explicit,
+            environ=environ,
         )
 
 

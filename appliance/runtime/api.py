@@ -12,6 +12,7 @@ when the rendezvous fails (it names the ranks that never arrived) or times out
 """
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Optional, Sequence
 
@@ -41,7 +42,10 @@ class _Engine:
             setattr(core_cfg, field, getattr(cfg, field))
         core_cfg.secret = cfg.secret
         self.config = cfg
-        self._rt = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
+        try:
+            self._rt = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
+        except _core.CoreError as e:
+            raise HorovodInternalError(f"rank {cfg.rank} of {cfg.size} could not join the job: {e}") from None
         self._auto_names = 0
         self._groups = 0
 
@@ -94,6 +98,7 @@ def init(*args, **kwargs) -> None:
             _engine = _Engine(RuntimeConfig.from_env())
 
 
+@atexit.register
 def shutdown() -> None:
     """Leave the job: pending operations fail, the background thread stops. Idempotent."""
     global _engine

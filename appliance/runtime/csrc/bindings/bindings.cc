@@ -1,19 +1,163 @@
 // Python bindings of the core: appliance.runtime._core. Bindings only; every blocking call
 // releases the GIL. Test-only hooks live in testing_*.cc under the _core._testing submodule.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include "engine/runtime.h"
 
 namespace py = pybind11;
 
 namespace appliance {
 void bind_testing_dataplane(py::module_& m);
 void bind_testing_bootstrap(py::module_& m);
+bool nccl_available();
+
+namespace {
+
+// (ptr, dtype code, shape, device, stream) as built by appliance/runtime/api.py.
+using DescTuple = std::tuple<uint64_t, int, std::vector<int64_t>, int, uint64_t>;
+
+TensorDesc to_desc(const DescTuple& t) {
+  TensorDesc d;
+  d.ptr = std::get<0>(t);
+  int dt = std::get<1>(t);
+  if (!dtype_valid(static_cast<uint8_t>(dt))) throw std::invalid_argument("unknown dtype code " + std::to_string(dt));
+  d.dtype = static_cast<DataType>(dt);
+  d.shape = std::get<2>(t);
+  d.device = std::get<3>(t);
+  d.stream = std::get<4>(t);
+  return d;
+}
+
+struct CoreResult {
+  bool ok = true;
+  std::string code, origin_host, message;
+  int origin_rank = -1;
+  py::object output = py::none();
+  std::vector<int64_t> shape, splits;
+  bool has_splits = false, has_value = false;
+  int64_t value = -1;
+};
+
+CoreResult to_result(OpState& op) {
+  CoreResult r;
+  r.ok = op.status.ok();
+  if (!r.ok) {
+    r.code = code_name(op.status.code);
+    r.origin_rank = op.status.origin_rank;
+    r.origin_host = op.status.host;
+    r.message = op.status.to_string();
+    return r;
+  }
+  if (op.output) {
+    uint8_t* p = op.output.release();
+    py::capsule owner(p, [](void* q) { delete[] static_cast<uint8_t*>(q); });
+    r.output = py::array_t<uint8_t>({static_cast<py::ssize_t>(op.output_bytes)}, {1}, p, owner);
+    r.shape = op.out_shape;
+  }
+  if (op.req.sig.kind == OpKind::kAlltoall) {
+    r.has_splits = true;
+    r.splits = op.recv_splits;
+  }
+  if (op.req.sig.kind == OpKind::kJoin) {
+    r.has_value = true;
+    r.value = op.value;
+  }
+  return r;
+}
+
+}  // namespace
 }  // namespace appliance
 
 PYBIND11_MODULE(_core, m) {
+  using namespace appliance;
   m.doc() = "Collective core of the appliance (C++17).";
-  m.attr("WIRE_VERSION") = 1;
+  m.attr("WIRE_VERSION") = kWireVersion;
+  py::register_exception<Error>(m, "CoreError", PyExc_RuntimeError);
+
+  py::class_<RuntimeConfig>(m, "RuntimeConfig")
+      .def(py::init<>())
+      .def_readwrite("rank", &RuntimeConfig::rank)
+      .def_readwrite("size", &RuntimeConfig::size)
+      .def_readwrite("host", &RuntimeConfig::host)
+      .def_readwrite("store_host", &RuntimeConfig::store_host)
+      .def_readwrite("store_port", &RuntimeConfig::store_port)
+      .def_property("secret", [](const RuntimeConfig& c) { return py::bytes(c.secret); },
+                    [](RuntimeConfig& c, py::bytes b) { c.secret = std::string(b); })
+      .def_readwrite("job_id", &RuntimeConfig::job_id)
+      .def_readwrite("data_addr", &RuntimeConfig::data_addr)
+      .def_readwrite("start_timeout_s", &RuntimeConfig::start_timeout_s)
+      .def_readwrite("fusion_threshold", &RuntimeConfig::fusion_threshold)
+      .def_readwrite("cycle_time_ms", &RuntimeConfig::cycle_time_ms)
+      .def_readwrite("cache_capacity", &RuntimeConfig::cache_capacity)
+      .def_readwrite("stall_check_s", &RuntimeConfig::stall_check_s)
+      .def_readwrite("stall_shutdown_s", &RuntimeConfig::stall_shutdown_s)
+      .def_readwrite("chunk_bytes", &RuntimeConfig::chunk_bytes)
+      .def_readwrite("heartbeat_timeout_s", &RuntimeConfig::heartbeat_timeout_s)
+      .def_readwrite("shm", &RuntimeConfig::shm)
+      .def_readwrite("verbose", &RuntimeConfig::verbose);
+
+  py::class_<CoreResult>(m, "Result")
+      .def_readonly("ok", &CoreResult::ok)
+      .def_readonly("code", &CoreResult::code)
+      .def_readonly("origin_rank", &CoreResult::origin_rank)
+      .def_readonly("origin_host", &CoreResult::origin_host)
+      .def_readonly("message", &CoreResult::message)
+      .def_readonly("output", &CoreResult::output)
+      .def_readonly("shape", &CoreResult::shape)
+      .def_readonly("splits", &CoreResult::splits)
+      .def_readonly("has_splits", &CoreResult::has_splits)
+      .def_readonly("value", &CoreResult::value)
+      .def_readonly("has_value", &CoreResult::has_value);
+
+  py::class_<Runtime>(m, "Runtime")
+      .def(py::init<RuntimeConfig>(), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &Runtime::rank)
+      .def_property_readonly("size", &Runtime::size)
+      .def_property_readonly("local_rank", [](const Runtime& r) { return r.topology().local_rank; })
+      .def_property_readonly("local_size", [](const Runtime& r) { return r.topology().local_size; })
+      .def_property_readonly("cross_rank", [](const Runtime& r) { return r.topology().cross_rank; })
+      .def_property_readonly("cross_size", [](const Runtime& r) { return r.topology().cross_size; })
+      .def("host_of", &Runtime::host_of)
+      .def("enqueue",
+           [](Runtime& rt, int kind, const std::string& name, const DescTuple& in, const DescTuple& out, int op,
+              double prescale, double postscale, int root, std::vector<int64_t> splits, uint32_t group_id,
+              uint32_t group_size) {
+             if (!op_kind_valid(static_cast<uint8_t>(kind))) throw std::invalid_argument("unknown operation kind");
+             if (!reduce_op_valid(static_cast<uint8_t>(op))) throw std::invalid_argument("unknown reduce op " + std::to_string(op));
+             Request q;
+             q.name = name;
+             q.sig.kind = static_cast<OpKind>(kind);
+             q.sig.op = static_cast<ReduceOp>(op);
+             q.sig.prescale = prescale;
+             q.sig.postscale = postscale;
+             q.sig.root = root;
+             q.sig.group_id = group_id;
+             q.sig.group_size = group_size;
+             q.splits = std::move(splits);
+             return rt.enqueue(std::move(q), to_desc(in), to_desc(out));
+           })
+      .def("poll", &Runtime::poll)
+      .def("wait",
+           [](Runtime& rt, int handle) {
+             OpPtr op;
+             {
+               py::gil_scoped_release nogil;
+               op = rt.wait(handle);
+             }
+             return to_result(*op);
+           })
+      .def("shutdown", &Runtime::shutdown, py::call_guard<py::gil_scoped_release>());
+
+  m.def("capabilities", [] {
+    py::dict d;
+    d["nccl"] = nccl_available();
+    d["cuda"] = nccl_available();
+    return d;
+  });
+
   auto testing = m.def_submodule("_testing", "Hooks for the test-suite; not an API.");
-  appliance::bind_testing_dataplane(testing);
-  appliance::bind_testing_bootstrap(testing);
+  bind_testing_dataplane(testing);
+  bind_testing_bootstrap(testing);
 }

@@ -1,0 +1,6 @@
+"""``python -m appliance ...`` is the ``appliance`` command (see ``appliance/cli.py``)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

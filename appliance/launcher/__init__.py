@@ -1,0 +1,70 @@
+"""The launcher plane: hosts and slots -> ranks -> worker processes, and the one spawn helper.
+
+``appliance launch`` (``appliance/cli.py``) and every test, benchmark and example start N ranks
+through the same function::
+
+    from appliance.launcher import launch
+    result = launch([sys.executable, "-m", "mymodule"], np=3, timeout=60,
+                    env={"HOROVOD_FUSION_THRESHOLD": "0"})
+    assert result.returncode == 0, result.reason
+    print(result.output(rank=0))              # captured stdout of rank 0
+
+``launch(command, np, hosts=None, env=None, timeout=None, output=None, *, hostfile=None,
+forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None) -> LaunchResult``
+
+- ``command``: argv list (never a shell string). ``np``: number of ranks.
+- ``hosts``: ``-H`` syntax (``"localhost:2"``); default ``localhost:np``. ``hostfile``: path.
+- ``env``: variables set for every worker on top of the caller's environment; ``forward``:
+  mpirun-style ``-x`` items (``"NAME"`` or ``"NAME=VALUE"``). Neither may set a contract
+  variable (``appliance.launcher.env.CONTRACT_NAMES``).
+- ``timeout``: seconds for the whole job; when it passes every rank is stopped and the result
+  has ``timed_out=True`` and ``returncode=124``.
+- ``output``: directory for ``rank.N/stdout`` and ``rank.N/stderr`` (``--output-filename``).
+- ``echo``: also print prefixed lines (``[rank]<stdout>:``) to this process's stdout/stderr;
+  ``capture``: keep them in ``result.lines``.
+
+``LaunchResult(returncode, failed_rank, failed_host, reason, lines, timed_out, interrupted,
+job_id, elapsed_s)``; ``lines`` are ``(rank, "stdout"|"stderr", text)`` in arrival order;
+``result.output(rank, stream)`` joins them. ``returncode`` is 0 when every rank exited 0, else the
+first failing rank's code (128+N when killed by signal N), 124 on timeout, 127 when the command
+does not exist. Bad arguments raise ``ConfigError``/``HostsError`` (both ``ValueError``) and an
+unusable host ``LaunchError`` before anything starts. Called from the main thread, a SIGINT
+stops every rank and is then re-raised as ``KeyboardInterrupt``; SIGTERM/SIGHUP stop every rank
+and return ``interrupted`` set. Whatever happens, no worker process outlives the call (each
+rank runs in its own session; stopping signals its whole process group: TERM, grace of
+``APPLIANCE_STOP_GRACE`` seconds, KILL).
+
+Modules: ``hosts`` (parsing, rank layout), ``env`` (the worker environment contract),
+``workers`` (processes, output relay, ``WorkerGroup``), ``executors`` (local now, SSH next),
+``run`` (orchestration).
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Mapping, Sequence
+
+from ..config import ConfigError, LaunchConfig
+from .executors import LaunchError
+from .hosts import Host, HostsError, Slot, assign_ranks, parse_hostfile, parse_hosts
+from .run import LaunchResult, run
+
+__all__ = [
+    "launch", "run", "LaunchResult", "LaunchConfig", "LaunchError", "HostsError", "ConfigError",
+    "Host", "Slot", "assign_ranks", "parse_hosts", "parse_hostfile",
+]
+
+
+def launch(command: Sequence[str], np: int, hosts: str | None = None, env: Mapping[str, str] | None = None,
+           timeout: float | None = None, output: str | os.PathLike | None = None, *,
+           hostfile: str | os.PathLike | None = None, forward: Sequence[str] = (),
+           start_timeout: float | None = None, verbose: bool | None = None, echo: bool = False,
+           capture: bool = True, cwd: str | os.PathLike | None = None) -> LaunchResult:
+    """Start ``np`` ranks of ``command`` and wait for them; see the module docstring."""
+    config = LaunchConfig.create(command, np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
+                                 output_dir=output, verbose=verbose, timeout=timeout, forward=forward,
+                                 env=env, cwd=cwd)
+    result = run(config, echo=echo, capture=capture)
+    if result.interrupted == signal.SIGINT:
+        raise KeyboardInterrupt(result.reason)
+    return result

@@ -1,0 +1,192 @@
+"""Orchestration of one job: hosts -> ranks -> plan -> workers -> first failure -> result.
+
+What it owns: ``run(config)``, which lays out the ranks, opens one executor per host, decides
+the job plan (job id, secret, free ports on rank 0's host), starts every rank with its
+environment, then waits. The first rank to exit non-zero (or be killed by a signal) stops all
+the others; SIGINT/SIGTERM/SIGHUP to the launcher and the optional overall timeout do the same.
+The result is a ``LaunchResult``: exit code (the failed rank's code, 128+signal for a signal,
+130/143/129 when the launcher was interrupted, 124 on timeout, 127/126 when a command cannot be
+started), the failed rank and host, a one-line reason, and the captured lines.
+
+Env vars: none read directly (``LaunchConfig`` carries them). Failure modes: bad hosts or
+arguments raise ``HostsError``/``ConfigError`` before anything starts; an unusable host raises
+``LaunchError``; once workers exist, every path ends with all of them stopped (``WorkerGroup``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+import time
+from typing import Sequence
+
+from ..config import LaunchConfig
+from . import env as envmod
+from .executors import job_addresses, open_executors
+from .hosts import Host, Slot, assign_ranks, parse_hosts, read_hostfile, used_hosts
+from .workers import OutputSink, SpawnError, WorkerGroup
+
+EXIT_TIMEOUT = 124
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    returncode: int
+    failed_rank: int | None = None
+    failed_host: str | None = None
+    reason: str = ""
+    lines: tuple[tuple[int, str, str], ...] = ()  # (rank, "stdout"|"stderr", text without newline)
+    timed_out: bool = False
+    interrupted: int | None = None  # signal number that stopped the launcher
+    job_id: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def output(self, rank: int | None = None, stream: str = "stdout") -> str:
+        """Captured text of ``stream`` (of one rank, or all), one line per line."""
+        return "".join(t + "\n" for r, s, t in self.lines if s == stream and (rank is None or r == rank))
+
+
+def hosts_of(config: LaunchConfig) -> list[Host]:
+    """-H, then --hostfile, else ``localhost`` with -np slots (horovodrun's default)."""
+    if config.hosts is not None:
+        return parse_hosts(config.hosts)
+    if config.hostfile is not None:
+        return read_hostfile(config.hostfile)
+    return [Host("localhost", config.np)]
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def exit_code(returncode: int) -> int:
+    """A rank's return code as a shell would report it (128+N for signal N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by signal {-returncode} ({_signal_name(-returncode)})"
+    return f"exited with code {returncode}"
+
+
+class _SignalTrap:
+    """Records SIGINT/SIGTERM/SIGHUP while a job runs (main thread only, ignored signals stay
+    ignored); restores the previous handlers after."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, enabled: bool):
+        self.received: list[int] = []
+        self._enabled = enabled and threading.current_thread() is threading.main_thread()
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+
+    def __enter__(self) -> "_SignalTrap":
+        if self._enabled:
+            for s in self.SIGNALS:
+                if signal.getsignal(s) is not signal.SIG_IGN:  # respect nohup and `cmd &`
+                    self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+
+
+def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig) -> envmod.JobPlan:
+    addrs = job_addresses(executors)
+    rank0_host = slots[0].host
+    store_port, master_port = executors[rank0_host].free_ports(addrs[rank0_host], 2)
+    return envmod.JobPlan(
+        job_id=envmod.new_job_id(), secret=envmod.new_secret(),
+        store_addr=f"{addrs[rank0_host]}:{store_port}", master_addr=addrs[rank0_host], master_port=master_port,
+        data_addrs=addrs, start_timeout_s=config.start_timeout_s, verbose=config.verbose)
+
+
+def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan) -> None:
+    hosts = used_hosts(slots)
+    sink.message(f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} host(s); "
+                 f"store {plan.store_addr}; MASTER_ADDR:PORT {plan.master_addr}:{plan.master_port}")
+    for s in slots:
+        sink.message(f"  rank {s.rank}: host {s.host} local_rank {s.local_rank}/{s.local_size} "
+                     f"cross_rank {s.cross_rank}/{s.cross_size} listen {plan.data_addrs[s.host]}")
+
+
+@dataclasses.dataclass
+class _Outcome:
+    returncode: int = 0
+    rank: int | None = None
+    host: str | None = None
+    reason: str = ""
+    timed_out: bool = False
+    interrupted: int | None = None
+
+
+def _wait(group: WorkerGroup, trap: _SignalTrap, deadline: float | None, timeout_s: float | None) -> _Outcome:
+    while True:
+        if trap.received:
+            sig = trap.received[0]
+            return _Outcome(128 + sig, reason=f"interrupted by {_signal_name(sig)}", interrupted=sig)
+        if deadline is not None and time.monotonic() >= deadline:
+            return _Outcome(EXIT_TIMEOUT, reason=f"timed out after {timeout_s:g} s", timed_out=True)
+        event = group.next_exit(0.1)
+        if event is not None:
+            worker, code = event
+            if code != 0:
+                return _Outcome(exit_code(code), worker.rank, worker.host,
+                                f"rank {worker.rank} (host {worker.host}) {describe_exit(code)}")
+        if not group.running():
+            return _Outcome(0)
+
+
+def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
+        handle_signals: bool = True, stdout=None, stderr=None) -> LaunchResult:
+    """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind."""
+    start = time.monotonic()
+    deadline = None if config.timeout_s is None else start + config.timeout_s
+    envmod.check_explicit(config.env)
+    slots = assign_ranks(hosts_of(config), config.np)
+    with contextlib.ExitStack() as stack:
+        trap = stack.enter_context(_SignalTrap(handle_signals))
+        executors = stack.enter_context(open_executors(used_hosts(slots), config))
+        plan = plan_job(slots, executors, config)
+        sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
+                                              stdout=stdout, stderr=stderr))
+        if config.verbose:
+            _verbose_plan(sink, slots, plan)
+        group = stack.enter_context(WorkerGroup(config.stop_grace_s))
+        outcome = None
+        for slot in slots:
+            if trap.received:
+                break
+            ex = executors[slot.host]
+            env = envmod.worker_env(slot, plan, ex.base_env(config.environ), config.env)
+            try:
+                group.add(ex.spawn(slot.rank, config.command, env, config.cwd, sink))
+            except SpawnError as e:
+                outcome = _Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
+                break
+        if outcome is None:
+            outcome = _wait(group, trap, deadline, config.timeout_s)
+        others = len(group.running())
+        group.stop()
+        summary = outcome.reason
+        if outcome.returncode != 0 and others:
+            summary += f"; stopped {others}{' other' if outcome.rank is not None else ''} rank{'s' if others != 1 else ''}"
+        if outcome.returncode != 0 and echo:
+            sink.message(f"appliance launch: {summary}")
+        lines = sink.captured()
+    return LaunchResult(returncode=outcome.returncode, failed_rank=outcome.rank, failed_host=outcome.host,
+                        reason=summary, lines=lines, timed_out=outcome.timed_out,
+                        interrupted=outcome.interrupted, job_id=plan.job_id, elapsed_s=time.monotonic() - start)

@@ -1,0 +1,301 @@
+"""Worker processes: output relay, one local worker, and the group that always stops them.
+
+What it owns:
+- ``OutputSink``: where worker output goes. Every line becomes ``[rank]<stdout>:text`` or
+  ``[rank]<stderr>:text`` on the launcher's stdout/stderr (one lock per stream, flushed per
+  line, so lines never interleave), optionally the raw bytes in ``DIR/rank.N/{stdout,stderr}``
+  (``--output-filename``; N zero-padded to the width of the largest rank, as horovodrun) and
+  optionally a captured list of ``(rank, stream, text)`` for the Python API.
+- ``relay()``: reads a byte stream line by line (a partial last line is still delivered, bytes
+  that are not UTF-8 are replaced, very long lines are split) and feeds the sink. It works on
+  any object with ``readline(limit)``, so SSH channels reuse it.
+- ``Worker``: the interface every started rank offers (local now, SSH later): ``wait()``,
+  ``signal(sig)`` to its whole process group, ``group_alive()``, ``drain(timeout)``.
+- ``LocalWorker``: a subprocess started from an argv list in its own session, stdin closed.
+- ``WorkerGroup``: a context manager over started workers. It reports exits in the order they
+  happen and on exit always stops everything it holds: SIGTERM to every process group
+  (including groups whose leader already exited, for stray grandchildren), a grace period, then
+  SIGKILL, then it waits, every wait bounded.
+
+Env vars: none read here (the grace period comes from ``LaunchConfig.stop_grace_s``).
+Failure modes: a command that cannot be executed raises ``SpawnError`` naming rank and command;
+signalling a vanished group is not an error; nothing here blocks without a bound.
+"""
+from __future__ import annotations
+
+import io
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any, Mapping, Protocol, Sequence
+
+MAX_LINE = 1 << 16  # longer lines are delivered in pieces of this many bytes
+
+
+class SpawnError(RuntimeError):
+    """A worker could not be started; carries the rank and host."""
+
+    def __init__(self, rank: int, host: str, message: str, returncode: int = 127):
+        super().__init__(message)
+        self.rank, self.host, self.returncode = rank, host, returncode
+
+
+def rank_dir_name(rank: int, size: int) -> str:
+    """``rank.N``, N zero-padded to the width of ``size - 1`` (horovodrun's layout)."""
+    return f"rank.{rank:0{len(str(max(size - 1, 0)))}d}"
+
+
+class OutputSink:
+    """Thread-safe destination of worker output lines. Use as a context manager (closes files)."""
+
+    def __init__(self, size: int, *, echo: bool = True, capture: bool = False,
+                 output_dir: str | None = None, stdout: IO[Any] | None = None, stderr: IO[Any] | None = None):
+        self._size = size
+        self._echo = echo
+        self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
+        self._locks = {"stdout": threading.Lock(), "stderr": threading.Lock()}
+        self._capture: list[tuple[int, str, str]] | None = [] if capture else None
+        self._capture_lock = threading.Lock()
+        self._output_dir = output_dir
+        self._files: dict[tuple[int, str], IO[bytes]] = {}
+        self._files_lock = threading.Lock()
+        if output_dir is not None:
+            os.makedirs(output_dir, exist_ok=True)
+
+    def open_rank(self, rank: int) -> None:
+        """Create ``DIR/rank.N/{stdout,stderr}`` for ``rank`` (no-op without an output dir)."""
+        if self._output_dir is None:
+            return
+        d = os.path.join(self._output_dir, rank_dir_name(rank, self._size))
+        os.makedirs(d, exist_ok=True)
+        with self._files_lock:
+            for stream in ("stdout", "stderr"):
+                self._files[(rank, stream)] = open(os.path.join(d, stream), "wb")
+
+    def line(self, rank: int, stream: str, data: bytes) -> None:
+        """One line of output (``data`` without or with its trailing newline)."""
+        f = self._files.get((rank, stream))
+        if f is not None:
+            with self._files_lock:
+                if not f.closed:
+                    f.write(data if data.endswith(b"\n") else data + b"\n")
+                    f.flush()
+        text = data.rstrip(b"\n").decode("utf-8", errors="replace")
+        if self._capture is not None:
+            with self._capture_lock:
+                self._capture.append((rank, stream, text))
+        if self._echo:
+            self._write(stream, f"[{rank}]<{stream}>:{text}\n")
+
+    def message(self, text: str) -> None:
+        """A line of the launcher's own (summary, --verbose) on its stderr."""
+        self._write("stderr", text if text.endswith("\n") else text + "\n")
+
+    def _write(self, stream: str, text: str) -> None:
+        target = self._targets[stream]
+        with self._locks[stream]:
+            try:
+                buf = getattr(target, "buffer", None)
+                if isinstance(buf, io.BufferedIOBase):
+                    target.flush()
+                    buf.write(text.encode("utf-8", errors="replace"))
+                    buf.flush()
+                else:
+                    target.write(text)
+                    target.flush()
+            except (OSError, ValueError):
+                pass  # the launcher's own stdout is gone (closed pipe): keep relaying to files
+
+    def captured(self) -> tuple[tuple[int, str, str], ...]:
+        with self._capture_lock:
+            return tuple(self._capture or ())
+
+    def close(self) -> None:
+        with self._files_lock:
+            for f in self._files.values():
+                f.close()
+
+    def __enter__(self) -> "OutputSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def relay(stream: Any, rank: int, name: str, sink: OutputSink) -> None:
+    """Copy ``stream`` to ``sink`` line by line until EOF; closes ``stream``."""
+    try:
+        while True:
+            try:
+                data = stream.readline(MAX_LINE)
+            except (OSError, ValueError):
+                break
+            if not data:
+                break
+            sink.line(rank, name, data)
+    finally:
+        try:
+            stream.close()
+        except Exception:  # noqa: BLE001 - closing a dead pipe must not kill the relay thread
+            pass
+
+
+class Worker(Protocol):
+    """A started rank, wherever it runs."""
+
+    rank: int
+    host: str
+    pid: int
+
+    def wait(self) -> int:
+        """Block until the rank's process exits; its return code (negative: killed by that signal)."""
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the rank's whole process group; no error if it is gone."""
+
+    def group_alive(self) -> bool:
+        """Whether any process of the rank's group is still running (zombies do not count)."""
+
+    def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the rank's output to be relayed completely."""
+
+
+def _pgid_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Something has that group id; zombies waiting for a parent's reap still count for kill(),
+    # so look for a live member.
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+class LocalWorker:
+    """A rank on this machine: a subprocess in its own session with relayed output."""
+
+    def __init__(self, rank: int, host: str, argv: Sequence[str], env: Mapping[str, str],
+                 cwd: str | None, sink: OutputSink):
+        self.rank, self.host = rank, host
+        sink.open_rank(rank)
+        try:
+            self._proc = subprocess.Popen(
+                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        except FileNotFoundError:
+            raise SpawnError(rank, host, f"command not found: {argv[0]!r}", 127) from None
+        except PermissionError:
+            raise SpawnError(rank, host, f"command not executable: {argv[0]!r}", 126) from None
+        except OSError as e:
+            raise SpawnError(rank, host, f"cannot start {argv[0]!r}: {e.strerror}", 126) from None
+        self.pid = self._proc.pid  # == its process group id (own session)
+        self._relays = [
+            threading.Thread(target=relay, args=(pipe, rank, name, sink), name=f"relay-{rank}-{name}", daemon=True)
+            for pipe, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))
+        ]
+        for t in self._relays:
+            t.start()
+
+    def wait(self) -> int:
+        return self._proc.wait()
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self) -> bool:
+        return self._proc.poll() is None or _pgid_alive(self.pid)
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._relays:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+class WorkerGroup:
+    """The started ranks of one job; ``with WorkerGroup(grace) as g:`` stops them all on exit."""
+
+    def __init__(self, grace_s: float = 3.0, kill_wait_s: float = 5.0):
+        self.grace_s, self.kill_wait_s = grace_s, kill_wait_s
+        self.workers: list[Worker] = []
+        self.returncodes: dict[int, int] = {}  # rank -> return code, for ranks that exited
+        self._exits: queue.Queue[tuple[Worker, int]] = queue.Queue()
+        self._stopped = False
+
+    def add(self, worker: Worker) -> None:
+        self.workers.append(worker)
+        threading.Thread(target=self._wait, args=(worker,), name=f"wait-{worker.rank}", daemon=True).start()
+
+    def _wait(self, worker: Worker) -> None:
+        try:
+            code = worker.wait()
+        except Exception:  # noqa: BLE001 - a lost connection counts as a failed rank
+            code = 255
+        self._exits.put((worker, code))
+
+    def next_exit(self, timeout: float) -> tuple[Worker, int] | None:
+        """The next rank to exit and its code, or None after ``timeout`` seconds."""
+        try:
+            worker, code = self._exits.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.returncodes[worker.rank] = code
+        return worker, code
+
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.rank not in self.returncodes]
+
+    def _collect(self, deadline: float) -> None:
+        while len(self.returncodes) < len(self.workers) and time.monotonic() < deadline:
+            self.next_exit(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def stop(self) -> None:
+        """TERM every group, wait up to the grace period, KILL what is left, wait (bounded)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for w in self.workers:
+            w.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while True:
+            self._collect(min(deadline, time.monotonic() + 0.05))
+            if len(self.returncodes) == len(self.workers) and not any(w.group_alive() for w in self.workers):
+                break
+            if time.monotonic() >= deadline:
+                break
+            if len(self.returncodes) == len(self.workers):
+                time.sleep(0.05)  # only stray group members left: poll them gently
+        for w in self.workers:
+            if w.group_alive():
+                w.signal(signal.SIGKILL)
+        self._collect(time.monotonic() + self.kill_wait_s)
+        deadline = time.monotonic() + 2.0
+        for w in self.workers:
+            w.drain(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

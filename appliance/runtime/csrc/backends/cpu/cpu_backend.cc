@@ -1,0 +1,131 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "collectives/reduce.h"
+
+namespace appliance {
+
+int64_t reducescatter_rows(int64_t dim0, int size, int rank) {
+  return dim0 / size + (rank < dim0 % size ? 1 : 0);
+}
+
+namespace {
+// Sum + postscale/size for Average; the op the algorithms see.
+ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+double final_scale(const Signature& s, int size) {
+  return s.op == ReduceOp::kAverage ? s.postscale / size : s.postscale;
+}
+}  // namespace
+
+void CpuBackend::execute(const PlanEntry& e, const std::vector<OpState*>& ops) {
+  switch (e.kind) {
+    case OpKind::kAllreduce: return do_allreduce(e, ops);
+    case OpKind::kAllgather: return do_allgather(e, *ops.at(0));
+    case OpKind::kBroadcast: return do_broadcast(e, *ops.at(0));
+    case OpKind::kAlltoall: return do_alltoall(e, *ops.at(0));
+    case OpKind::kReducescatter: return do_reducescatter(e, *ops.at(0));
+    case OpKind::kBarrier: return barrier(comm_);
+    case OpKind::kJoin:
+      for (OpState* op : ops)
+        if (op) op->value = e.joined_last;
+      return;
+  }
+  APPLIANCE_ASSERT(false, "unknown op kind");
+}
+
+void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& ops) {
+  const Signature& s = e.sigs[0];
+  const ReduceOp op = wire_op(s.op);
+  const double post = final_scale(s, comm_.size());
+  if (e.names.size() == 1 && ops[0]) {
+    // Alone: reduce straight in the user's output buffer.
+    OpState& o = *ops[0];
+    size_t n = static_cast<size_t>(s.numel());
+    void* buf = o.out.data();
+    if (o.in.ptr != o.out.ptr && n) std::memcpy(buf, o.in.data(), s.nbytes());
+    scale(buf, n, s.dtype, s.prescale);
+    allreduce(comm_, buf, n, s.dtype, op, opts_);
+    scale(buf, n, s.dtype, post);
+    return;
+  }
+  std::vector<FusedPiece> pieces;
+  size_t total = 0;
+  for (size_t i = 0; i < e.names.size(); ++i) {
+    size_t bytes = e.sigs[i].nbytes();
+    pieces.push_back(FusedPiece{ops[i] ? ops[i]->in.data() : nullptr, ops[i] ? ops[i]->out.data() : nullptr, bytes});
+    total += bytes;
+  }
+  uint8_t* buf = scratch_.reserve(total);
+  fusion_pack(buf, pieces);
+  size_t n = total / dtype_size(s.dtype);
+  scale(buf, n, s.dtype, s.prescale);
+  allreduce(comm_, buf, n, s.dtype, op, opts_);
+  scale(buf, n, s.dtype, post);
+  fusion_unpack(buf, pieces);
+}
+
+void CpuBackend::do_allgather(const PlanEntry& e, OpState& o) {
+  const Signature& s = e.sigs[0];
+  const size_t row_bytes = static_cast<size_t>(s.row_elems()) * dtype_size(s.dtype);
+  std::vector<size_t> bytes(comm_.size());
+  int64_t rows = 0;
+  size_t total = 0;
+  for (int r = 0; r < comm_.size(); ++r) {
+    bytes[r] = static_cast<size_t>(e.sizes[r]) * row_bytes;
+    rows += e.sizes[r];
+    total += bytes[r];
+  }
+  std::vector<int64_t> shape = o.in.shape;
+  shape[0] = rows;
+  uint8_t* out = o.allocate_output(total, shape);
+  allgatherv(comm_, o.in.data(), out, bytes, opts_);
+}
+
+void CpuBackend::do_broadcast(const PlanEntry& e, OpState& o) {
+  const Signature& s = e.sigs[0];
+  if (comm_.rank() == s.root && o.in.ptr != o.out.ptr && s.nbytes()) std::memcpy(o.out.data(), o.in.data(), s.nbytes());
+  broadcast(comm_, o.out.data(), s.nbytes(), s.root, opts_);
+}
+
+void CpuBackend::do_alltoall(const PlanEntry& e, OpState& o) {
+  const Signature& s = e.sigs[0];
+  const int P = comm_.size(), me = comm_.rank();
+  const size_t row_bytes = static_cast<size_t>(s.row_elems()) * dtype_size(s.dtype);
+  std::vector<size_t> send(P), recv(P);
+  int64_t rows = 0;
+  size_t total = 0;
+  o.recv_splits.assign(P, 0);
+  for (int p = 0; p < P; ++p) {
+    send[p] = static_cast<size_t>(e.sizes[static_cast<size_t>(me) * P + p]) * row_bytes;
+    int64_t in_rows = e.sizes[static_cast<size_t>(p) * P + me];
+    o.recv_splits[p] = in_rows;
+    recv[p] = static_cast<size_t>(in_rows) * row_bytes;
+    rows += in_rows;
+    total += recv[p];
+  }
+  std::vector<int64_t> shape = o.in.shape;
+  shape[0] = rows;
+  uint8_t* out = o.allocate_output(total, shape);
+  alltoallv(comm_, o.in.data(), send, out, recv, opts_);
+}
+
+void CpuBackend::do_reducescatter(const PlanEntry& e, OpState& o) {
+  const Signature& s = e.sigs[0];
+  const int P = comm_.size();
+  const int64_t dim0 = s.shape.empty() ? 1 : s.shape[0];
+  const size_t row = static_cast<size_t>(s.row_elems());
+  std::vector<size_t> counts(P);
+  for (int r = 0; r < P; ++r) counts[r] = static_cast<size_t>(reducescatter_rows(dim0, P, r)) * row;
+  std::vector<int64_t> shape = s.shape;
+  if (!shape.empty()) shape[0] = reducescatter_rows(dim0, P, comm_.rank());
+  size_t mine = counts[comm_.rank()];
+  uint8_t* out = o.allocate_output(mine * dtype_size(s.dtype), shape);
+  uint8_t* buf = scratch_.reserve(s.nbytes());
+  if (s.nbytes()) std::memcpy(buf, o.in.data(), s.nbytes());
+  scale(buf, static_cast<size_t>(s.numel()), s.dtype, s.prescale);
+  reducescatter(comm_, buf, out, counts, s.dtype, wire_op(s.op), opts_);
+  scale(out, mine, s.dtype, final_scale(s, P));
+}
+
+}  // namespace appliance

@@ -1,0 +1,30 @@
+// CpuBackend: runs plan entries on host memory with the algorithms in collectives/.
+// Owns the fusion/scratch buffer. Average = Sum with postscale / size; integer scaling
+// truncates (collectives/reduce.h).
+#pragma once
+
+#include "backends/backend.h"
+#include "collectives/collectives.h"
+#include "fusion/fusion.h"
+
+namespace appliance {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(Comm& comm, CollectiveOptions opts) : comm_(comm), opts_(opts) {}
+  const char* name() const override { return "cpu"; }
+  void execute(const PlanEntry& e, const std::vector<OpState*>& ops) override;
+
+ private:
+  void do_allreduce(const PlanEntry& e, const std::vector<OpState*>& ops);
+  void do_allgather(const PlanEntry& e, OpState& op);
+  void do_broadcast(const PlanEntry& e, OpState& op);
+  void do_alltoall(const PlanEntry& e, OpState& op);
+  void do_reducescatter(const PlanEntry& e, OpState& op);
+
+  Comm& comm_;
+  CollectiveOptions opts_;
+  ScratchBuffer scratch_;
+};
+
+}  // namespace appliance

@@ -1,0 +1,220 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+#include <tuple>
+
+namespace appliance {
+
+namespace {
+std::string rank_list(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions o) : o_(o), joined_(o.size, 0), left_(o.size, 0) {}
+
+bool Coordinator::complete(const Pending& p) const {
+  for (int r = 0; r < o_.size; ++r)
+    if (!p.reqs[r] && !joined_[r] && !left_[r]) return false;
+  return true;
+}
+
+void Coordinator::on_request(int rank, Request req, Time now) {
+  APPLIANCE_ASSERT(rank >= 0 && rank < o_.size, "rank out of range");
+  if (req.sig.kind == OpKind::kJoin) {
+    if (!joined_[rank]) {
+      joined_[rank] = 1;
+      ++joined_count_;
+    }
+    last_joined_ = rank;
+    if (joined_count_ == o_.size) {
+      PlanEntry e;
+      e.kind = OpKind::kJoin;
+      e.names = {req.name};
+      e.sigs = {req.sig};
+      e.joined_last = last_joined_;
+      if (ready_.empty()) first_ready_ = now;
+      ready_.push_back(std::move(e));
+      std::fill(joined_.begin(), joined_.end(), 0);
+      joined_count_ = 0;
+      return;
+    }
+    std::vector<std::string> names;
+    for (auto& kv : pending_) names.push_back(kv.first);
+    for (auto& n : names) promote_if_complete(n, now);
+    return;
+  }
+  auto it = pending_.find(req.name);
+  if (it == pending_.end()) {
+    Pending p;
+    p.name = req.name;
+    p.reqs.resize(o_.size);
+    p.first_seen = now;
+    p.kind = req.sig.kind;
+    it = pending_.emplace(req.name, std::move(p)).first;
+  }
+  Pending& p = it->second;
+  APPLIANCE_ASSERT(!p.reqs[rank], "rank " + std::to_string(rank) + " submitted '" + req.name + "' twice");
+  p.reqs[rank] = std::move(req);
+  ++p.count;
+  promote_if_complete(it->first, now);
+}
+
+void Coordinator::on_rank_left(int rank) {
+  if (left_[rank]) return;
+  left_[rank] = 1;
+  std::vector<std::string> names;
+  for (auto& kv : pending_) names.push_back(kv.first);
+  for (auto& n : names) promote_if_complete(n, Time{});
+}
+
+void Coordinator::promote_if_complete(const std::string& name, Time now) {
+  auto it = pending_.find(name);
+  if (it == pending_.end() || !complete(it->second)) return;
+  PlanEntry e = validate(it->second);
+  pending_.erase(it);
+  if (ready_.empty() && groups_.empty()) first_ready_ = now;
+  const Signature& s = e.sigs[0];
+  if (s.group_size > 1) {
+    auto& members = groups_[s.group_id];
+    members.push_back(std::move(e));
+    if (members.size() < s.group_size) return;
+    if (ready_.empty()) first_ready_ = now;
+    for (auto& m : members) ready_.push_back(std::move(m));
+    groups_.erase(s.group_id);
+    return;
+  }
+  if (ready_.empty()) first_ready_ = now;
+  ready_.push_back(std::move(e));
+}
+
+PlanEntry Coordinator::validate(Pending& p) {
+  PlanEntry e;
+  int ref = -1;
+  std::vector<int> gone, joined;
+  for (int r = 0; r < o_.size; ++r) {
+    if (p.reqs[r]) {
+      if (ref < 0) ref = r;
+    } else if (left_[r]) {
+      gone.push_back(r);
+    } else if (joined_[r]) {
+      joined.push_back(r);
+    }
+  }
+  APPLIANCE_ASSERT(ref >= 0, "no request for " + p.name);
+  const Request& rq = *p.reqs[ref];
+  e.kind = rq.sig.kind;
+  e.names = {p.name};
+  e.sigs = {rq.sig};
+  auto fail = [&](std::string why, Code code = Code::kMismatch) {
+    e.ok = false;
+    e.error_code = code;
+    e.error = std::move(why);
+    return e;
+  };
+  if (!gone.empty())
+    return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "': rank(s) " + rank_list(gone) +
+                " shut down without submitting it",
+                Code::kAborted);
+  if (!joined.empty() && e.kind != OpKind::kAllreduce)
+    return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "' cannot run while rank(s) " +
+                rank_list(joined) + " have joined; only allreduce can",
+                Code::kInvalid);
+  for (int r = ref + 1; r < o_.size; ++r) {
+    if (!p.reqs[r]) continue;
+    std::string m = describe_mismatch(p.name, ref, rq, r, *p.reqs[r]);
+    if (!m.empty()) return fail(m);
+  }
+  if (e.kind == OpKind::kAllgather) {
+    for (int r = 0; r < o_.size; ++r) e.sizes.push_back(p.reqs[r]->sig.shape[0]);
+  } else if (e.kind == OpKind::kAlltoall) {
+    for (int r = 0; r < o_.size; ++r) {
+      const Request& q = *p.reqs[r];
+      if (q.splits.empty()) {
+        for (int d = 0; d < o_.size; ++d) e.sizes.push_back(q.sig.shape[0] / o_.size);
+      } else {
+        e.sizes.insert(e.sizes.end(), q.splits.begin(), q.splits.end());
+      }
+    }
+  }
+  if (!joined.empty()) e.joined = joined_;
+  return e;
+}
+
+std::vector<PlanEntry> Coordinator::take_plan(Time now) {
+  if (ready_.empty()) return {};
+  size_t ready_bytes = 0;
+  for (auto& e : ready_)
+    for (auto& s : e.sigs) ready_bytes += s.nbytes();
+  bool more_coming = !pending_.empty() || !groups_.empty();
+  bool due = o_.fusion_threshold == 0 || !more_coming || ready_bytes >= o_.fusion_threshold ||
+             now >= first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
+  if (!due) return {};
+  std::vector<PlanEntry> out;
+  fuse_into(out, ready_);
+  ready_.clear();
+  return out;
+}
+
+void Coordinator::fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready) {
+  using Key = std::tuple<uint8_t, uint8_t, double, double, bool, std::vector<uint8_t>>;
+  std::map<Key, std::pair<size_t, size_t>> open;  // key -> (index in out, bytes)
+  for (auto& e : ready) {
+    const Signature& s = e.sigs[0];
+    bool fusable = e.ok && e.kind == OpKind::kAllreduce && o_.fusion_threshold > 0 && s.nbytes() < o_.fusion_threshold;
+    if (!fusable) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    Key k{static_cast<uint8_t>(s.dtype), static_cast<uint8_t>(s.op), s.prescale, s.postscale, s.device < 0, e.joined};
+    auto it = open.find(k);
+    if (it != open.end() && it->second.second + s.nbytes() <= o_.fusion_threshold) {
+      PlanEntry& f = out[it->second.first];
+      f.names.push_back(e.names[0]);
+      f.sigs.push_back(s);
+      it->second.second += s.nbytes();
+      continue;
+    }
+    open[k] = {out.size(), s.nbytes()};
+    out.push_back(std::move(e));
+  }
+}
+
+Coordinator::Time Coordinator::next_deadline() const {
+  if (ready_.empty()) return Time::max();
+  return first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
+}
+
+std::vector<std::string> Coordinator::stall_warnings(Time now, Status* abort) {
+  std::vector<std::string> lines;
+  for (auto& kv : pending_) {
+    Pending& p = kv.second;
+    double waited = std::chrono::duration<double>(now - p.first_seen).count();
+    std::vector<int> have, missing;
+    for (int r = 0; r < o_.size; ++r) {
+      if (p.reqs[r]) have.push_back(r);
+      else if (!joined_[r]) missing.push_back(r);
+    }
+    std::ostringstream os;
+    os << op_kind_name(p.kind) << " '" << p.name << "' has waited " << static_cast<int>(waited) << " s: submitted by rank(s) "
+       << rank_list(have) << ", still missing on rank(s) " << rank_list(missing);
+    if (o_.stall_shutdown_s > 0 && waited >= o_.stall_shutdown_s && abort && abort->ok()) {
+      *abort = Status{Code::kAborted, missing.empty() ? -1 : missing[0], "",
+                      "stalled: " + os.str() + " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
+                          std::to_string(static_cast<int>(o_.stall_shutdown_s)) + ")"};
+    }
+    if (o_.stall_check_s <= 0 || waited < o_.stall_check_s) continue;
+    if (p.warned && std::chrono::duration<double>(now - p.last_warned).count() < o_.stall_check_s) continue;
+    p.warned = true;
+    p.last_warned = now;
+    lines.push_back("stall: " + os.str());
+  }
+  return lines;
+}
+
+}  // namespace appliance

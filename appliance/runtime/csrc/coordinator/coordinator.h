@@ -1,0 +1,83 @@
+// Coordinator: rank 0's negotiation, as pure logic (no I/O, no threads; time is passed in).
+//
+// It learns which names each rank is ready for, and when a name is ready on every rank that
+// has not joined, validates that all ranks agree and moves it to the ready list. take_plan()
+// turns the ready list into plan entries: allreduces that agree in (dtype, op, scales, device)
+// are fused up to the fusion threshold; grouped ops wait for all their members. The plan is
+// issued at once unless another name is ready on only some ranks (more is coming), in which
+// case it waits up to the cycle time so that it can fuse.
+//
+// Joined ranks (hvd.join) count as ready for allreduces and contribute zeros; other kinds
+// fail while a rank is joined. A rank that left (shutdown) fails every name it never submitted.
+// Stall check: names waiting on some ranks for too long are reported (and, when configured,
+// abort the job), naming the missing ranks.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/request.h"
+
+namespace appliance {
+
+struct CoordinatorOptions {
+  int size = 1;
+  size_t fusion_threshold = 128u << 20;  // bytes; 0 disables fusion
+  double cycle_time_ms = 1.0;
+  double stall_check_s = 60.0;           // 0 disables the warning
+  double stall_shutdown_s = 0.0;         // 0 = never abort
+};
+
+class Coordinator {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+
+  explicit Coordinator(CoordinatorOptions o);
+
+  // A rank is ready for a request (kind kJoin = the rank joined).
+  void on_request(int rank, Request req, Time now);
+  // A rank shut down in order; it will submit nothing more.
+  void on_rank_left(int rank);
+
+  // Plan entries to issue now; empty when nothing is due (see next_deadline()).
+  std::vector<PlanEntry> take_plan(Time now);
+  // When take_plan() should be called again at the latest (Time::max() when idle).
+  Time next_deadline() const;
+
+  // Stall check: warning lines due now. Returns an error status when a stall passed the
+  // shutdown time.
+  std::vector<std::string> stall_warnings(Time now, Status* abort);
+
+  bool idle() const { return pending_.empty() && ready_.empty(); }
+
+ private:
+  struct Pending {
+    std::string name;
+    OpKind kind = OpKind::kAllreduce;
+    std::vector<std::optional<Request>> reqs;  // per rank
+    int count = 0;
+    Time first_seen{}, last_warned{};
+    bool warned = false;
+  };
+
+  bool complete(const Pending& p) const;
+  void promote_if_complete(const std::string& name, Time now);
+  PlanEntry validate(Pending& p);
+  void fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready);
+
+  CoordinatorOptions o_;
+  std::unordered_map<std::string, Pending> pending_;
+  std::vector<PlanEntry> ready_;                 // validated, in readiness order
+  std::map<uint32_t, std::vector<PlanEntry>> groups_;  // group id -> members validated so far
+  Time first_ready_{};
+  std::vector<uint8_t> joined_, left_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
+};
+
+}  // namespace appliance

@@ -1,0 +1,315 @@
+// The background thread of a Runtime: announce work, negotiate (rank 0 coordinates), run
+// plans, keep control links alive, and turn any failure into one job-wide abort.
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "engine/runtime.h"
+
+namespace appliance {
+
+namespace {
+int64_t ms_until(Clock::time_point t, Clock::time_point now) {
+  if (t == Clock::time_point::max()) return INT64_MAX;
+  if (t <= now) return 0;
+  return std::chrono::duration_cast<std::chrono::microseconds>(t - now).count() / 1000 + 1;
+}
+}  // namespace
+
+void Runtime::loop() {
+  try {
+    for (;;) {
+      pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {epoll_fd_, POLLIN, 0}};
+      int64_t t = poll_timeout_ms();
+      ::poll(fds, cfg_.size > 1 ? 2 : 1, static_cast<int>(std::min<int64_t>(t, 60000)));
+      if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        (void)!read(wake_fd_, &v, sizeof(v));
+      }
+      {
+        std::lock_guard<std::mutex> g(qmu_);
+        if (stopping_) break;
+      }
+      step();
+      if (coordinator_gone_) {
+        finish(Status{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"});
+        return;
+      }
+    }
+    for (int r = 0; r < cfg_.size; ++r) {
+      if (!is_ctrl_peer(r)) continue;
+      try {
+        auto bye = encode_bye();
+        ctrl_[r].ch->send_frame(FrameType::kControl, bye.data(), bye.size(), deadline_after_ms(1000));
+      } catch (const Error&) {
+      }
+    }
+    finish(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
+  } catch (const Error& e) {
+    Status s = e.status();
+    if (s.origin_rank < 0) {
+      s.origin_rank = cfg_.rank;
+      s.host = cfg_.host;
+    }
+    if (s.code == Code::kPeerLost) s = await_better_cause(s);
+    abort_job(s, abort_from_);
+  } catch (const std::exception& e) {
+    abort_job(Status{Code::kInternal, cfg_.rank, cfg_.host, e.what()}, -1);
+  }
+}
+
+void Runtime::step() {
+  intake();
+  read_control(false);
+  do {
+    dispatch_inbox();
+    if (coord_) issue_plans();
+  } while (!inbox_.empty());
+  heartbeats();
+  if (coord_) stall_check();
+}
+
+bool Runtime::is_ctrl_peer(int peer) const { return ctrl_[peer].ch && !ctrl_[peer].gone; }
+
+int Runtime::poll_timeout_ms() const {
+  auto now = Clock::now();
+  int64_t t = INT64_MAX;
+  if (coord_) {
+    t = std::min(t, ms_until(coord_->next_deadline(), now));
+    if (!coord_->idle()) t = std::min(t, ms_until(next_stall_check_, now));
+  }
+  if (cfg_.size > 1 && cfg_.heartbeat_timeout_s > 0) t = std::min(t, hb_interval_ms_);
+  if (!inbox_.empty()) t = 0;
+  return t == INT64_MAX ? -1 : t;
+}
+
+void Runtime::intake() {
+  std::deque<OpPtr> fresh;
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    fresh.swap(queue_);
+  }
+  if (fresh.empty()) return;
+  ReadyMsg m;
+  m.epoch = plans_applied_;
+  auto now = Clock::now();
+  for (OpPtr& op : fresh) {
+    inflight_[op->req.name] = op;
+    if (coord_) {
+      coord_->on_request(cfg_.rank, op->req, now);
+      continue;
+    }
+    uint32_t id = op->req.sig.cacheable() ? cache_.lookup(op->req.name, op->req.sig) : 0;
+    op->sent_as_id = id;
+    if (id) m.ids.push_back(id);
+    else m.full.push_back(op->req);
+  }
+  if (!coord_) send_control(0, FrameType::kControl, encode_ready(m));
+}
+
+void Runtime::send_control(int peer, FrameType type, const std::vector<uint8_t>& payload) {
+  CtrlPeer& c = ctrl_[peer];
+  int64_t budget = std::max<int64_t>(5000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000));
+  c.ch->send_frame(type, payload.data(), payload.size(), deadline_after_ms(budget));
+  c.last_send = Clock::now();
+}
+
+void Runtime::read_control(bool in_collective) {
+  for (int r = 0; r < cfg_.size; ++r) {
+    if (!is_ctrl_peer(r)) continue;
+    CtrlPeer& c = ctrl_[r];
+    Frame f;
+    while (c.ch->try_recv_frame(f)) {
+      c.last_recv = Clock::now();
+      if (f.type == FrameType::kHeartbeat) continue;
+      if (f.type == FrameType::kAbort) {
+        Reader rd(f.payload.data(), f.payload.size(), "ABORT from rank " + std::to_string(r));
+        Status s = rd.status();
+        abort_from_ = r;
+        throw Error(s);
+      }
+      if (f.type != FrameType::kControl)
+        throw Error(Code::kProtocol, std::string("unexpected ") + frame_type_name(f.type) + " frame on the control link", r, host_of(r));
+      if (peek_ctrl_type(f.payload, "rank " + std::to_string(r)) == CtrlType::kBye) {
+        c.gone = true;
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.ch->link().wait_handle(), nullptr);
+        if (coord_) coord_->on_rank_left(r);
+        else coordinator_gone_ = true;
+        break;
+      }
+      inbox_.push_back(Inbound{r, std::move(f.payload)});
+    }
+  }
+  if (in_collective) heartbeats();
+}
+
+void Runtime::dispatch_inbox() {
+  while (!inbox_.empty()) {
+    Inbound m = std::move(inbox_.front());
+    inbox_.pop_front();
+    const std::string from = "rank " + std::to_string(m.from) + " (" + host_of(m.from) + ")";
+    CtrlType type;
+    Plan plan;
+    try {
+      type = peek_ctrl_type(m.payload, from);
+      if (type == CtrlType::kPlan && !coord_) plan = decode_plan(m.payload, cache_, cfg_.size, from);
+    } catch (const Error& e) {
+      throw Error(Code::kProtocol, e.status().message, m.from, host_of(m.from));
+    }
+    if (type == CtrlType::kReady && coord_) on_ready(m.from, m.payload);
+    else if (type == CtrlType::kPlan && !coord_) run_plan(plan);
+    else if (type == CtrlType::kResend && !coord_) on_resend(m.payload);
+    else throw Error(Code::kProtocol, "unexpected control message", m.from, host_of(m.from));
+  }
+}
+
+void Runtime::on_ready(int from, const std::vector<uint8_t>& payload) {
+  ReadyMsg m;
+  try {
+    m = decode_ready(payload, "rank " + std::to_string(from));
+  } catch (const Error& e) {
+    throw Error(Code::kProtocol, e.status().message, from, host_of(from));
+  }
+  auto now = Clock::now();
+  for (Request& q : m.full) coord_->on_request(from, std::move(q), now);
+  std::vector<uint32_t> unknown;
+  for (uint32_t id : m.ids) {
+    const ResponseCache::Entry* c = cache_.get(id);
+    if (!c) unknown.push_back(id);
+    else coord_->on_request(from, Request{c->name, c->sig, {}}, now);
+  }
+  if (!unknown.empty()) send_control(from, FrameType::kControl, encode_resend(unknown));
+}
+
+void Runtime::on_resend(const std::vector<uint8_t>& payload) {
+  std::vector<uint32_t> ids = decode_resend(payload, "rank 0");
+  ReadyMsg m;
+  m.epoch = plans_applied_;
+  for (auto& kv : inflight_)
+    if (kv.second->sent_as_id && std::find(ids.begin(), ids.end(), kv.second->sent_as_id) != ids.end()) {
+      kv.second->sent_as_id = 0;
+      m.full.push_back(kv.second->req);
+    }
+  send_control(0, FrameType::kControl, encode_ready(m));
+}
+
+void Runtime::issue_plans() {
+  for (;;) {
+    std::vector<PlanEntry> entries = coord_->take_plan(Clock::now());
+    if (entries.empty()) return;
+    Plan plan;
+    plan.seq = ++plan_seq_;
+    plan.entries = std::move(entries);
+    if (cfg_.size > 1) {
+      std::vector<uint8_t> bytes = encode_plan(plan, cache_);
+      for (int r = 1; r < cfg_.size; ++r)
+        if (is_ctrl_peer(r)) send_control(r, FrameType::kControl, bytes);
+    }
+    run_plan(plan);
+  }
+}
+
+void Runtime::run_plan(Plan& plan) {
+  for (const PlanEntry& e : plan.entries) run_entry(e);
+  ++plans_applied_;
+}
+
+void Runtime::run_entry(const PlanEntry& e) {
+  std::vector<OpPtr> ops(e.names.size());
+  std::vector<OpState*> raw(e.names.size(), nullptr);
+  const bool joined_here = !e.joined.empty() && e.joined[cfg_.rank];
+  for (size_t i = 0; i < e.names.size(); ++i) {
+    auto it = inflight_.find(e.names[i]);
+    if (it != inflight_.end()) {
+      ops[i] = it->second;
+      raw[i] = ops[i].get();
+      inflight_.erase(it);
+    } else if (!(joined_here && e.kind == OpKind::kAllreduce)) {
+      throw Error(Code::kProtocol, "the plan names " + std::string(op_kind_name(e.kind)) + " '" + e.names[i] +
+                                       "', which this rank never submitted", 0, host_of(0));
+    }
+  }
+  if (!e.ok) {
+    for (auto& op : ops)
+      if (op) handles_.complete(op, Status{e.error_code, -1, "", e.error});
+    return;
+  }
+  cpu_->execute(e, raw);
+  for (size_t i = 0; i < e.names.size(); ++i) {
+    cache_.put(e.names[i], e.sigs[i]);
+    if (ops[i]) handles_.complete(ops[i], Status::Ok());
+  }
+}
+
+void Runtime::heartbeats() {
+  if (cfg_.size < 2 || cfg_.heartbeat_timeout_s <= 0) return;
+  auto now = Clock::now();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000));
+  for (int r = 0; r < cfg_.size; ++r) {
+    if (!is_ctrl_peer(r)) continue;
+    CtrlPeer& c = ctrl_[r];
+    if (now - c.last_recv > timeout)
+      throw Error(Code::kPeerLost,
+                  "no sign of life for " + std::to_string(static_cast<int>(cfg_.heartbeat_timeout_s)) +
+                      " s (host down, network cut or process stopped; APPLIANCE_HEARTBEAT_TIMEOUT)",
+                  r, host_of(r));
+    if (now - c.last_send >= std::chrono::milliseconds(hb_interval_ms_)) send_control(r, FrameType::kHeartbeat, {});
+  }
+}
+
+void Runtime::stall_check() {
+  auto now = Clock::now();
+  if (now < next_stall_check_) return;
+  next_stall_check_ = now + std::chrono::seconds(1);
+  Status abort;
+  for (const std::string& line : coord_->stall_warnings(now, &abort)) log_line(cfg_.rank, line);
+  if (!abort.ok()) {
+    abort.host = host_of(abort.origin_rank);
+    throw Error(abort);
+  }
+}
+
+Status Runtime::await_better_cause(const Status& s) {
+  // A closed data link may only mean the peer gave up because of someone else; give the
+  // coordinator's ABORT (which names the origin) a moment to arrive.
+  auto until = Clock::now() + std::chrono::milliseconds(1000);
+  while (Clock::now() < until && cfg_.size > 1) {
+    pollfd fd{epoll_fd_, POLLIN, 0};
+    ::poll(&fd, 1, 50);
+    try {
+      read_control(false);
+    } catch (const Error& e) {
+      return e.status();
+    }
+  }
+  return s;
+}
+
+void Runtime::abort_job(const Status& s, int skip_peer) {
+  log_line(cfg_.rank, "collective job failed: " + s.to_string());
+  Writer w;
+  w.status(s);
+  for (int r = 0; r < cfg_.size; ++r) {
+    if (r == skip_peer || !is_ctrl_peer(r)) continue;
+    try {
+      ctrl_[r].ch->send_frame(FrameType::kAbort, w.buffer().data(), w.buffer().size(), deadline_after_ms(1000));
+    } catch (const Error&) {
+    }
+  }
+  finish(s);
+}
+
+void Runtime::finish(const Status& terminal) {
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (terminal_.ok()) terminal_ = terminal;
+    queue_.clear();
+  }
+  inflight_.clear();
+  handles_.fail_all(terminal);
+}
+
+}  // namespace appliance

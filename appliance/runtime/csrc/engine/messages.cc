@@ -1,0 +1,158 @@
+#include "engine/messages.h"
+
+namespace appliance {
+
+namespace {
+constexpr uint32_t kMaxItems = 1u << 20;
+
+void put_ids(Writer& w, const std::vector<uint32_t>& ids) {
+  w.u32(static_cast<uint32_t>(ids.size()));
+  for (uint32_t id : ids) w.u32(id);
+}
+
+std::vector<uint32_t> get_ids(Reader& r) {
+  uint32_t n = r.u32();
+  if (n > kMaxItems || n > r.remaining() / 4) r.fail("id list of " + std::to_string(n) + " items");
+  std::vector<uint32_t> ids(n);
+  for (auto& id : ids) id = r.u32();
+  return ids;
+}
+
+void expect_type(Reader& r, CtrlType t) {
+  if (r.u8() != static_cast<uint8_t>(t)) r.fail("unexpected control message type");
+}
+}  // namespace
+
+CtrlType peek_ctrl_type(const std::vector<uint8_t>& p, const std::string& from) {
+  Reader r(p.data(), p.size(), "control message from " + from);
+  uint8_t t = r.u8();
+  if (t < 1 || t > static_cast<uint8_t>(CtrlType::kBye)) r.fail("unknown control message type " + std::to_string(t));
+  return static_cast<CtrlType>(t);
+}
+
+std::vector<uint8_t> encode_ready(const ReadyMsg& m) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kReady));
+  w.u64(m.epoch);
+  w.u32(static_cast<uint32_t>(m.full.size()));
+  for (auto& q : m.full) q.encode(w);
+  put_ids(w, m.ids);
+  return w.take();
+}
+
+ReadyMsg decode_ready(const std::vector<uint8_t>& p, const std::string& from) {
+  Reader r(p.data(), p.size(), "READY message from " + from);
+  expect_type(r, CtrlType::kReady);
+  ReadyMsg m;
+  m.epoch = r.u64();
+  uint32_t n = r.u32();
+  if (n > kMaxItems) r.fail(std::to_string(n) + " requests");
+  for (uint32_t i = 0; i < n; ++i) m.full.push_back(Request::decode(r));
+  m.ids = get_ids(r);
+  r.expect_done();
+  return m;
+}
+
+std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kPlan));
+  w.u64(p.seq);
+  w.u32(static_cast<uint32_t>(p.entries.size()));
+  for (const PlanEntry& e : p.entries) {
+    std::vector<uint32_t> ids;
+    bool by_ids = e.ok && e.sizes.empty() && e.joined.empty() && cache.enabled();
+    for (size_t i = 0; by_ids && i < e.names.size(); ++i) {
+      uint32_t id = cache.lookup(e.names[i], e.sigs[i]);
+      if (id == 0) by_ids = false;
+      ids.push_back(id);
+    }
+    w.u8(static_cast<uint8_t>((e.ok ? 1 : 0) | (by_ids ? 2 : 0)));
+    if (by_ids) {
+      put_ids(w, ids);
+      continue;
+    }
+    w.u8(static_cast<uint8_t>(e.kind));
+    w.u32(static_cast<uint32_t>(e.names.size()));
+    for (size_t i = 0; i < e.names.size(); ++i) {
+      w.str(e.names[i]);
+      e.sigs[i].encode(w);
+    }
+    w.u8(static_cast<uint8_t>(e.error_code));
+    w.str(e.error);
+    w.i64s(e.sizes);
+    w.i32(e.joined_last);
+    w.bytes(e.joined.data(), e.joined.size());
+  }
+  return w.take();
+}
+
+Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from) {
+  Reader r(payload.data(), payload.size(), "PLAN message from " + from);
+  expect_type(r, CtrlType::kPlan);
+  Plan p;
+  p.seq = r.u64();
+  uint32_t n = r.u32();
+  if (n > kMaxItems) r.fail(std::to_string(n) + " entries");
+  for (uint32_t k = 0; k < n; ++k) {
+    PlanEntry e;
+    uint8_t flags = r.u8();
+    if (flags > 3) r.fail("bad entry flags");
+    e.ok = flags & 1;
+    if (flags & 2) {
+      for (uint32_t id : get_ids(r)) {
+        const ResponseCache::Entry* c = cache.get(id);
+        if (!c) r.fail("plan refers to response cache id " + std::to_string(id) + " which this rank does not hold");
+        e.kind = c->sig.kind;
+        e.names.push_back(c->name);
+        e.sigs.push_back(c->sig);
+      }
+      if (e.names.empty()) r.fail("empty cached entry");
+      p.entries.push_back(std::move(e));
+      continue;
+    }
+    uint8_t kind = r.u8();
+    if (!op_kind_valid(kind)) r.fail("unknown operation kind " + std::to_string(kind));
+    e.kind = static_cast<OpKind>(kind);
+    uint32_t names = r.u32();
+    if (names == 0 || names > kMaxItems) r.fail(std::to_string(names) + " names in one entry");
+    for (uint32_t i = 0; i < names; ++i) {
+      e.names.push_back(r.str(1 << 16));
+      e.sigs.push_back(Signature::decode(r));
+    }
+    uint8_t code = r.u8();
+    if (code > static_cast<uint8_t>(Code::kShutdown)) r.fail("unknown error code " + std::to_string(code));
+    e.error_code = static_cast<Code>(code);
+    e.error = r.str(1 << 16);
+    e.sizes = r.i64s(static_cast<size_t>(size) * size);
+    e.joined_last = r.i32();
+    auto joined = r.bytes(static_cast<size_t>(size));
+    e.joined.assign(joined.begin(), joined.end());
+    if (e.kind == OpKind::kAllgather && e.ok && e.sizes.size() != static_cast<size_t>(size))
+      r.fail("allgather entry without one size per rank");
+    if (e.kind == OpKind::kAlltoall && e.ok && e.sizes.size() != static_cast<size_t>(size) * size)
+      r.fail("alltoall entry without a full split matrix");
+    if (!e.joined.empty() && e.joined.size() != static_cast<size_t>(size)) r.fail("joined vector of wrong length");
+    p.entries.push_back(std::move(e));
+  }
+  r.expect_done();
+  return p;
+}
+
+std::vector<uint8_t> encode_resend(const std::vector<uint32_t>& ids) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kResend));
+  put_ids(w, ids);
+  return w.take();
+}
+
+std::vector<uint32_t> decode_resend(const std::vector<uint8_t>& p, const std::string& from) {
+  Reader r(p.data(), p.size(), "RESEND message from " + from);
+  expect_type(r, CtrlType::kResend);
+  auto ids = get_ids(r);
+  r.expect_done();
+  return ids;
+}
+
+std::vector<uint8_t> encode_bye() { return {static_cast<uint8_t>(CtrlType::kBye)}; }
+
+}  // namespace appliance

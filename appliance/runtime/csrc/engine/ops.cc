@@ -1,0 +1,68 @@
+#include "engine/ops.h"
+
+#include <stdexcept>
+
+namespace appliance {
+
+uint8_t* OpState::allocate_output(size_t bytes, std::vector<int64_t> shape) {
+  output.reset(new uint8_t[bytes ? bytes : 1]);
+  output_bytes = bytes;
+  out_shape = std::move(shape);
+  return output.get();
+}
+
+int HandleTable::add(const OpPtr& op) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (names_.count(op->req.name))
+    throw std::invalid_argument("a " + std::string(op_kind_name(op->req.sig.kind)) + " named '" + op->req.name +
+                                "' is already in flight on this rank; names must be unique until synchronized");
+  op->handle = next_++;
+  ops_[op->handle] = op;
+  names_[op->req.name] = op->handle;
+  return op->handle;
+}
+
+void HandleTable::complete(const OpPtr& op, Status s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (op->done) return;
+    op->status = std::move(s);
+    op->done = true;
+    auto it = names_.find(op->req.name);
+    if (it != names_.end() && it->second == op->handle) names_.erase(it);
+  }
+  cv_.notify_all();
+}
+
+bool HandleTable::poll(int handle) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = ops_.find(handle);
+  if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
+  return it->second->done;
+}
+
+OpPtr HandleTable::wait(int handle) {
+  std::unique_lock<std::mutex> g(mu_);
+  auto it = ops_.find(handle);
+  if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
+  OpPtr op = it->second;
+  cv_.wait(g, [&] { return op->done; });
+  ops_.erase(handle);
+  return op;
+}
+
+void HandleTable::fail_all(const Status& s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& kv : ops_) {
+      OpState& op = *kv.second;
+      if (op.done) continue;
+      op.status = s;
+      op.done = true;
+    }
+    names_.clear();
+  }
+  cv_.notify_all();
+}
+
+}  // namespace appliance

@@ -1,0 +1,68 @@
+// OpState: one enqueued operation, from enqueue() to wait(). HandleTable: the map from
+// handle ints to operations, which Python threads wait on and the background thread
+// completes. Names in flight are unique per process (a duplicate is a ValueError at submit).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/request.h"
+
+namespace appliance {
+
+struct TensorDesc {
+  uint64_t ptr = 0;
+  DataType dtype = DataType::kUInt8;
+  std::vector<int64_t> shape;
+  int32_t device = -1;
+  uint64_t stream = 0;
+  void* data() const { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)); }
+};
+
+struct OpState {
+  int handle = 0;
+  Request req;
+  TensorDesc in, out;
+  uint32_t sent_as_id = 0;  // cache id this rank announced it with (0 = sent in full)
+
+  // Filled by the background thread before completion.
+  Status status;
+  std::unique_ptr<uint8_t[]> output;  // core-allocated output (allgather, alltoall, reducescatter)
+  size_t output_bytes = 0;
+  std::vector<int64_t> out_shape;
+  std::vector<int64_t> recv_splits;
+  int64_t value = -1;
+  bool done = false;
+
+  // Allocate the output without zeroing it (the collective overwrites every byte).
+  uint8_t* allocate_output(size_t bytes, std::vector<int64_t> shape);
+};
+
+using OpPtr = std::shared_ptr<OpState>;
+
+class HandleTable {
+ public:
+  // Registers op under a new handle; throws std::invalid_argument when its name is in flight.
+  int add(const OpPtr& op);
+  void complete(const OpPtr& op, Status s);
+  bool poll(int handle);
+  // Blocks until done, then forgets the handle. Throws std::invalid_argument on unknown handles.
+  OpPtr wait(int handle);
+  // Completes every op not yet done with s (job failure, shutdown).
+  void fail_all(const Status& s);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int next_ = 1;
+  std::unordered_map<int, OpPtr> ops_;
+  std::unordered_map<std::string, int> names_;
+};
+
+}  // namespace appliance

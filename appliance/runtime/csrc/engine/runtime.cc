@@ -1,0 +1,175 @@
+// Runtime lifecycle and the caller-facing API. The background loop is in engine/loop.cc.
+#include "engine/runtime.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "backends/cpu/cpu_backend.h"
+#include "common/log.h"
+
+namespace appliance {
+
+namespace {
+constexpr uint32_t kDataFrameMax = 4u << 20;      // payload bytes of one DATA frame
+constexpr uint32_t kControlFrameMax = 256u << 20;  // plans of very large models
+}  // namespace
+
+Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_capacity) {
+  if (cfg_.size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.size)
+    throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
+  hosts_.assign(cfg_.size, cfg_.host);
+  std::vector<std::unique_ptr<Channel>> data(cfg_.size);
+  ctrl_.resize(cfg_.size);
+  if (cfg_.size > 1) {
+    const int64_t timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
+    AuthParams auth{cfg_.secret, cfg_.job_id, cfg_.rank};
+    if (cfg_.rank == 0) store_server_ = std::make_unique<TcpStoreServer>("", cfg_.store_port, auth);
+    store_ = std::make_unique<TcpStoreClient>(cfg_.store_host, cfg_.store_port, auth, timeout_ms);
+    MeshOptions mo;
+    mo.rank = cfg_.rank;
+    mo.size = cfg_.size;
+    mo.host = cfg_.host;
+    mo.bind_addr = cfg_.data_addr;
+    mo.allow_shm = cfg_.shm;
+    mo.timeout_ms = timeout_ms;
+    mo.peer_timeout_ms = static_cast<int>(cfg_.heartbeat_timeout_s * 1000);
+    mo.auth = auth;
+    Mesh mesh = build_mesh(*store_, mo);
+    topo_ = mesh.topo;
+    for (int r = 0; r < cfg_.size; ++r) hosts_[r] = mesh.peers[r].host;
+    for (int r = 0; r < cfg_.size; ++r)
+      if (mesh.data[r]) data[r] = std::make_unique<Channel>(std::move(mesh.data[r]), kDataFrameMax);
+    auto now = Clock::now();
+    for (int r = 0; r < static_cast<int>(mesh.control.size()); ++r) {
+      if (!mesh.control[r]) continue;
+      int peer = mesh.control[r]->peer();
+      ctrl_[peer].ch = std::make_unique<Channel>(std::move(mesh.control[r]), kControlFrameMax);
+      ctrl_[peer].last_recv = ctrl_[peer].last_send = now;
+    }
+    if (cfg_.verbose && cfg_.rank == 0) {
+      std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
+      for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;
+      log_line(cfg_.rank, line);
+    }
+  }
+  comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
+  CollectiveOptions copts;
+  copts.chunk_bytes = cfg_.chunk_bytes;
+  cpu_ = std::make_unique<CpuBackend>(*comm_, copts);
+  if (cfg_.rank == 0) {
+    CoordinatorOptions co;
+    co.size = cfg_.size;
+    co.fusion_threshold = cfg_.fusion_threshold;
+    co.cycle_time_ms = cfg_.cycle_time_ms;
+    co.stall_check_s = cfg_.stall_check_s;
+    co.stall_shutdown_s = cfg_.stall_shutdown_s;
+    coord_ = std::make_unique<Coordinator>(co);
+  }
+  if (cfg_.heartbeat_timeout_s > 0)
+    hb_interval_ms_ = std::max<int64_t>(50, std::min<int64_t>(1000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 250)));
+  next_stall_check_ = Clock::now() + std::chrono::seconds(1);
+
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0) throw Error(Code::kInternal, "cannot create eventfd/epoll");
+  for (int r = 0; r < cfg_.size; ++r) {
+    if (!ctrl_[r].ch) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = static_cast<uint32_t>(r);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ctrl_[r].ch->link().wait_handle(), &ev);
+  }
+  comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }});
+  thread_ = std::thread([this] { loop(); });
+}
+
+Runtime::~Runtime() {
+  shutdown();
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+std::string Runtime::host_of(int rank) const {
+  return rank >= 0 && rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : std::string();
+}
+
+void Runtime::shutdown() {
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    stopping_ = true;
+  }
+  uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
+}
+
+int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
+  Signature& s = req.sig;
+  const int P = cfg_.size;
+  auto bad = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(op_kind_name(s.kind)) + " '" + req.name + "': " + why);
+  };
+  if (s.kind == OpKind::kJoin) req.name = "__join__";
+  if (req.name.empty()) bad("empty tensor name");
+  if (s.op == ReduceOp::kAdasum) bad("the Adasum reduction is not supported by this runtime");
+  s.shape = in.shape;
+  s.dtype = in.dtype;
+  s.device = in.device;
+  if (s.device >= 0) bad("CUDA tensors need the NCCL backend, which this build cannot load here; move the tensor to the CPU");
+  for (int64_t d : s.shape)
+    if (d < 0) bad("negative dimension in shape " + shape_str(s.shape));
+  const bool needs_rows = s.kind == OpKind::kAllgather || s.kind == OpKind::kAlltoall || s.kind == OpKind::kReducescatter;
+  if (needs_rows && s.shape.empty()) bad("needs a tensor with at least one dimension");
+  if (s.numel() > 0 && s.kind != OpKind::kBarrier && s.kind != OpKind::kJoin && in.ptr == 0) bad("null data pointer");
+  if ((s.kind == OpKind::kAllreduce || s.kind == OpKind::kBroadcast) && s.numel() > 0 && out.ptr == 0) bad("null output pointer");
+  if (s.kind == OpKind::kBroadcast && (s.root < 0 || s.root >= P))
+    bad("root rank " + std::to_string(s.root) + " is not within size " + std::to_string(P));
+  if (s.kind == OpKind::kAlltoall) {
+    if (req.splits.empty()) {
+      if (s.shape[0] % P != 0)
+        bad("cannot split " + std::to_string(s.shape[0]) + " rows evenly over " + std::to_string(P) + " ranks; pass splits");
+    } else {
+      if (static_cast<int>(req.splits.size()) != P)
+        bad("splits has " + std::to_string(req.splits.size()) + " entries, expected one per rank (" + std::to_string(P) + ")");
+      int64_t sum = 0;
+      for (int64_t x : req.splits) {
+        if (x < 0) bad("negative split " + std::to_string(x));
+        sum += x;
+      }
+      if (sum != s.shape[0]) bad("splits sum to " + std::to_string(sum) + " but the first dimension is " + std::to_string(s.shape[0]));
+    }
+  } else {
+    req.splits.clear();
+  }
+  if (s.kind != OpKind::kAllreduce && s.kind != OpKind::kReducescatter) {
+    s.op = ReduceOp::kSum;
+    s.prescale = s.postscale = 1.0;
+  }
+  if (s.kind != OpKind::kBroadcast) s.root = 0;
+  if (s.kind == OpKind::kBarrier || s.kind == OpKind::kJoin) s.shape.clear();
+
+  auto op = std::make_shared<OpState>();
+  op->req = std::move(req);
+  op->in = std::move(in);
+  op->out = std::move(out);
+  int h = handles_.add(op);
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (!terminal_.ok() || stopping_) {
+      Status st = terminal_.ok() ? Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime is shutting down"} : terminal_;
+      handles_.complete(op, st);
+      return h;
+    }
+    queue_.push_back(op);
+  }
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  return h;
+}
+
+}  // namespace appliance

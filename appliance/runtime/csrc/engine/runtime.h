@@ -1,0 +1,131 @@
+// Runtime: the per-process collective engine. Owns the rendezvous store (server on rank 0),
+// the mesh (data Comm, control channels), the coordinator (rank 0), the response cache, the
+// backends, the handle table and the background thread. No process-wide state: Python holds
+// one Runtime per init() and destroys it at shutdown().
+//
+// Threads: callers enqueue/poll/wait from any thread; everything else (control plane,
+// negotiation, collectives) runs on the background thread, which sleeps in poll() until work,
+// a control frame or a deadline (fusion cycle, heartbeat, stall check) wakes it.
+//
+// Failure: see csrc/README.md. A failed job fails every pending handle with a Status naming
+// the origin rank; later enqueues complete at once with the same status.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.h"
+#include "collectives/collectives.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/response_cache.h"
+#include "engine/messages.h"
+#include "engine/ops.h"
+#include "store/store.h"
+#include "transport/mesh.h"
+
+namespace appliance {
+
+struct RuntimeConfig {
+  int rank = 0, size = 1;
+  std::string host;  // this rank's host name (HOROVOD_HOSTNAME or gethostname)
+  std::string store_host;
+  int store_port = 0;
+  std::string secret, job_id, data_addr;
+  double start_timeout_s = 60.0;
+  size_t fusion_threshold = 128u << 20;
+  double cycle_time_ms = 1.0;
+  size_t cache_capacity = 1024;
+  double stall_check_s = 60.0, stall_shutdown_s = 0.0;
+  size_t chunk_bytes = 1u << 20;
+  double heartbeat_timeout_s = 10.0;
+  bool shm = true;
+  bool verbose = false;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(RuntimeConfig cfg);  // rendezvous + mesh; throws Error on failure
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const { return cfg_.rank; }
+  int size() const { return cfg_.size; }
+  const Topology& topology() const { return topo_; }
+  std::string host_of(int rank) const;
+
+  // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
+  int enqueue(Request req, TensorDesc in, TensorDesc out);
+  bool poll(int handle) { return handles_.poll(handle); }
+  OpPtr wait(int handle) { return handles_.wait(handle); }
+  void shutdown();
+
+ private:
+  // --- background thread (engine/loop.cc) ---
+  void loop();
+  void step();
+  void intake();
+  void on_ready(int from, const std::vector<uint8_t>& payload);
+  void on_resend(const std::vector<uint8_t>& payload);
+  void read_control(bool in_collective);
+  void dispatch_inbox();
+  void issue_plans();
+  void run_plan(Plan& plan);
+  void run_entry(const PlanEntry& e);
+  void heartbeats();
+  void stall_check();
+  void send_control(int peer, FrameType type, const std::vector<uint8_t>& payload);
+  Status await_better_cause(const Status& s);
+  void abort_job(const Status& s, int skip_peer);
+  void finish(const Status& terminal);
+  int poll_timeout_ms() const;
+  bool is_ctrl_peer(int peer) const;
+
+  struct CtrlPeer {
+    std::unique_ptr<Channel> ch;
+    Clock::time_point last_recv, last_send;
+    bool gone = false;  // said BYE (or is closed after one)
+  };
+  struct Inbound {
+    int from;
+    std::vector<uint8_t> payload;
+  };
+
+  RuntimeConfig cfg_;
+  Topology topo_;
+  std::vector<std::string> hosts_;
+  std::unique_ptr<TcpStoreServer> store_server_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Comm> comm_;
+  std::vector<CtrlPeer> ctrl_;  // indexed by rank (rank 0: every peer; others: only [0])
+  std::unique_ptr<Coordinator> coord_;
+  ResponseCache cache_;
+  std::unique_ptr<Backend> cpu_;
+  HandleTable handles_;
+
+  int wake_fd_ = -1;
+  int epoll_fd_ = -1;  // control fds, the Watch of collectives
+  std::thread thread_;
+
+  std::mutex qmu_;
+  std::deque<OpPtr> queue_;  // enqueued, not yet announced
+  bool stopping_ = false;
+  Status terminal_;          // set once the runtime can run nothing more
+
+  // background-thread state
+  std::unordered_map<std::string, OpPtr> inflight_;  // announced, waiting for a plan
+  std::deque<Inbound> inbox_;
+  uint64_t plans_applied_ = 0;
+  uint64_t plan_seq_ = 0;
+  Clock::time_point next_stall_check_;
+  int64_t hb_interval_ms_ = 1000;
+  int abort_from_ = -1;       // peer an ABORT frame came from (not sent back to it)
+  bool coordinator_gone_ = false;
+};
+
+}  // namespace appliance

@@ -1,0 +1,121 @@
+"""Host parsing and rank layout (pure functions)."""
+import pytest
+
+from appliance.launcher.hosts import Host, HostsError, assign_ranks, parse_hostfile, parse_hosts, read_hostfile
+
+
+def test_parse_hosts_forms():
+    assert parse_hosts("localhost:2") == [Host("localhost", 2)]
+    assert parse_hosts(" a:2 , b:1,c ") == [Host("a", 2), Host("b", 1), Host("c", 1)]
+    assert parse_hosts("10.0.0.1:4,node-2.example.org:8") == [Host("10.0.0.1", 4), Host("node-2.example.org", 8)]
+    assert parse_hosts("[::1]:3,[fe80::1%eth0]") == [Host("::1", 3), Host("fe80::1%eth0", 1)]
+    assert parse_hosts("::1") == [Host("::1", 1)]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("a:2,,b:1", ["entry 2", "empty"]),
+    ("a:x", ["'a:x'", "whole number", "'x'"]),
+    ("a:0", ["at least 1", "0"]),
+    ("a:-1", ["at least 1"]),
+    ("a:2,a:1", ["'a'", "more than once"]),
+    ("a b:2", ["'a b'", "not a host name"]),
+    ("[::1:2", ["missing ']'"]),
+    ("", ["entry 1", "empty"]),
+])
+def test_parse_hosts_errors_name_the_entry(spec, words):
+    with pytest.raises(HostsError) as e:
+        parse_hosts(spec)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_parse_hostfile_comments_blank_lines_and_defaults():
+    text = "# cluster\n\nnode1 slots=4   # gpu box\n  node2 slots=2\nnode3\n"
+    assert parse_hostfile(text) == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("a slots=2\nb slots=two\n", 2, ["whole number", "'two'"]),
+    ("a slots=2\n# c\nb cores=2\n", 3, ["expected 'host slots=N'", "b cores=2"]),
+    ("a slots=2 slots=3\n", 1, ["expected 'host slots=N'"]),
+    ("a slots\n", 1, ["expected 'host slots=N'"]),
+    ("a slots=0\n", 1, ["at least 1"]),
+    ("a:2\n", 1, ["not a host name"]),
+])
+def test_parse_hostfile_bad_line_names_file_and_line(text, line, words):
+    with pytest.raises(HostsError) as e:
+        parse_hostfile(text, "hosts.txt")
+    msg = str(e.value)
+    assert msg.startswith(f"hosts.txt:{line}:"), msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_parse_hostfile_empty_and_duplicates():
+    with pytest.raises(HostsError, match="no hosts"):
+        parse_hostfile("# nothing\n\n", "f")
+    with pytest.raises(HostsError, match="'a' is listed more than once"):
+        parse_hostfile("a slots=1\na slots=2\n", "f")
+
+
+def test_read_hostfile_missing(tmp_path):
+    with pytest.raises(HostsError, match="nope"):
+        read_hostfile(tmp_path / "nope")
+    p = tmp_path / "hf"
+    p.write_text("h1 slots=2\n")
+    assert read_hostfile(p) == [Host("h1", 2)]
+
+
+def _table(slots):
+    return [(s.rank, s.host, s.local_rank, s.local_size, s.cross_rank, s.cross_size, s.size) for s in slots]
+
+
+def test_assign_ranks_homogeneous():
+    slots = assign_ranks([Host("a", 2), Host("b", 2), Host("c", 2)], 6)
+    assert _table(slots) == [
+        (0, "a", 0, 2, 0, 3, 6), (1, "a", 1, 2, 0, 3, 6),
+        (2, "b", 0, 2, 1, 3, 6), (3, "b", 1, 2, 1, 3, 6),
+        (4, "c", 0, 2, 2, 3, 6), (5, "c", 1, 2, 2, 3, 6),
+    ]
+
+
+def test_assign_ranks_fills_in_order_and_skips_unused_hosts():
+    slots = assign_ranks([Host("a", 4), Host("b", 4)], 3)
+    assert _table(slots) == [(0, "a", 0, 3, 0, 1, 3), (1, "a", 1, 3, 0, 1, 3), (2, "a", 2, 3, 0, 1, 3)]
+    slots = assign_ranks([Host("a", 2), Host("b", 4)], 3)
+    assert _table(slots) == [(0, "a", 0, 2, 0, 2, 3), (1, "a", 1, 2, 0, 1, 3), (2, "b", 0, 1, 1, 2, 3)]
+
+
+def test_assign_ranks_heterogeneous_cross_is_per_local_rank_as_horovod():
+    # Horovod: cross_size = hosts holding this local_rank; cross_rank = index among them.
+    slots = assign_ranks([Host("a", 1), Host("b", 2), Host("c", 3)], 6)
+    assert _table(slots) == [
+        (0, "a", 0, 1, 0, 3, 6),
+        (1, "b", 0, 2, 1, 3, 6), (2, "b", 1, 2, 0, 2, 6),
+        (3, "c", 0, 3, 2, 3, 6), (4, "c", 1, 3, 1, 2, 6), (5, "c", 2, 3, 0, 1, 6),
+    ]
+
+
+def test_assign_ranks_invariants_over_many_layouts():
+    import itertools
+    for counts in itertools.product([1, 2, 3], repeat=3):
+        hosts = [Host(f"h{i}", n) for i, n in enumerate(counts)]
+        for np_ in range(1, sum(counts) + 1):
+            slots = assign_ranks(hosts, np_)
+            assert [s.rank for s in slots] == list(range(np_))
+            for s in slots:
+                same_host = [t for t in slots if t.host == s.host]
+                assert s.local_size == len(same_host)
+                assert sorted(t.local_rank for t in same_host) == list(range(len(same_host)))
+                peers = [t for t in slots if t.local_rank == s.local_rank]
+                assert s.cross_size == len(peers)
+                assert sorted(t.cross_rank for t in peers) == list(range(len(peers)))
+
+
+def test_assign_ranks_too_many_processes_says_how_many_slots():
+    with pytest.raises(HostsError) as e:
+        assign_ranks([Host("a", 2), Host("b", 1)], 4)
+    msg = str(e.value)
+    assert "-np 4" in msg and "3 slots on 2 hosts" in msg and "a:2,b:1" in msg
+    with pytest.raises(HostsError, match="at least 1"):
+        assign_ranks([Host("a", 2)], 0)
