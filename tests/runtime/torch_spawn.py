@@ -1,16 +1,18 @@
 """Start N real ranks of a torch test worker and collect what they did (test helper).
 
-``run_workers(np, worker)`` runs ``python tests/runtime/torch_workers.py <worker>`` as ``np``
-processes, each in its own session, with the environment a launcher gives a rank
-(HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*, APPLIANCE_STORE_ADDR=127.0.0.1:<free port>,
-APPLIANCE_JOB_SECRET=<random hex>, APPLIANCE_DATA_ADDR=127.0.0.1). ``np=0`` means one process
-started without any launcher variables (a plain single-rank script). Output goes to files
-(no pipe can fill up). The first rank that fails gives the others a short grace to fail
-too (they should, naming the lost rank), then everything still running is killed; on
-return, success or not, no process of the run is left. Raises ``AssertionError`` with every
-rank's exit code and output tail when a rank failed or the run timed out.
+``run_workers(np, worker)`` runs ``python tests/runtime/torch_workers.py <worker>`` on ``np``
+ranks through the shared spawn helper ``appliance.launcher.launch`` (each rank in its own
+session; the first failure stops all; nothing outlives the call). ``np=0`` means one plain
+process started without any launcher variables (a single-rank script on a laptop).
 
-Will give way to the shared spawn helper of ``appliance.launcher`` when that lands.
+With ``expect_codes`` (a rank is meant to die) the launcher's stop-all-on-first-failure would
+hide what the survivors do, so those runs use the small local starter here instead: it gives
+each rank the environment a launcher gives (HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*,
+APPLIANCE_STORE_ADDR=127.0.0.1:<free port>, APPLIANCE_JOB_SECRET, APPLIANCE_DATA_ADDR), lets
+the survivors finish, and kills every process group it started, whatever happens.
+
+Raises ``AssertionError`` with every rank's exit code and output tail when a rank failed or
+the run timed out.
 """
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ def run_workers(np_: int, worker: str, *args: str, timeout: float = 120.0, grace
 
     ``expect_codes``: the exit code each rank must end with (default all 0); a rank that
     ends with a code it should not counts as failed. ``pids`` (a list) receives the pids."""
+    if np_ >= 1 and expect_codes is None and pids is None:
+        return _launch(np_, [worker, *args], timeout, env)
     expected = list(expect_codes) if expect_codes is not None else [0] * max(np_, 1)
     envs = rank_envs(np_, env)
     procs, outs = [], []
@@ -112,3 +116,17 @@ def run_workers(np_: int, worker: str, *args: str, timeout: float = 120.0, grace
             raise AssertionError(f"worker {worker!r} on {np_ or 1} rank(s) failed or timed out "
                                  f"(exit codes {codes}, expected {expected}; negative = killed):\n" + "\n".join(report))
         return [o.read_text() for o, _ in outs]
+
+
+def _launch(np_: int, args: list, timeout: float, env: dict | None) -> list:
+    from appliance.launcher import launch
+
+    extra = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+             "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HOROVOD_START_TIMEOUT": "30", **(env or {})}
+    res = launch([sys.executable, str(WORKERS), *args], np=np_, timeout=timeout, env=extra, cwd=str(REPO))
+    if res.returncode != 0:
+        report = [f"--- rank {r}\n[stdout]\n{res.output(r)[-4000:]}\n[stderr]\n{res.output(r, 'stderr')[-4000:]}"
+                  for r in range(np_)]
+        raise AssertionError(f"worker {args[0]!r} on {np_} ranks failed (returncode {res.returncode}, "
+                             f"timed out {res.timed_out}): {res.reason}\n" + "\n".join(report))
+    return [res.output(r) for r in range(np_)]

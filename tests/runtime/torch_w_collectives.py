@@ -253,6 +253,15 @@ def misc(hvd):
         time.sleep(0.3)  # join last
     assert hvd.join() == P - 1, "join returns the rank that joined last"
     hvd.barrier(process_set=hvd.global_process_set)
+    # Ranks that have joined take part in the others' allreduces with zeros (Horovod's join).
+    if r == 0:
+        last = hvd.join()
+    else:
+        got = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum, name="while.rank0.joined")
+        check(got, torch.full((3,), float(sum(range(1, P)))), "allreduce while rank 0 has joined")
+        last = hvd.join()
+    assert hvd.allgather_object(last) == [last] * P, "every rank learns the same last rank"
+    assert P == 1 or last != 0, f"rank 0 joined first, yet join() says {last} was last"
 
 
 WORKERS = {"allreduce": allreduce, "grouped": grouped, "allgather": allgather, "broadcast": broadcast,
