@@ -107,6 +107,8 @@ void Runtime::intake() {
     if (id) m.ids.push_back(id);
     else m.full.push_back(op->req);
   }
+  stats_.ready_full += m.full.size();
+  stats_.ready_ids += m.ids.size();
   if (!coord_) send_control(0, FrameType::kControl, encode_ready(m));
 }
 
@@ -215,6 +217,7 @@ void Runtime::issue_plans() {
 void Runtime::run_plan(Plan& plan) {
   for (const PlanEntry& e : plan.entries) run_entry(e);
   ++plans_applied_;
+  ++stats_.plans;
 }
 
 void Runtime::run_entry(const PlanEntry& e) {
@@ -238,6 +241,9 @@ void Runtime::run_entry(const PlanEntry& e) {
     return;
   }
   cpu_->execute(e, raw);
+  ++stats_.entries;
+  stats_.tensors += e.names.size();
+  if (e.names.size() > 1) ++stats_.fused_entries;
   for (size_t i = 0; i < e.names.size(); ++i) {
     cache_.put(e.names[i], e.sigs[i]);
     if (ops[i]) handles_.complete(ops[i], Status::Ok());
