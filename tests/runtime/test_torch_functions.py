@@ -1,37 +1,36 @@
 """appliance.torch helpers and lifecycle on real ranks: broadcast_parameters, optimizer state,
-objects, init -> shutdown -> init, build probes, and a peer that dies."""
-import os
-import sys
-from pathlib import Path
-
+objects, init -> shutdown -> init, build probes, and a rank that dies."""
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_spawn import run_workers  # noqa: E402
+from _torch_single import run_single
+
+CASES = "functions,probes,lifecycle"
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("np_", [0, 2, 3])
-def test_functions_probes_lifecycle(np_):
-    outs = run_workers(np_, "functions,probes,lifecycle", timeout=150)
-    n = max(np_, 1)
-    assert [o.strip().splitlines()[-1] for o in outs] == [f"OK {r}/{n}" for r in range(n)]
+@pytest.mark.parametrize("np_", [2, 3])
+def test_functions_probes_lifecycle(run_ranks, np_):
+    ranks = run_ranks(np_, "torch_hvd", CASES, env={"OMP_NUM_THREADS": "1"}, timeout=150)
+    for r in range(np_):
+        assert ranks[r]["ok"] and ranks[r]["cases"] == CASES.split(","), ranks[r]
+
+
+@pytest.mark.timeout(200)
+def test_single_rank_without_launcher(tmp_path):
+    run_single(tmp_path, CASES)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("np_", [2, 3])
-def test_peer_loss_raises_everywhere(np_):
-    outs = run_workers(np_, "peer_loss", timeout=90, expect_codes=[0] * (np_ - 1) + [3])
-    for o in outs[:-1]:
-        assert "peer loss seen" in o and o.strip().endswith(f"/{np_}")
-
-
-@pytest.mark.timeout(60)
-def test_spawn_helper_kills_what_it_started():
-    pids = []
-    with pytest.raises(AssertionError, match="timed out"):
-        run_workers(2, "sleep", timeout=3, pids=pids)
-    assert len(pids) == 2
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)  # the whole process group is gone
+def test_dead_rank_raises_horovod_internal_error_everywhere(run_ranks, tmp_path, np_):
+    victim = np_ - 1
+    ranks = run_ranks(np_, "torch_hvd", "peer_loss", expect_ok=False, timeout=60)
+    died = list(tmp_path.glob("reports-*/victim_died_at"))
+    assert died, ranks.output()[-3000:]
+    died_at = float(died[0].read_text())
+    for r in range(victim):
+        rep = ranks[r]
+        assert rep is not None, f"rank {r} did not report:\n" + ranks.output()[-3000:]
+        assert rep["error"], f"rank {r} saw no error"
+        assert rep["origin_rank"] == victim and f"rank {victim}" in rep["error"], rep
+        assert rep["at"] - died_at < 5.0, f"rank {r} took {rep['at'] - died_at:.1f} s to notice"

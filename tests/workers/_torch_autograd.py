@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_w_common import block, check, data, ref_reduce
+from _torch_common import block, check, data, ref_reduce
 
 
 def _grad_out(case, p, shape, dt):
@@ -97,4 +97,4 @@ def autograd(hvd):
     check(hvd.allreduce(ints, op=hvd.Sum, compression=hvd.Compression.fp16), ints * P, "fp16 leaves ints alone")
 
 
-WORKERS = {"autograd": autograd}
+CASES = {"autograd": autograd}

@@ -7,7 +7,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from torch_w_common import check, expect_raises
+from _torch_common import check, expect_raises
 
 B, STEPS, LR = 24, 20, 0.1
 
@@ -148,4 +148,4 @@ def behaviour(hvd):
         torch.optim.SGD(model.parameters(), lr=LR), backward_passes_per_step=0), "bpps=0")
 
 
-WORKERS = {"equivalence": equivalence, "optimizer_behaviour": behaviour}
+CASES = {"equivalence": equivalence, "optimizer_behaviour": behaviour}

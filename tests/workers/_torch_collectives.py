@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from torch_w_common import DTYPES, FLOATS, LARGE, SIZES, block, check, data, expect_raises, ref_reduce
+from _torch_common import DTYPES, FLOATS, LARGE, SIZES, block, check, data, expect_raises, ref_reduce
 
 
 def _ops(hvd, dt):
@@ -264,5 +264,5 @@ def misc(hvd):
     assert P == 1 or last != 0, f"rank 0 joined first, yet join() says {last} was last"
 
 
-WORKERS = {"allreduce": allreduce, "grouped": grouped, "allgather": allgather, "broadcast": broadcast,
+CASES = {"allreduce": allreduce, "grouped": grouped, "allgather": allgather, "broadcast": broadcast,
            "alltoall": alltoall, "reducescatter": reducescatter, "misc": misc}

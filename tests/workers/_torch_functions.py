@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_w_common import check, expect_raises
+from _torch_common import check, expect_raises
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -148,23 +148,25 @@ def lifecycle(hvd):
 
 
 def peer_loss(hvd):
-    """The last rank dies abruptly: every other rank's next collective fails with
-    HorovodInternalError naming it, within seconds, instead of hanging."""
+    """The last rank dies abruptly after a first allreduce; every other rank's next collective
+    must fail with HorovodInternalError naming it, within seconds, instead of hanging."""
     import os
-    import re
+    import signal
     import time
 
     P, r = hvd.size(), hvd.rank()
     hvd.allreduce(torch.ones(1), name="everyone.up")
     if r == P - 1:
+        with open(os.path.join(os.environ["APPLIANCE_TEST_OUT"], "victim_died_at"), "w") as f:
+            f.write(repr(time.time()))
         os._exit(3)
-    t0 = time.monotonic()
-    e = expect_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(4), name="after.loss"),
-                      "allreduce with a dead peer")
-    took = time.monotonic() - t0
-    assert re.search(rf"\brank {P - 1}\b", str(e)), f"the error names rank {P - 1}: {e}"
-    assert took < 30, f"the failure took {took:.1f} s to arrive"
-    print(f"peer loss seen after {took:.2f} s: {e}", flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # report even while the launcher stops us
+    try:
+        hvd.allreduce(torch.ones(4), name="after.loss")
+    except hvd.HorovodInternalError as e:
+        return {"error": str(e), "origin_rank": e.origin_rank, "at": time.time()}
+    return {"error": None}
 
 
-WORKERS = {"functions": functions, "probes": probes, "lifecycle": lifecycle, "peer_loss": peer_loss}
+CASES = {"functions": functions, "probes": probes, "lifecycle": lifecycle,
+         "peer_loss": peer_loss}
