@@ -10,9 +10,12 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 
-from conftest import ROOT, WORKERS
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = ROOT / "tests" / "workers"
 
 SMALL_CHUNKS = {"APPLIANCE_CHUNK_BYTES": "4096"}
 

@@ -54,7 +54,9 @@ void Runtime::loop() {
       s.origin_rank = cfg_.rank;
       s.host = cfg_.host;
     }
-    if (s.code == Code::kPeerLost) s = await_better_cause(s);
+    // A lost peer we noticed ourselves may only have given up because of someone else; a
+    // status that came in an ABORT already names the origin.
+    if (s.code == Code::kPeerLost && abort_from_ < 0) s = await_better_cause(s);
     abort_job(s, abort_from_);
   } catch (const std::exception& e) {
     abort_job(Status{Code::kInternal, cfg_.rank, cfg_.host, e.what()}, -1);

@@ -160,9 +160,11 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, AuthParams aut
     } catch (const Error& e) {
       ::close(impl_->fd);
       impl_->fd = -1;
-      // A store of another job id answered: the previous generation of this job (a rank
-      // re-initialised faster than rank 0). Wait for the current one until the deadline.
-      if (e.status().code != Code::kMismatch || Clock::now() >= d) throw;
+      // A store of another job id answered, or one that is going away reset us: the previous
+      // generation of this job (a rank re-initialised faster than rank 0). Wait for the
+      // current one until the deadline.
+      const Code c = e.status().code;
+      if ((c != Code::kMismatch && c != Code::kPeerLost) || Clock::now() >= d) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
