@@ -2,8 +2,10 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import ROOT, WORKERS
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = ROOT / "tests" / "workers"
 
 
 def run_single(tmp_path, cases: str, timeout: float = 120, env: dict | None = None) -> dict:

@@ -32,5 +32,5 @@ def test_dead_rank_raises_horovod_internal_error_everywhere(run_ranks, tmp_path,
         rep = ranks[r]
         assert rep is not None, f"rank {r} did not report:\n" + ranks.output()[-3000:]
         assert rep["error"], f"rank {r} saw no error"
-        assert rep["origin_rank"] == victim and f"rank {victim}" in rep["error"], rep
+        assert rep["origin_rank"] == victim and f"rank {victim}" in rep["error"], (r, rep)
         assert rep["at"] - died_at < 5.0, f"rank {r} took {rep['at'] - died_at:.1f} s to notice"
