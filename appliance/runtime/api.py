@@ -164,9 +164,13 @@ def synchronize(h: _Pending):
 
 
 def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> _Pending:
+                    postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> _Pending:
+    """``out`` (C-contiguous, same dtype and shape; may be ``a`` itself) receives the result."""
     a = _contig(a)
-    out = np.empty_like(a)
+    if out is None:
+        out = np.empty_like(a)
+    elif not (out.flags.c_contiguous and out.dtype == a.dtype and out.shape == a.shape):
+        raise ValueError("out must be a C-contiguous array of the input's dtype and shape")
     h = _runtime().submit(Kind.ALLREDUCE, name, Buffer.of_numpy(a), Buffer.of_numpy(out), op=op,
                           prescale=prescale_factor, postscale=postscale_factor, root=0, splits=None,
                           group=(0, 0))
@@ -174,8 +178,8 @@ def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_f
 
 
 def allreduce(a, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> np.ndarray:
-    return synchronize(allreduce_async(a, op, name, prescale_factor, postscale_factor))
+              postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> np.ndarray:
+    return synchronize(allreduce_async(a, op, name, prescale_factor, postscale_factor, out))
 
 
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None) -> list:
