@@ -13,6 +13,7 @@ when the rendezvous fails (it names the ranks that never arrived) or times out
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 from typing import Optional, Sequence
 
@@ -98,7 +99,11 @@ def init(*args, **kwargs) -> None:
     with _lock:
         if _engine is None:
             _generation += 1
-            _engine = _Engine(RuntimeConfig.from_env(), _generation)
+            cfg = RuntimeConfig.from_env()
+            if cfg.verbose and cfg.rank == 0:
+                from appliance.config import describe
+                print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
+            _engine = _Engine(cfg, _generation)
 
 
 @atexit.register
@@ -164,9 +169,13 @@ def synchronize(h: _Pending):
 
 
 def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> _Pending:
+                    postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> _Pending:
+    """``out`` (C-contiguous, same dtype and shape; may be ``a`` itself) receives the result."""
     a = _contig(a)
-    out = np.empty_like(a)
+    if out is None:
+        out = np.empty_like(a)
+    elif not (out.flags.c_contiguous and out.dtype == a.dtype and out.shape == a.shape):
+        raise ValueError("out must be a C-contiguous array of the input's dtype and shape")
     h = _runtime().submit(Kind.ALLREDUCE, name, Buffer.of_numpy(a), Buffer.of_numpy(out), op=op,
                           prescale=prescale_factor, postscale=postscale_factor, root=0, splits=None,
                           group=(0, 0))
@@ -174,8 +183,8 @@ def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_f
 
 
 def allreduce(a, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> np.ndarray:
-    return synchronize(allreduce_async(a, op, name, prescale_factor, postscale_factor))
+              postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> np.ndarray:
+    return synchronize(allreduce_async(a, op, name, prescale_factor, postscale_factor, out))
 
 
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None) -> list:
