@@ -9,7 +9,7 @@ What it owns:
   networks that carry ``appliance.managed`` are ever stopped or removed (``is_ours()``).
 - ``container_kwargs()``: what secondary and primary containers share: the shared directory
   bound at the same path, ``--init``, ``--ipc host`` or a private /dev/shm of the configured
-  size, an unlimited memlock ulimit, GPUs through a device request when Docker has an nvidia
+  size, an unlimited memlock ulimit (or the engine's maximum when it may not raise it), GPUs through a device request when Docker has an nvidia
   runtime (``--gpus`` auto), the network (host, or a user-defined one with the host name as alias).
 - ``Network``: a context manager over a user-defined network: created (labelled) when missing and
   named ``appliance-*``, removed on ``release()`` only when we created it and it is empty.
@@ -119,6 +119,44 @@ def gpu_requests(client: Any, gpus: str) -> list:
     return [docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])]
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def _local_dockerd_memlock() -> Optional[int]:
+    """The hard memlock limit containers are held to when this machine's dockerd may not raise it
+    (no CAP_SYS_RESOURCE, e.g. an engine inside a container); None when it may, or cannot be told."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "dockerd":
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                cap = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), None)
+            if cap is None or cap & (1 << CAP_SYS_RESOURCE):
+                return None
+            with open(f"/proc/{pid}/limits") as f:
+                for line in f:
+                    if line.startswith("Max locked memory"):
+                        hard = line.split()[4]
+                        return None if hard == "unlimited" else int(hard)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def memlock_ulimit(client: Any):
+    """memlock unlimited (RDMA/NCCL pin memory), or the most this engine allows (see above)."""
+    docker = _docker()
+    base_url = str(getattr(client.api, "base_url", ""))
+    limit = _local_dockerd_memlock() if ("unix" in base_url or "localhost" in base_url) else None
+    value = -1 if limit is None else limit
+    return docker.types.Ulimit(name="memlock", soft=value, hard=value)
+
+
 def container_kwargs(client: Any, config: ClusterConfig, *, name: str, role: str,
                      extra_labels: Optional[dict] = None, env: Optional[dict] = None) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.create`` common to secondaries and primaries."""
@@ -128,7 +166,7 @@ def container_kwargs(client: Any, config: ClusterConfig, *, name: str, role: str
         labels=labels(role, config, **(extra_labels or {})),
         volumes={config.shared: {"bind": config.shared, "mode": "rw"}},
         environment={"APPLIANCE_SHARED": config.shared, "APPLIANCE_SSH_PORT": str(config.ssh_port), **(env or {})},
-        ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)],
+        ulimits=[memlock_ulimit(client)],
         device_requests=gpu_requests(client, config.gpus),
     )
     if config.shm == "host":

@@ -102,7 +102,10 @@ class Secondary:
 
     def _report(self, c: Any, state: str, keys: tuple = ()) -> SecondaryReport:
         c.reload()
-        return SecondaryReport(name=self.name, state=state, container_id=c.id, health=engine.health(c),
+        health = engine.health(c)
+        if health == "starting":  # our own probe passed (wait_ready); Docker's first check is 5 s away
+            health = "ready"
+        return SecondaryReport(name=self.name, state=state, container_id=c.id, health=health,
                                network=self.config.network, address=_address(c, self.config.network),
                                ssh_port=self.config.ssh_port, keys_created=keys)
 

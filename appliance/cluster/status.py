@@ -63,7 +63,8 @@ def render(rows: list[ContainerInfo], out: IO[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=out, highlight=False, width=max(100, Console(file=out).width))
+    probe = Console(file=out)
+    console = Console(file=out, highlight=False, width=probe.width if probe.is_terminal else 220)
     if not rows:
         console.print("no appliance containers here (start one with: appliance secondary --ssh-port 12345)")
         return
