@@ -24,6 +24,7 @@ from appliance.runtime.errors import HorovodInternalError, MismatchError
 
 _lock = threading.Lock()
 _engine: Optional["_Engine"] = None
+_generation = 0  # inits so far in this process; part of the job id so a re-init never meets the old store
 
 _ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
 
@@ -31,7 +32,7 @@ _ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
 class _Engine:
     """Thin Python face of ``_core.Runtime``: names, result conversion, errors."""
 
-    def __init__(self, cfg: RuntimeConfig):
+    def __init__(self, cfg: RuntimeConfig, generation: int):
         from appliance.runtime import _core
 
         core_cfg = _core.RuntimeConfig()
@@ -41,6 +42,7 @@ class _Engine:
                       "start_timeout_s"):
             setattr(core_cfg, field, getattr(cfg, field))
         core_cfg.secret = cfg.secret
+        core_cfg.job_id = f"{cfg.job_id}#{generation}"
         self.config = cfg
         try:
             self._rt = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
@@ -92,10 +94,11 @@ def _runtime() -> _Engine:
 # --- lifecycle -----------------------------------------------------------------------------
 def init(*args, **kwargs) -> None:
     """Join the job described by the environment. A second call is a no-op (as in Horovod)."""
-    global _engine
+    global _engine, _generation
     with _lock:
         if _engine is None:
-            _engine = _Engine(RuntimeConfig.from_env())
+            _generation += 1
+            _engine = _Engine(RuntimeConfig.from_env(), _generation)
 
 
 @atexit.register
@@ -161,9 +164,13 @@ def synchronize(h: _Pending):
 
 
 def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> _Pending:
+                    postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> _Pending:
+    """``out`` (C-contiguous, same dtype and shape; may be ``a`` itself) receives the result."""
     a = _contig(a)
-    out = np.empty_like(a)
+    if out is None:
+        out = np.empty_like(a)
+    elif not (out.flags.c_contiguous and out.dtype == a.dtype and out.shape == a.shape):
+        raise ValueError("out must be a C-contiguous array of the input's dtype and shape")
     h = _runtime().submit(Kind.ALLREDUCE, name, Buffer.of_numpy(a), Buffer.of_numpy(out), op=op,
                           prescale=prescale_factor, postscale=postscale_factor, root=0, splits=None,
                           group=(0, 0))
@@ -171,8 +178,8 @@ def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_f
 
 
 def allreduce(a, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> np.ndarray:
-    return synchronize(allreduce_async(a, op, name, prescale_factor, postscale_factor))
+              postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> np.ndarray:
+    return synchronize(allreduce_async(a, op, name, prescale_factor, postscale_factor, out))
 
 
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None) -> list:

@@ -139,6 +139,18 @@ PYBIND11_MODULE(_core, m) {
              return rt.enqueue(std::move(q), to_desc(in), to_desc(out));
            })
       .def("poll", &Runtime::poll)
+      .def("stats",
+           [](const Runtime& rt) {
+             const auto& s = rt.stats();
+             py::dict d;
+             d["plans"] = s.plans.load();
+             d["entries"] = s.entries.load();
+             d["tensors"] = s.tensors.load();
+             d["fused_entries"] = s.fused_entries.load();
+             d["ready_full"] = s.ready_full.load();
+             d["ready_ids"] = s.ready_ids.load();
+             return d;
+           })
       .def("wait",
            [](Runtime& rt, int handle) {
              OpPtr op;

@@ -1,6 +1,8 @@
 // The collective algorithms, one file each (collectives/<name>.cc), each opening with its
 // cost model in terms of ranks P and bytes N. Transport-agnostic: they only use Comm.
 // All calls are collective: every rank calls the same function with agreeing sizes.
+// Reductions accept Sum, Min, Max and Product (Error(kInvalid) otherwise). Errors from the
+// Comm (peer lost, protocol, watch) propagate unchanged; the Comm is then unusable.
 //
 // IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
@@ -14,10 +16,20 @@
 
 namespace appliance {
 
+enum class BroadcastAlgo : uint8_t {
+  kAuto = 0,   // pick by the cost model in broadcast.cc (size, P, chunk_bytes)
+  kTree = 1,   // binomial tree: ceil(log2 P) hops of the whole buffer (latency-bound sizes)
+  kChain = 2,  // pipelined chain of chunk_bytes pieces (bandwidth-bound sizes)
+};
+
 struct CollectiveOptions {
   // Pipelining grain: ring steps move segments in pieces of this many bytes so receive,
-  // reduce and send overlap. Small values let tests reach the multi-piece paths cheaply.
+  // reduce and send overlap (reduce-scatter frames are cut here, at whole elements, staged
+  // in a chunk-sized workspace and reduced on arrival; the chain broadcast forwards pieces
+  // of this size). Must agree on all ranks. Small values let tests reach multi-piece paths.
   size_t chunk_bytes = 1 << 20;
+  // Tests and benchmarks force one broadcast algorithm; the engine leaves kAuto.
+  BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;
 };
 
 // In place over `count` elements. op is Sum, Min, Max or Product (Average is Sum plus a

@@ -11,6 +11,17 @@
 // callback and therefore out of the collective). So a rank blocked in a collective learns
 // of a failure anywhere in the job, not only from its ring neighbours.
 //
+// Progress: every pending op is pumped without blocking; when nothing moved, exchange()
+// poll()s all involved fds plus the Watch fd (links without an fd: spin/yield/sleep backoff).
+// The Watch is serviced when its fd is readable and at least every ~100 ms (kWatchPeriodMs),
+// even while data flows. RecvOp::on_piece runs on the calling thread between pumps.
+// Comm also owns a reusable, 64-byte aligned workspace for the algorithms' scratch (grown on
+// demand, never shrunk), so large collectives do not allocate on the hot path.
+//
+// Failure modes: Error(kPeerLost) naming the lost rank (from the link), Error(kProtocol)
+// naming the peer (from the channel), whatever the Watch callback throws. After any throw
+// the Comm is unusable (frames may be half sent); the engine tears it down.
+//
 // IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
 
@@ -26,6 +37,9 @@ struct SendOp {
   int peer;
   const void* data;
   size_t len;
+  // Frame size for this message: frames of min(piece, max_frame) bytes (0 = max_frame).
+  // Sender and receiver must use the same value (both derive it from the same options).
+  size_t piece = 0;
 };
 
 struct RecvOp {
@@ -34,8 +48,15 @@ struct RecvOp {
   size_t len;
   // Optional: called as contiguous prefixes of `data` complete, with granularity `grain`
   // bytes (the last piece may be shorter), so callers can reduce while more arrives.
+  // Never called for an empty message.
   size_t grain = 0;
   std::function<void(size_t offset, size_t len)> on_piece;
+  // Frame size, as SendOp::piece (must match the sender's).
+  size_t piece = 0;
+  // Optional staging buffer of at least one frame: each frame lands here instead of in
+  // `data` (which is then unused) and on_piece(offset, n) fires once per frame, with the
+  // frame's bytes at stage[0, n). Keeps reductions in cache and scratch memory small.
+  void* stage = nullptr;
 };
 
 struct Watch {
@@ -54,6 +75,8 @@ class Comm {
   size_t max_frame() const { return max_frame_; }
   Channel& channel(int peer) { return *channels_[peer]; }
 
+  static constexpr int kWatchPeriodMs = 100;
+
   void set_watch(Watch w) { watch_ = std::move(w); }
 
   // Progress all sends and receives together; return when all are complete.
@@ -65,11 +88,29 @@ class Comm {
   void recv(int peer, void* data, size_t len);
   void sendrecv(int dst, const void* sdata, size_t slen, int src, void* rdata, size_t rlen);
 
+  // Scratch of at least `bytes` bytes, 64-byte aligned; stays valid until a later call
+  // asks for more (contents are not preserved when it grows).
+  void* workspace(size_t bytes);
+
  private:
+  struct SendState;
+  struct RecvState;
+  bool pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* all_done);
+  void wait_for_progress(const std::vector<SendState>& ss, const std::vector<RecvState>& rs);
+  void service_watch();
+  size_t frame_size(size_t piece) const;
+
   int rank_, size_;
   std::vector<std::unique_ptr<Channel>> channels_;
   size_t max_frame_;
   Watch watch_;
+  Clock::time_point last_service_;
+  Backoff backoff_;
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, AlignedFree> workspace_;
+  size_t workspace_size_ = 0;
 };
 
 }  // namespace appliance

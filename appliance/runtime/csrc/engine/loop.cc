@@ -54,7 +54,9 @@ void Runtime::loop() {
       s.origin_rank = cfg_.rank;
       s.host = cfg_.host;
     }
-    if (s.code == Code::kPeerLost) s = await_better_cause(s);
+    // A lost peer we noticed ourselves may only have given up because of someone else; a
+    // status that came in an ABORT already names the origin.
+    if (s.code == Code::kPeerLost && abort_from_ < 0) s = await_better_cause(s);
     abort_job(s, abort_from_);
   } catch (const std::exception& e) {
     abort_job(Status{Code::kInternal, cfg_.rank, cfg_.host, e.what()}, -1);
@@ -107,6 +109,8 @@ void Runtime::intake() {
     if (id) m.ids.push_back(id);
     else m.full.push_back(op->req);
   }
+  stats_.ready_full += m.full.size();
+  stats_.ready_ids += m.ids.size();
   if (!coord_) send_control(0, FrameType::kControl, encode_ready(m));
 }
 
@@ -215,6 +219,7 @@ void Runtime::issue_plans() {
 void Runtime::run_plan(Plan& plan) {
   for (const PlanEntry& e : plan.entries) run_entry(e);
   ++plans_applied_;
+  ++stats_.plans;
 }
 
 void Runtime::run_entry(const PlanEntry& e) {
@@ -238,6 +243,9 @@ void Runtime::run_entry(const PlanEntry& e) {
     return;
   }
   cpu_->execute(e, raw);
+  ++stats_.entries;
+  stats_.tensors += e.names.size();
+  if (e.names.size() > 1) ++stats_.fused_entries;
   for (size_t i = 0; i < e.names.size(); ++i) {
     cache_.put(e.names[i], e.sigs[i]);
     if (ops[i]) handles_.complete(ops[i], Status::Ok());

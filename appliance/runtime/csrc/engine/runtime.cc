@@ -34,6 +34,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
     mo.size = cfg_.size;
     mo.host = cfg_.host;
     mo.bind_addr = cfg_.data_addr;
+    mo.store_host = cfg_.store_host;
     mo.allow_shm = cfg_.shm;
     mo.timeout_ms = timeout_ms;
     mo.peer_timeout_ms = static_cast<int>(cfg_.heartbeat_timeout_s * 1000);
@@ -105,6 +106,8 @@ void Runtime::shutdown() {
   uint64_t one = 1;
   if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
+  store_.reset();
+  store_server_.reset();  // a re-init (new generation) may bind the same port at once
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
 }
 

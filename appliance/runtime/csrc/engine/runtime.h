@@ -62,6 +62,12 @@ class Runtime {
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
   bool poll(int handle) { return handles_.poll(handle); }
+
+  // Counters for tests and diagnostics (read from any thread).
+  struct Stats {
+    std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0}, ready_full{0}, ready_ids{0};
+  };
+  const Stats& stats() const { return stats_; }
   OpPtr wait(int handle) { return handles_.wait(handle); }
   void shutdown();
 
@@ -107,6 +113,7 @@ class Runtime {
   ResponseCache cache_;
   std::unique_ptr<Backend> cpu_;
   HandleTable handles_;
+  Stats stats_;
 
   int wake_fd_ = -1;
   int epoll_fd_ = -1;  // control fds, the Watch of collectives

@@ -2,6 +2,9 @@
 // (a thread) at the address the launcher hands out; every rank, rank 0 included, talks to
 // it with a TcpStoreClient. Values are opaque bytes. Every connection is authenticated
 // (transport/auth.h). Waits are bounded; a timeout names the keys that never appeared.
+// Wire protocol: store/store_protocol.h. A TcpStoreClient may be shared by several threads
+// (calls run concurrently over its one connection; a parked GET does not delay a SET), but
+// must outlive them. Strangers at the server are logged to stderr once and dropped.
 //
 // IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once

@@ -9,7 +9,21 @@
 //
 // The same exchange yields the topology: local_rank/local_size (ranks with the same host
 // name, in rank order) and cross_rank/cross_size (hosts in order of their lowest rank), as
-// horovodrun lays them out.
+// horovodrun lays them out. Exactly horovodrun's rule: the cross group of a rank is every
+// rank with the same local_rank; cross_rank is its index there (hosts in order of first
+// appearance) and cross_size the group's size. With the same number of ranks per host that
+// is "index of my host" and "number of hosts"; with uneven hosts (A:2, B:1) rank 1 (A,
+// local 1) has cross_size 1, as in Horovod.
+//
+// Connections: every rank runs an acceptor (a thread polling the listener and all pending
+// handshakes, so a silent stranger never stalls the rest) while it connects to the ranks
+// above it. Accepted connections are matched by the (rank, channel) their HELLO proved, in
+// whatever order they come; strangers and unexpected duplicates are logged to stderr and
+// dropped. Failures: Error(kTimeout) naming the ranks that never published their PeerInfo,
+// never connected, or could not be reached; Error(kAuth) when a peer refuses our proof or
+// fails to prove the job secret; Error(kMismatch) when ranks disagree on the job size.
+// Every wait is bounded by MeshOptions::timeout_ms overall. The listener is closed before
+// build_mesh returns.
 //
 // IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once
@@ -37,7 +51,9 @@ struct Topology {
 struct MeshOptions {
   int rank = 0, size = 1;
   std::string host;          // see PeerInfo::host
-  std::string bind_addr;     // address to listen on and publish ("" = pick one that routes)
+  std::string bind_addr;     // address to listen on and publish ("" = pick one that routes;
+                             // "0.0.0.0" = listen on all, publish the one that routes)
+  std::string store_host;    // with bind_addr "": listen on the interface that routes here
   bool allow_shm = false;    // shared memory between ranks of one host
   int64_t timeout_ms = 60000;
   int peer_timeout_ms = 10000;  // TCP_USER_TIMEOUT / keepalive budget
@@ -55,5 +71,20 @@ Mesh build_mesh(Store& store, const MeshOptions& opts);
 
 // Pure: topology of `rank` from everyone's host names (rank order).
 Topology compute_topology(const std::vector<std::string>& hosts, int rank);
+
+// The one place the transport of a pair is decided. Shared memory needs both ranks on one
+// machine and IPC namespace (same host_key) and allow_shm; until transport/shm exists this
+// returns kTcp for every pair.
+enum class TransportKind { kTcp, kShm };
+bool shm_possible(const PeerInfo& a, const PeerInfo& b);
+TransportKind choose_transport(const PeerInfo& me, const PeerInfo& peer, bool allow_shm);
+
+// This process's host_key: "<gethostname()>/<boot id>/ipc:<IPC namespace inode>/shm:<st_dev
+// of /dev/shm>". Read from the kernel, not from HOROVOD_HOSTNAME, so two simulated "hosts"
+// on one machine differ in PeerInfo::host but the key still tells that shm could work.
+std::string local_host_key();
+
+// The address build_mesh listens on and publishes for `opts` (see MeshOptions::bind_addr).
+std::string choose_listen_address(const MeshOptions& opts);
 
 }  // namespace appliance

@@ -25,18 +25,41 @@ struct Listener {
 // Bind `host` (an address or name; "" or "0.0.0.0" = all) on `port` (0 = ephemeral).
 Listener listen_tcp(const std::string& host, int port, int backlog = 128);
 
-// Accept one connection; -1 on deadline. Applies the standard options.
-int accept_tcp(const Listener& l, Deadline deadline, std::string* peer_addr = nullptr);
+// Budget for noticing a silent peer when the caller does not say (MeshOptions has its own).
+constexpr int kDefaultPeerTimeoutMs = 10000;
+
+// Accept one connection; -1 on deadline. Applies the standard options. The fd is
+// blocking and close-on-exec; `peer_addr` receives "a.b.c.d:port".
+int accept_tcp(const Listener& l, Deadline deadline, std::string* peer_addr = nullptr,
+               int peer_timeout_ms = kDefaultPeerTimeoutMs);
 
 // Connect, retrying refused/unreachable until the deadline (the listener may not be up
-// yet). Throws Error(kTimeout) whose text says what was tried and the last errno.
-int connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what);
+// yet). Throws Error(kTimeout) whose text says what was tried and the last errno. `what`
+// names the other end ("rank 3 (hostB)", "the store"). The fd is blocking, close-on-exec,
+// tuned with tune_socket().
+int connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what,
+                int peer_timeout_ms = kDefaultPeerTimeoutMs);
 
-// Set TCP_NODELAY, keepalive and user timeout on a connected socket.
+// Set TCP_NODELAY, keepalive and user timeout on a connected socket. Keepalive starts
+// probing after half the budget and gives up within it; TCP_USER_TIMEOUT = the budget.
 void tune_socket(int fd, int peer_timeout_ms);
 
-// Blocking helpers with deadline for handshakes on a raw fd.
+// Blocking helpers with deadline for handshakes on a raw fd (blocking or not). Timeout ->
+// Error(kTimeout); EOF/reset -> Error(kPeerLost); `what` says what was being moved.
 void write_all(int fd, const void* p, size_t n, Deadline d, const std::string& what);
 void read_all(int fd, void* p, size_t n, Deadline d, const std::string& what);
+
+// poll() one fd for `events` until the deadline; true when ready (or in error/hang-up).
+bool wait_fd(int fd, short events, Deadline d);
+
+// Milliseconds from now to the deadline for poll(): 0 when past, -1 for no_deadline().
+int poll_timeout_ms(Deadline d);
+
+// "a.b.c.d:port" of the remote end of a connected socket ("?" when unknown).
+std::string peer_address(int fd);
+
+// The local IPv4 address the kernel would use to reach `host` (no packet is sent); ""
+// when `host` does not resolve or has no route.
+std::string route_address(const std::string& host);
 
 }  // namespace appliance

@@ -57,7 +57,7 @@ size_t TcpLink::recv_some(void* data, size_t len) {
 
 std::pair<LinkPtr, LinkPtr> make_socketpair_links(int rank_a, int rank_b) {
   int fds[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
     throw Error(Code::kInternal, std::string("socketpair: ") + std::strerror(errno));
   // Link on rank a talks to peer b and vice versa.
   return {std::make_unique<TcpLink>(fds[0], rank_b, "local"), std::make_unique<TcpLink>(fds[1], rank_a, "local")};

@@ -1,0 +1,246 @@
+// Comm: the progress engine behind every collective. See comm.h.
+#include "collectives/comm.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "common/status.h"
+
+namespace appliance {
+
+struct Comm::SendState {
+  const SendOp* op;
+  Channel* ch;
+  size_t off = 0;   // bytes of the message whose frames are completely sent
+  size_t cur = 0;   // length of the frame in flight
+  bool started = false;
+  bool done = false;
+};
+
+struct Comm::RecvState {
+  RecvOp* op;
+  Channel* ch;
+  size_t off = 0;        // bytes of the message whose frames are completely received
+  size_t cur = 0;        // length of the frame in flight
+  size_t delivered = 0;  // prefix already handed to on_piece
+  bool started = false;
+  bool done = false;
+};
+
+void Comm::AlignedFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+
+Comm::Comm(int rank, int size, std::vector<std::unique_ptr<Channel>> channels, size_t max_frame)
+    : rank_(rank), size_(size), channels_(std::move(channels)), max_frame_(max_frame), last_service_(Clock::now()) {
+  APPLIANCE_ASSERT(size >= 1 && rank >= 0 && rank < size, "rank " + std::to_string(rank) + " of " + std::to_string(size));
+  APPLIANCE_ASSERT(static_cast<int>(channels_.size()) == size, "one channel slot per rank");
+  APPLIANCE_ASSERT(max_frame_ >= 1, "max_frame must be positive");
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      APPLIANCE_ASSERT(channels_[r] == nullptr, "no channel to self");
+      continue;
+    }
+    APPLIANCE_ASSERT(channels_[r] != nullptr, "missing channel to rank " + std::to_string(r));
+    APPLIANCE_ASSERT(channels_[r]->peer() == r, "channel slot " + std::to_string(r) + " leads to rank " +
+                                                     std::to_string(channels_[r]->peer()));
+    APPLIANCE_ASSERT(max_frame_ <= channels_[r]->max_payload(), "max_frame above the channel's frame bound");
+  }
+}
+
+Comm::~Comm() = default;
+
+void* Comm::workspace(size_t bytes) {
+  if (bytes > workspace_size_) {
+    size_t grown = std::max(bytes, workspace_size_ + workspace_size_ / 2);
+    grown = (grown + 4095) & ~size_t{4095};
+    workspace_.reset();  // release first: peak memory stays at one workspace
+    workspace_.reset(static_cast<uint8_t*>(::operator new[](grown, std::align_val_t(64))));
+    workspace_size_ = grown;
+  }
+  return workspace_.get();
+}
+
+void Comm::service_watch() {
+  last_service_ = Clock::now();
+  if (watch_.service) watch_.service();
+}
+
+size_t Comm::frame_size(size_t piece) const { return piece ? std::min(piece, max_frame_) : max_frame_; }
+
+// One non-blocking pass over every pending op. Returns whether any byte moved.
+bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* all_done) {
+  bool moved = false;
+  bool done = true;
+  for (SendState& s : ss) {
+    if (s.done) continue;
+    Channel& ch = *s.ch;
+    uint64_t before = ch.bytes_moved();
+    for (;;) {
+      if (!ch.sending()) {
+        if (s.started && s.off == s.op->len) {
+          s.done = true;
+          break;
+        }
+        s.cur = std::min(frame_size(s.op->piece), s.op->len - s.off);
+        ch.begin_send(static_cast<const uint8_t*>(s.op->data) + s.off, s.cur);
+        s.started = true;
+      }
+      if (!ch.pump_send()) break;
+      s.off += s.cur;
+    }
+    moved |= ch.bytes_moved() != before;
+    done &= s.done;
+  }
+  for (RecvState& r : rs) {
+    if (r.done) continue;
+    Channel& ch = *r.ch;
+    RecvOp& op = *r.op;
+    uint64_t before = ch.bytes_moved();
+    for (;;) {
+      if (!ch.receiving()) {
+        if (r.started && r.off == op.len) {
+          r.done = true;
+          break;
+        }
+        r.cur = std::min(frame_size(op.piece), op.len - r.off);
+        ch.begin_recv(op.stage ? op.stage : static_cast<uint8_t*>(op.data) + r.off, r.cur);
+        r.started = true;
+      }
+      bool complete = ch.pump_recv();
+      if (op.stage) {
+        if (complete && r.cur && op.on_piece) op.on_piece(r.off, r.cur);
+      } else if (op.on_piece && op.len > 0) {
+        size_t have = r.off + ch.received_bytes();
+        size_t grain = op.grain ? op.grain : op.len;
+        while (r.delivered < have) {
+          size_t piece = std::min(grain, op.len - r.delivered);
+          if (r.delivered + piece > have) break;
+          op.on_piece(r.delivered, piece);
+          r.delivered += piece;
+        }
+      }
+      if (!complete) break;
+      r.off += r.cur;
+    }
+    moved |= ch.bytes_moved() != before;
+    done &= r.done;
+  }
+  *all_done = done;
+  return moved;
+}
+
+// Nothing moved: sleep until some involved fd (or the Watch fd) is ready, at most until the
+// Watch is due. Links without an fd make this a backoff step instead.
+void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector<RecvState>& rs) {
+  pollfd fds[64];
+  std::vector<pollfd> many;
+  size_t cap = 2 * static_cast<size_t>(size_) + 1;
+  pollfd* p = fds;
+  if (cap > 64) {
+    many.resize(cap);
+    p = many.data();
+  }
+  size_t n = 0;
+  bool fdless = false;
+  auto add = [&](int fd, short ev) {
+    if (fd < 0) {
+      fdless = true;
+      return;
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (p[i].fd == fd) {
+        p[i].events |= ev;
+        return;
+      }
+    p[n++] = pollfd{fd, ev, 0};
+  };
+  for (const SendState& s : ss)
+    if (!s.done) add(s.ch->link().wait_handle(), POLLOUT);
+  for (const RecvState& r : rs)
+    if (!r.done) add(r.ch->link().wait_handle(), POLLIN);
+  int watch_slot = -1;
+  if (watch_.fd >= 0) {
+    watch_slot = static_cast<int>(n);
+    p[n++] = pollfd{watch_.fd, POLLIN, 0};
+  }
+
+  auto since = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_service_).count();
+  int timeout_ms = static_cast<int>(std::max<int64_t>(0, kWatchPeriodMs - since));
+  if (fdless) {
+    // Spin/yield rounds poll without sleeping; later rounds sleep in poll (or nanosleep).
+    int64_t us = backoff_.next_sleep_us();
+    if (us == 0) {
+      if (n) ::poll(p, n, 0);
+      backoff_.step();
+      return;
+    }
+    timeout_ms = std::min<int>(timeout_ms, static_cast<int>((us + 999) / 1000));
+    backoff_.advance();
+  }
+  if (n == 0) {
+    backoff_.step();
+    return;
+  }
+  int rc = ::poll(p, n, timeout_ms);
+  if (rc > 0 && watch_slot >= 0 && (p[watch_slot].revents & (POLLIN | POLLHUP | POLLERR))) service_watch();
+}
+
+void Comm::exchange(const std::vector<SendOp>& sends, std::vector<RecvOp>& recvs) {
+  std::vector<SendState> ss;
+  std::vector<RecvState> rs;
+  ss.reserve(sends.size());
+  rs.reserve(recvs.size());
+  // At most one send and one receive per peer: frames of one channel direction are a queue.
+  std::vector<uint8_t> seen(static_cast<size_t>(size_), 0);
+  for (const SendOp& s : sends) {
+    APPLIANCE_ASSERT(s.peer >= 0 && s.peer < size_ && s.peer != rank_, "send to rank " + std::to_string(s.peer));
+    APPLIANCE_ASSERT(!(seen[s.peer] & 1), "two sends to rank " + std::to_string(s.peer) + " in one exchange");
+    APPLIANCE_ASSERT(!channels_[s.peer]->sending(), "channel to rank " + std::to_string(s.peer) + " mid-frame");
+    seen[s.peer] |= 1;
+    ss.push_back(SendState{&s, channels_[s.peer].get()});
+  }
+  for (RecvOp& r : recvs) {
+    APPLIANCE_ASSERT(r.peer >= 0 && r.peer < size_ && r.peer != rank_, "receive from rank " + std::to_string(r.peer));
+    APPLIANCE_ASSERT(!(seen[r.peer] & 2), "two receives from rank " + std::to_string(r.peer) + " in one exchange");
+    APPLIANCE_ASSERT(!channels_[r.peer]->receiving(), "channel from rank " + std::to_string(r.peer) + " mid-frame");
+    seen[r.peer] |= 2;
+    rs.push_back(RecvState{&r, channels_[r.peer].get()});
+  }
+  backoff_.reset();
+  for (;;) {
+    bool all_done = false;
+    bool moved = pump(ss, rs, &all_done);
+    if (all_done) return;
+    if (Clock::now() - last_service_ >= std::chrono::milliseconds(kWatchPeriodMs)) service_watch();
+    if (!moved) wait_for_progress(ss, rs);
+  }
+}
+
+void Comm::send(int peer, const void* data, size_t len) {
+  std::vector<SendOp> s{SendOp{peer, data, len}};
+  std::vector<RecvOp> r;
+  exchange(s, r);
+}
+
+void Comm::recv(int peer, void* data, size_t len) {
+  std::vector<SendOp> s;
+  std::vector<RecvOp> r(1);
+  r[0].peer = peer;
+  r[0].data = data;
+  r[0].len = len;
+  exchange(s, r);
+}
+
+void Comm::sendrecv(int dst, const void* sdata, size_t slen, int src, void* rdata, size_t rlen) {
+  std::vector<SendOp> s{SendOp{dst, sdata, slen}};
+  std::vector<RecvOp> r(1);
+  r[0].peer = src;
+  r[0].data = rdata;
+  r[0].len = rlen;
+  exchange(s, r);
+}
+
+}  // namespace appliance

@@ -1,0 +1,80 @@
+"""Shared fixtures: start N real ranks and collect what each one reports.
+
+``run_ranks(np, worker, *args)`` starts ``np`` processes through the real launcher API
+(``appliance.launcher.launch``: real processes, rendezvous over real sockets), each running
+``tests/workers/<worker>.py`` with ``args``; every rank writes a JSON report into a temporary
+directory (``APPLIANCE_TEST_OUT``) and the fixture returns them in rank order together with the
+launch result. Time is bounded by ``timeout``; the launcher kills everything it started.
+
+Prerequisite tools (sshd, mpirun, docker) are checked by ``require_tool``: a missing one skips
+the test locally but fails it under ``--strict-prereqs`` (CI), so a tier cannot silently vanish.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--strict-prereqs", action="store_true",
+                     help="fail (instead of skip) tests whose prerequisite tools are missing")
+
+
+@pytest.fixture
+def require_tool(request):
+    def check(tool: str, why: str = ""):
+        if shutil.which(tool):
+            return
+        msg = f"{tool} not found ({why or 'needed by this test'}); .ci/run installs it"
+        if request.config.getoption("--strict-prereqs"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return check
+
+
+class Ranks:
+    def __init__(self, result, reports):
+        self.result = result
+        self.reports = reports
+
+    def __getitem__(self, rank):
+        return self.reports[rank]
+
+    def __len__(self):
+        return len(self.reports)
+
+    def output(self, rank=None, stream=None) -> str:
+        return "\n".join(text for r, s, text in self.result.lines
+                         if (rank is None or r == rank) and (stream is None or s == stream))
+
+
+@pytest.fixture
+def run_ranks(tmp_path):
+    def run(np: int, worker: str, *args, env: dict | None = None, timeout: float = 60, expect_ok: bool = True,
+            hosts: str | None = None) -> Ranks:
+        from appliance.launcher import launch
+
+        out = tmp_path / f"reports-{worker}-{np}"
+        out.mkdir(exist_ok=True)
+        full_env = {"APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
+        full_env.update(env or {})
+        command = [sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)]
+        result = launch(command, np=np, hosts=hosts or f"localhost:{np}", env=full_env, timeout=timeout)
+        reports = []
+        for r in range(np):
+            path = out / f"rank{r}.json"
+            reports.append(json.loads(path.read_text()) if path.exists() else None)
+        ranks = Ranks(result, reports)
+        if expect_ok and result.returncode != 0:
+            pytest.fail(f"launch failed (rc={result.returncode}, rank {result.failed_rank}: {result.reason}):\n"
+                        + ranks.output()[-6000:])
+        return ranks
+    return run

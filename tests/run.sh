@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test command. Makes what the tests need, then runs pytest with the given arguments.
+#
+#   bash tests/run.sh                 # everything
+#   bash tests/run.sh tests/unit -x   # a part
+#
+# It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
+# project into it in editable mode, which compiles the C++ core. As root on Debian it also
+# installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2) and runs
+# pytest with --strict-prereqs, so a missing tool fails its tests instead of skipping them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m[tests]\033[0m %s\n' "$*"; }
+
+strict=()
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
+  command -v mpirun >/dev/null || need+=(openmpi-bin)
+  command -v ip >/dev/null || need+=(iproute2)
+  command -v cmake >/dev/null || need+=(cmake)
+  command -v g++ >/dev/null || need+=(g++)
+  if [ ${#need[@]} -gt 0 ]; then
+    say "installing system packages: ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  strict=(--strict-prereqs)
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$PY" -m venv .venv
+fi
+say "installing the project (compiles the C++ core)"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+say "running pytest $*"
+exec .venv/bin/python -m pytest "${strict[@]}" "$@"

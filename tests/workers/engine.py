@@ -1,0 +1,307 @@
+"""Rank-agnostic worker bodies for tests/runtime/test_engine_*.py (numpy API, real ranks).
+
+Usage: engine.py <case> [args...]. Every rank runs the same body; inputs are derived from
+(rank, case) so any rank can rebuild every other rank's input and check results against a
+numpy reference. Each rank reports a JSON dict through _report.report.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _report import report  # noqa: E402
+
+import appliance.runtime as rt  # noqa: E402
+from appliance.runtime import engine  # noqa: E402
+
+INT_TYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64]
+FLOAT_TYPES = [np.float16, np.float32, np.float64]
+SIZES = [0, 1, 7, 10007]  # 10007 elements cross many 4 KiB chunks (APPLIANCE_CHUNK_BYTES)
+
+
+def data(rank, dtype, n, salt=0, positive=False):
+    g = np.random.RandomState(1000 * rank + 17 * n + salt)
+    if dtype == np.bool_:
+        return g.randint(0, 2, n).astype(np.bool_)
+    lo = 1 if positive else (0 if dtype == np.uint8 else -3)
+    return g.randint(lo, 4, n).astype(dtype)
+
+
+def reference(op, arrays, size):
+    stack = np.stack(arrays)
+    if stack.dtype == np.bool_:
+        return stack.any(0) if op in (rt.Sum, rt.Max) else stack.all(0)
+    if op in (rt.Sum, rt.Average):
+        s = stack.astype(np.float64).sum(0)
+        if op == rt.Average:
+            s = np.trunc(s * (1.0 / size)) if np.issubdtype(stack.dtype, np.integer) else s / size
+        return s.astype(stack.dtype) if np.issubdtype(stack.dtype, np.integer) else s
+    if op == rt.Min:
+        return stack.min(0)
+    if op == rt.Max:
+        return stack.max(0)
+    return stack.astype(np.float64).prod(0)
+
+
+def check(name, got, want, dtype):
+    got = np.asarray(got)
+    if got.shape != np.shape(want):
+        raise AssertionError(f"{name}: shape {got.shape} != {np.shape(want)}")
+    tol = 1e-2 if dtype == np.float16 else 1e-6
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        ok = np.allclose(got.astype(np.float64), np.asarray(want, dtype=np.float64), rtol=tol, atol=tol)
+    else:
+        ok = np.array_equal(got, np.asarray(want).astype(dtype))
+    if not ok:
+        raise AssertionError(f"{name}: got {got.ravel()[:8]} want {np.asarray(want).ravel()[:8]}")
+
+
+def case_ops():
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    n_checked = 0
+    for dtype in INT_TYPES + FLOAT_TYPES + [np.bool_]:
+        ops = [rt.Sum, rt.Min, rt.Max] if dtype == np.bool_ else [rt.Sum, rt.Average, rt.Min, rt.Max, rt.Product]
+        for n in SIZES:
+            for op in ops:
+                pos = op == rt.Product
+                x = data(r, dtype, n, salt=op, positive=pos)
+                got = rt.allreduce(x, op=op, name=f"ar.{np.dtype(dtype).name}.{n}.{op}")
+                want = reference(op, [data(k, dtype, n, salt=op, positive=pos) for k in range(P)], P)
+                check(f"allreduce {np.dtype(dtype).name} n={n} op={op}", got, want, dtype)
+                n_checked += 1
+            # allgather with uneven first dimensions (rank 0 may contribute no rows)
+            rows = lambda k: (k * n) % 5 if n else 0  # noqa: E731
+            x = data(r, dtype, rows(r) * 3).reshape(rows(r), 3)
+            got = rt.allgather(x, name=f"ag.{np.dtype(dtype).name}.{n}")
+            want = np.concatenate([data(k, dtype, rows(k) * 3).reshape(rows(k), 3) for k in range(P)])
+            check(f"allgather {np.dtype(dtype).name} n={n}", got, want, dtype)
+            # broadcast from every root
+            for root in range(P):
+                x = data(r, dtype, n, salt=50 + root)
+                got = rt.broadcast(x, root_rank=root, name=f"bc.{np.dtype(dtype).name}.{n}.{root}")
+                check(f"broadcast {np.dtype(dtype).name} n={n} root={root}", got, data(root, dtype, n, salt=50 + root), dtype)
+            # alltoall with uneven splits (incl. zeros)
+            splits = lambda k: [((k * 7 + d * 3 + n) % 4) for d in range(P)]  # noqa: E731
+            x = data(r, dtype, sum(splits(r)) * 2, salt=7).reshape(-1, 2)
+            got, recv = rt.alltoall(x, splits=splits(r), name=f"a2a.{np.dtype(dtype).name}.{n}")
+            parts = []
+            for s in range(P):
+                xs = data(s, dtype, sum(splits(s)) * 2, salt=7).reshape(-1, 2)
+                off = sum(splits(s)[:r])
+                parts.append(xs[off:off + splits(s)[r]])
+            check(f"alltoall {np.dtype(dtype).name} n={n}", got, np.concatenate(parts), dtype)
+            assert list(recv) == [splits(s)[r] for s in range(P)], (list(recv), r)
+            # reducescatter of an uneven first dimension
+            if dtype != np.bool_:
+                dim0 = 2 * P + 1 + (n % 3)
+                for op in (rt.Sum, rt.Average, rt.Max):
+                    x = data(r, dtype, dim0 * 3, salt=90 + op).reshape(dim0, 3)
+                    got = rt.reducescatter(x, op=op, name=f"rs.{np.dtype(dtype).name}.{n}.{op}")
+                    full = reference(op, [data(k, dtype, dim0 * 3, salt=90 + op).reshape(dim0, 3) for k in range(P)], P)
+                    lo = sum(dim0 // P + (k < dim0 % P) for k in range(r))
+                    mine = dim0 // P + (r < dim0 % P)
+                    check(f"reducescatter {np.dtype(dtype).name} op={op}", got, full[lo:lo + mine], dtype)
+    # scale factors
+    x = data(r, np.float32, 33)
+    got = rt.allreduce(x, op=rt.Sum, name="scaled", prescale_factor=0.5, postscale_factor=4.0)
+    check("scaled allreduce", got, 2.0 * sum(data(k, np.float32, 33) for k in range(P)), np.float32)
+    x = data(r, np.int32, 33)
+    got = rt.allreduce(x, op=rt.Sum, name="scaled.int", prescale_factor=3.0)
+    check("scaled int allreduce", got, 3 * sum(data(k, np.int32, 33).astype(np.int64) for k in range(P)), np.int32)
+    # bfloat16 through the low-level engine API: bit patterns of small integers
+    vals = data(r, np.float32, 65)
+    bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    out = np.empty_like(bits)
+    h = rt.api._runtime().submit(engine.Kind.ALLREDUCE, "bf16", engine.Buffer(bits.ctypes.data, engine.DType.BFLOAT16, bits.shape),
+                                 engine.Buffer(out.ctypes.data, engine.DType.BFLOAT16, out.shape), op=rt.Sum, prescale=1.0,
+                                 postscale=1.0, root=0, splits=None, group=(0, 0))
+    rt.api._runtime().wait(h)
+    got = (out.astype(np.uint32) << 16).view(np.float32)
+    check("bfloat16 allreduce", got, sum(data(k, np.float32, 65) for k in range(P)), np.float32)
+    # grouped allreduce
+    xs = [data(r, np.float32, n, salt=3) for n in (5, 0, 300)]
+    got = rt.grouped_allreduce(xs, op=rt.Sum, name="grp")
+    for i, n in enumerate((5, 0, 300)):
+        check(f"grouped[{i}]", got[i], sum(data(k, np.float32, n, salt=3) for k in range(P)), np.float32)
+    rt.barrier()
+    report({"ok": True, "checked": n_checked, "size": P, "local_rank": rt.local_rank(), "local_size": rt.local_size(),
+            "cross_rank": rt.cross_rank(), "cross_size": rt.cross_size()})
+
+
+def case_order():
+    """Each rank submits the same names in a different order; all complete correctly."""
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    names = [f"t{i}" for i in range(24)]
+    order = list(names)
+    if r % 3 == 1:
+        order.reverse()
+    elif r % 3 == 2:
+        np.random.RandomState(r).shuffle(order)
+    pending = {}
+    for nm in order:
+        i = int(nm[1:])
+        if i % 3 == 0:
+            pending[nm] = rt.allreduce_async(data(r, np.float32, 100 + i, salt=i), op=rt.Sum, name=nm)
+        elif i % 3 == 1:
+            pending[nm] = rt.allgather_async(data(r, np.int32, 4 * (r + 1), salt=i).reshape(-1, 4), name=nm)
+        else:
+            pending[nm] = rt.broadcast_async(data(r, np.int64, 9, salt=i), root_rank=i % P, name=nm)
+    for nm in reversed(order):
+        i = int(nm[1:])
+        got = rt.synchronize(pending[nm])
+        if i % 3 == 0:
+            check(nm, got, sum(data(k, np.float32, 100 + i, salt=i) for k in range(P)), np.float32)
+        elif i % 3 == 1:
+            check(nm, got, np.concatenate([data(k, np.int32, 4 * (k + 1), salt=i).reshape(-1, 4) for k in range(P)]), np.int32)
+        else:
+            check(nm, got, data(i % P, np.int64, 9, salt=i), np.int64)
+    report({"ok": True, "order": order})
+
+
+def case_mismatch():
+    """Every kind of disagreement raises MismatchError on every rank; the runtime goes on."""
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    odd = r == P - 1
+    cases = {
+        "shape": lambda: rt.allreduce(np.ones((2, 4 if odd else 3), np.float32), name="m.shape"),
+        "dtype": lambda: rt.allreduce(np.ones(5, np.float64 if odd else np.float32), name="m.dtype"),
+        "op": lambda: rt.allreduce(np.ones(5, np.float32), op=rt.Max if odd else rt.Sum, name="m.op"),
+        "root": lambda: rt.broadcast(np.ones(5, np.float32), root_rank=1 if odd else 0, name="m.root"),
+        "gather": lambda: rt.allgather(np.ones((2, 3 if odd else 2), np.int32), name="m.gather"),
+        "kind": lambda: (rt.allgather(np.ones((2, 2)), name="m.kind") if odd else rt.allreduce(np.ones((2, 2)), name="m.kind")),
+        "scale": lambda: rt.allreduce(np.ones(5, np.float32), name="m.scale", prescale_factor=2.0 if odd else 1.0),
+    }
+    messages = {}
+    for key, fn in cases.items():
+        try:
+            fn()
+            messages[key] = None
+        except rt.MismatchError as e:
+            messages[key] = str(e)
+        # still usable after each failure
+        check(f"after {key}", rt.allreduce(np.full(3, r, np.float32), op=rt.Sum, name=f"after.{key}"),
+              np.full(3, sum(range(P)), np.float32), np.float32)
+    report({"messages": messages, "odd": P - 1})
+
+
+def case_duplicate():
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    h = rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name="dup")
+    err = None
+    try:
+        rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name="dup")
+    except ValueError as e:
+        err = str(e)
+    got = rt.synchronize(h)
+    check("first dup", got, np.full(4, P, np.float32), np.float32)
+    # the name is free again once synchronized
+    check("reuse", rt.allreduce(np.ones(4, np.float32), op=rt.Sum, name="dup"), np.full(4, P, np.float32), np.float32)
+    report({"error": err})
+
+
+def case_die(victim, when):
+    """`victim` is SIGKILLed (idle or in the middle of collectives); survivors report the error."""
+    victim = int(victim)
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    out = os.environ["APPLIANCE_TEST_OUT"]
+    rt.barrier()
+    if r == victim:
+        def die():
+            with open(os.path.join(out, "victim_died_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if when == "idle":
+            time.sleep(0.5)
+            die()
+        threading.Timer(0.3, die).start()
+        x = np.ones(1 << 22, np.float32)
+        while True:
+            rt.allreduce(x, op=rt.Sum, name="big")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # report even while the launcher stops us
+    started = time.time()
+    try:
+        if when == "idle":
+            rt.allreduce(np.ones(8, np.float32), op=rt.Sum, name="never")
+        else:
+            x = np.ones(1 << 22, np.float32)
+            while time.time() - started < 60:
+                rt.allreduce(x, op=rt.Sum, name="big")
+        report({"error": None})
+    except rt.HorovodInternalError as e:
+        report({"error": str(e), "type": type(e).__name__, "origin_rank": e.origin_rank, "at": time.time(),
+                "started": started})
+    # afterwards every call fails fast with the same cause
+    try:
+        rt.allreduce(np.ones(2, np.float32), name="after")
+    except rt.HorovodInternalError:
+        pass
+    os._exit(0)
+
+
+def case_single():
+    rt.init()
+    assert (rt.size(), rt.rank(), rt.local_size(), rt.local_rank(), rt.cross_size(), rt.cross_rank()) == (1, 0, 1, 0, 1, 0)
+    x = np.arange(10, dtype=np.float32)
+    check("single allreduce", rt.allreduce(x), x, np.float32)
+    check("single allgather", rt.allgather(x.reshape(5, 2)), x.reshape(5, 2), np.float32)
+    check("single broadcast", rt.broadcast(x, 0), x, np.float32)
+    got, splits = rt.alltoall(x)
+    check("single alltoall", got, x, np.float32)
+    check("single reducescatter", rt.reducescatter(x.reshape(5, 2), op=rt.Sum), x.reshape(5, 2), np.float32)
+    rt.barrier()
+    assert rt.join() == 0
+    rt.shutdown()
+    report({"ok": True})
+
+
+def case_reinit():
+    for round_ in range(3):
+        rt.init()
+        P = rt.size()
+        check(f"round {round_}", rt.allreduce(np.ones(6, np.float32), op=rt.Sum, name="x"), np.full(6, P, np.float32), np.float32)
+        rt.shutdown()
+        assert not rt.is_initialized()
+    report({"ok": True})
+
+
+def case_stats(n):
+    """n small allreduces submitted at once, then the same again: fusion and cache counters."""
+    n = int(n)
+    rt.init()
+    e = rt.api._runtime()
+    def step():
+        hs = [rt.allreduce_async(np.full(10, i, np.float32), op=rt.Sum, name=f"g{i}") for i in range(n)]
+        for i, h in enumerate(hs):
+            check(f"g{i}", rt.synchronize(h), np.full(10, i * rt.size(), np.float32), np.float32)
+    step()
+    first = dict(e._rt.stats())
+    step()
+    second = dict(e._rt.stats())
+    report({"first": first, "second": second})
+
+
+def case_join():
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    mine = 2 * (r + 1)
+    for i in range(mine):
+        got = rt.allreduce(np.ones(5, np.float32), op=rt.Sum, name=f"j{i}")
+        want = sum(1 for k in range(P) if 2 * (k + 1) > i)
+        check(f"join step {i}", got, np.full(5, want, np.float32), np.float32)
+    last = rt.join()
+    # and the job goes on normally afterwards
+    check("after join", rt.allreduce(np.ones(2, np.float32), op=rt.Sum, name="post"), np.full(2, P, np.float32), np.float32)
+    report({"last": last})
+
+
+if __name__ == "__main__":
+    globals()["case_" + sys.argv[1]](*sys.argv[2:])
