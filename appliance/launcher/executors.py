@@ -33,6 +33,7 @@ import random
 import re
 import socket
 import sys
+import time
 from typing import Iterator, Mapping, Protocol, Sequence
 
 from ..config import ConfigError, LaunchConfig, interface_address
@@ -222,9 +223,13 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[
         else:
             from .preflight import run_preflight
 
+            start = time.monotonic()
             with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd) as pf:
-                for line in pf.warnings:
+                for line in pf.warnings + (pf.notes if config.verbose else []):
                     print(f"appliance launch: {line}", file=sys.stderr, flush=True)
+                if config.verbose and pf.ok:
+                    print(f"appliance launch: preflight: {len(hosts)} hosts ready in {time.monotonic() - start:.2f} s",
+                          file=sys.stderr, flush=True)
                 if not pf.ok:
                     n = sum(1 for r in pf.reports.values() if r.failures)
                     raise LaunchError(f"preflight failed ({n} host{'s' if n != 1 else ''}; `appliance check` "

@@ -22,10 +22,10 @@ Env vars: none (``HOME`` locates ``~/.ssh/known_hosts``). Failure modes: ``HostK
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import hmac
 import os
+import re
 import threading
 from typing import Iterable
 
@@ -58,7 +58,9 @@ def _pattern_matches(pattern: str, name: str) -> bool:
             return hmac.compare_digest(mac, base64.b64decode(digest))
         except (ValueError, TypeError):
             return False
-    return fnmatch.fnmatchcase(name.lower(), pattern.lower())
+    # Only * and ? are special in OpenSSH patterns ("[host]:port" is literal, not a character class).
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    return re.fullmatch(regex, name.lower()) is not None
 
 
 def patterns_match(patterns: str, name: str) -> bool:
@@ -93,8 +95,9 @@ class KnownHosts:
                 self.entries.append((marker, fields[0], fields[1], fields[2]))
 
     def verdict(self, names: Iterable[str], key: paramiko.PKey) -> str:
-        """``"match"``, ``"revoked"``, ``"mismatch"`` (names listed with other keys) or ``"unknown"``."""
-        names, listed, mine = list(names), False, (key.get_name(), key.get_base64())
+        """``"match"``, ``"revoked"``, ``"mismatch"`` (names listed with other keys), ``"not-cluster"``
+        (only wildcard lines such as ``* KEY`` apply, with other keys) or ``"unknown"``."""
+        names, listed, mine = list(names), "", (key.get_name(), key.get_base64())
         for marker, patterns, ktype, b64 in self.entries:
             if marker == "@revoked":
                 if (ktype, b64) == mine:
@@ -104,8 +107,9 @@ class KnownHosts:
                 continue  # @cert-authority lines are not supported: they never match
             if (ktype, b64) == mine:
                 return "match"
-            listed = True
-        return "mismatch" if listed else "unknown"
+            wildcard = any(c in patterns for c in "*?")
+            listed = "mismatch" if not wildcard or listed == "mismatch" else "not-cluster"
+        return listed or "unknown"
 
 
 class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -140,7 +144,7 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                     f"{shown} presented a host key ({fp}) that differs from the one in {path}: if the host was "
                     f"reinstalled, remove the stale line with `ssh-keygen -f {path} -R '{names[0]}'`; otherwise "
                     "someone may be intercepting the connection")
-        if self.strict:
+        if self.strict or any(v == "not-cluster" for _, v in verdicts):
             raise HostKeyRejected(
                 f"{shown} presented a host key ({fp}) that is not in the cluster's {self.cluster_path}: start its "
                 f"sshd with the cluster host key (`sshd -h {os.path.join(os.path.dirname(self.cluster_path), 'ssh_host_ed25519_key')}`, "

@@ -45,7 +45,8 @@ class HostReport:
     step: str = "resolve"
 
     def fail(self, message: str) -> None:
-        self.failures.append(message if message.startswith(self.host) else f"{self.host}: {message}")
+        named = self.host in message.split(" ", 1)[0]  # "host:port refused...", "user@host:port did not..."
+        self.failures.append(message if named else f"{self.host}: {message}")
 
 
 class Preflight:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import getpass
+import logging
 import os
 import shlex
 import socket
@@ -36,6 +37,10 @@ import paramiko
 
 from ..config import RemoteConfig
 from .hostkeys import HostKeyPolicy, HostKeyRejected
+
+# paramiko logs transport errors (with tracebacks) that we report as one classified line each;
+# a NullHandler keeps them off stderr unless the application configures logging itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 MAX_SESSIONS = 8
@@ -162,6 +167,10 @@ def _open_client(target: Target, policy: HostKeyPolicy, deadline: float) -> para
     except (paramiko.SSHException, EOFError, OSError, ValueError) as e:
         client.close()
         text = str(e) or type(e).__name__
+        if "no authentication methods" in text.lower():
+            raise SSHFailure(target.host, "auth", (
+                f"{target.shown}: no SSH key to offer: pass -i KEY, or run `appliance keys --shared DIR` and use "
+                "that shared directory")) from None
         if "banner" in text.lower():
             text = f"no SSH banner ({text}): is port {target.port} an SSH server?"
         raise SSHFailure(target.host, "ssh", f"{target.host}:{target.port}: SSH failed: {text}") from None
