@@ -354,3 +354,32 @@ def test_more_ranks_on_one_host_than_sshd_sessions_per_connection(ssh_cluster, j
     assert sorted(int(line.split()[-1]) for line in out.splitlines()) == list(range(11))
     assert connections() - before == 2  # the preflight's connection carries 8 ranks, a second one the rest
     assert ssh_cluster.wait_clean() == {}
+
+
+@pytest.mark.timeout(60)
+def test_own_hostname_resolving_to_loopback_still_gets_the_routable_address(ssh_cluster, job):
+    """Debian maps the hostname to 127.0.x.1; rank 0 on it must still listen where host 1 can reach it."""
+    h1, _ = ssh_cluster.hosts
+    me = socket.gethostname()
+    p = job.cli("-np", "2", "-H", f"{me}:1,{h1.address}:1", "-p", str(PORT), "--", *job.argv(DUMP),
+                env=ssh_cluster.env())
+    rc, _, err = finish(p, 30)
+    assert rc == 0, err
+    e0, e1 = (json.loads(job.read("env", r)) for r in (0, 1))
+    assert e0["HOROVOD_HOSTNAME"] == me and e0["APPLIANCE_DATA_ADDR"] == ssh_cluster.c.primary_addr
+    assert e1["APPLIANCE_STORE_ADDR"].rpartition(":")[0] == ssh_cluster.c.primary_addr
+    assert e1["APPLIANCE_DATA_ADDR"] == h1.address
+
+
+@pytest.mark.timeout(60)
+def test_ssh_config_alias_port_user_and_key(ssh_cluster, tmp_path):
+    """Without -p/-i: ~/.ssh/config's HostName, Port, User and IdentityFile are used."""
+    h1, _ = ssh_cluster.hosts
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host worker-one\n  HostName {h1.address}\n  Port {PORT}\n  User root\n  IdentityFile {ssh_cluster.key}\n")
+    env = {"HOME": str(home), "APPLIANCE_SHARED": str(tmp_path / "none")}
+    rc, out, err, _ = appliance("check", "-H", "worker-one:2", env=env)
+    assert rc == 0, err
+    assert "worker-one:12345" in out and h1.hostname in out
