@@ -81,8 +81,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_SIZE", _rank_int, None, "number of ranks in the job"),
     Knob("HOROVOD_LOCAL_RANK", _rank_int, None, "rank among the processes of this host"),
     Knob("HOROVOD_LOCAL_SIZE", _rank_int, None, "number of ranks on this host"),
-    Knob("HOROVOD_CROSS_RANK", _rank_int, None, "index of this host among the job's hosts"),
-    Knob("HOROVOD_CROSS_SIZE", _rank_int, None, "number of hosts in the job"),
+    Knob("HOROVOD_CROSS_RANK", _rank_int, None, "rank among the ranks with this local rank (the host's index when hosts are even)"),
+    Knob("HOROVOD_CROSS_SIZE", _rank_int, None, "number of ranks with this local rank (the number of hosts when hosts are even)"),
     Knob("HOROVOD_HOSTNAME", str, None, "host name as the launcher knows it (default: gethostname())"),
     # Bootstrap.
     Knob("APPLIANCE_STORE_ADDR", str, None, "host:port of the rendezvous store hosted by rank 0"),
@@ -100,7 +100,6 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 0.0, "abort the job when a tensor waits this long (0 = never)"),
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
-    Knob("APPLIANCE_SHM", _bool, True, "use shared memory between ranks of one host"),
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
     # Launcher.
     Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
@@ -229,7 +228,6 @@ class RuntimeConfig:
             stall_shutdown_s=read("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", env),
             chunk_bytes=max(1, read("APPLIANCE_CHUNK_BYTES", env)),
             heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
-            shm=read("APPLIANCE_SHM", env),
             verbose=read("APPLIANCE_VERBOSE", env),
         )
 

@@ -13,6 +13,7 @@ when the rendezvous fails (it names the ranks that never arrived) or times out
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 from typing import Optional, Sequence
 
@@ -98,7 +99,11 @@ def init(*args, **kwargs) -> None:
     with _lock:
         if _engine is None:
             _generation += 1
-            _engine = _Engine(RuntimeConfig.from_env(), _generation)
+            cfg = RuntimeConfig.from_env()
+            if cfg.verbose and cfg.rank == 0:
+                from appliance.config import describe
+                print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
+            _engine = _Engine(cfg, _generation)
 
 
 @atexit.register

@@ -4,7 +4,7 @@ import os
 
 
 def report(data: dict) -> None:
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     out = os.environ["APPLIANCE_TEST_OUT"]
     tmp = os.path.join(out, f".rank{rank}.json.tmp")
     with open(tmp, "w") as f:

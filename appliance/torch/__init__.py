@@ -1,0 +1,28 @@
+"""``horovod.torch``'s API over the appliance's own collective runtime: ``import appliance.torch as hvd``.
+
+The same names, defaults and semantics as Horovod's PyTorch API (``init``, ``allreduce``...,
+``DistributedOptimizer``, ``broadcast_parameters``...), executed by ``appliance.runtime``'s C++
+core without linking against libtorch: tensors are handed to the core as data pointers.
+A script started without a launcher runs as a single rank.
+
+Not provided: ``SyncBatchNorm``, ``horovod.torch.elastic``, Adasum on more than one rank,
+process sets other than the global one, and the timeline. Environment: read by ``init``
+through ``appliance.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
+rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
+"""
+from appliance.torch.compression import Compression  # noqa: F401
+from appliance.torch.functions import (  # noqa: F401
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+)
+from appliance.torch.mpi_ops import (  # noqa: F401
+    Adasum, Average, HorovodInternalError, Max, Min, MismatchError, ProcessSet, Product, Sum, add_process_set,
+    allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async,
+    barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size,
+    cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather,
+    grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, init, is_initialized, join,
+    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
+    reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown, size, sparse_allreduce_async,
+    start_timeline, stop_timeline, synchronize,
+)
+from appliance.torch.optimizer import DistributedOptimizer  # noqa: F401

@@ -1,0 +1,222 @@
+"""The out-of-place collectives of ``appliance.torch``, differentiable as in Horovod.
+
+Each public function here wraps one ``torch.autograd.Function`` whose forward runs the
+asynchronous op from ``mpi_ops`` and waits for it, and whose backward is Horovod's:
+
+* allreduce: the gradient is allreduced with the same op and scale factors;
+* allgather: the gradient is averaged over ranks and this rank's rows are kept;
+* broadcast: the gradient is averaged over ranks and kept on the root only (zero elsewhere);
+* alltoall: the gradient travels back with the received splits;
+* reducescatter: the gradient (times size for Sum, times the scale factors) is allgathered.
+
+Owns nothing; reads no environment. Failure modes are those of ``mpi_ops``. Backward passes
+use automatic names, so every rank must run its backward passes in the same order (as in
+Horovod).
+"""
+from __future__ import annotations
+
+import torch
+
+from appliance.torch import mpi_ops as _ops
+from appliance.torch.compression import Compression
+
+
+def _rows_offset(rows: int) -> int:
+    """The offset of this rank's ``rows`` in a concatenation over ranks (one small allgather)."""
+    counts = _ops.synchronize(_ops.allgather_async(torch.tensor([rows], dtype=torch.int64)))
+    return int(counts[: _ops.rank()].sum().item())
+
+
+# --- allreduce ---------------------------------------------------------------------------
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.args = (op, prescale_factor, postscale_factor)
+        return _ops.synchronize(_ops.allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                                                     postscale_factor=postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, pre, post = ctx.args
+        return allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post), None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=_ops.global_process_set):
+    """Reduce ``tensor`` over all ranks (default op Average) into a new tensor; the input is
+    not modified. Differentiable."""
+    op = _ops._resolve_op(op, average)
+    _ops._check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor)
+        return tuple(_ops.synchronize(_ops.grouped_allreduce_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post = ctx.args
+        return (None, None, None, None,
+                *grouped_allreduce(list(grads), op=op, prescale_factor=pre, postscale_factor=post))
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=_ops.global_process_set):
+    """Reduce a list of tensors as one group; returns a list of new tensors. Differentiable."""
+    op = _ops._resolve_op(op, average)
+    _ops._check_process_set(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# --- allgather ---------------------------------------------------------------------------
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows = int(tensor.shape[0]) if tensor.dim() else 0
+        return _ops.synchronize(_ops.allgather_async(tensor, name=name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad, op=_ops.Average)
+        return reduced.narrow(0, _rows_offset(ctx.rows), ctx.rows), None
+
+
+def allgather(tensor, name=None, process_set=_ops.global_process_set):
+    """Concatenate every rank's ``tensor`` along the first dimension (which may differ per
+    rank) into a new tensor. Differentiable."""
+    _ops._check_process_set(process_set)
+    return _Allgather.apply(tensor, name)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.rows = [int(t.shape[0]) if t.dim() else 0 for t in tensors]
+        return tuple(_ops.synchronize(_ops.grouped_allgather_async(list(tensors), name=name)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce(list(grads), op=_ops.Average)
+        counts = _ops.synchronize(_ops.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
+        offsets = counts[: _ops.rank()].sum(dim=0).tolist()
+        return (None, *[g.narrow(0, int(off), rows) for g, off, rows in zip(reduced, offsets, ctx.rows)])
+
+
+def grouped_allgather(tensors, name=None, process_set=_ops.global_process_set):
+    """``allgather`` of each tensor of a list; returns a list. Differentiable."""
+    _ops._check_process_set(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    return list(_GroupedAllgather.apply(name, *tensors))
+
+
+# --- broadcast ---------------------------------------------------------------------------
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return _ops.synchronize(_ops.broadcast_async(tensor, root_rank, name=name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad, op=_ops.Average)
+        if _ops.rank() != ctx.root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=_ops.global_process_set):
+    """Root's ``tensor`` on every rank, as a new tensor; the input is not modified.
+    Differentiable."""
+    _ops._check_process_set(process_set)
+    return _Broadcast.apply(tensor, root_rank, name)
+
+
+# --- alltoall ----------------------------------------------------------------------------
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, received = _ops.synchronize(_ops.alltoall_async(tensor, splits, name=name))
+        ctx.received = received
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, *unused):
+        back, _ = _ops.synchronize(_ops.alltoall_async(grad, ctx.received))
+        return back, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=_ops.global_process_set):
+    """Scatter rows of ``tensor`` to the ranks (``splits[p]`` rows to rank p; equal parts
+    without ``splits``) and gather what they send. Returns the received tensor, and with
+    ``splits`` also the rows received from each rank (as Horovod). Differentiable."""
+    _ops._check_process_set(process_set)
+    return _Alltoall.apply(tensor, splits, name)
+
+
+# --- reducescatter -------------------------------------------------------------------------
+def _reducescatter_grad(grad, op, pre, post):
+    scale = (_ops.size() if op == _ops.Sum else 1) * pre * post
+    return grad * scale if scale != 1 else grad
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.args = (op, prescale_factor, postscale_factor)
+        return _ops.synchronize(_ops.reducescatter_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                                                         postscale_factor=postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return allgather(_reducescatter_grad(grad, *ctx.args)), None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=_ops.Average,
+                  process_set=_ops.global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``tensor`` over all ranks and return this rank's block of the first dimension
+    (rank r: ``dim0 // size`` rows, one more when ``r < dim0 % size``). Differentiable."""
+    _ops._check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor)
+        return tuple(_ops.synchronize(_ops.grouped_reducescatter_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, None, None,
+                *grouped_allgather([_reducescatter_grad(g, *ctx.args) for g in grads]))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=_ops.Average,
+                          process_set=_ops.global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """``reducescatter`` of each tensor of a list; returns a list. Differentiable."""
+    _ops._check_process_set(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

@@ -1,0 +1,157 @@
+"""Torch tensors as the engine sees them, and the table of in-flight handles.
+
+Owns the translation between ``torch.Tensor`` and ``appliance.runtime.engine.Buffer``
+(dtype codes, device, CUDA stream), the staging of tensors the core cannot use directly
+(non-contiguous ones, and CUDA tensors when this build has no CUDA support: a contiguous or
+host copy is used and, for in-place operations, copied back when the operation completes),
+the conversion of core-allocated outputs into tensors without a copy, and ``HandleTable``:
+Horovod-style integer handles that keep every tensor the core may touch alive until
+``synchronize``. Reads no environment. Failure modes: ``ValueError`` for an unsupported
+dtype or device (as Horovod); errors of the operation itself are raised by ``synchronize``.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from appliance.runtime import engine
+from appliance.runtime.engine import Buffer, DType
+
+_DTYPES = {
+    torch.uint8: DType.UINT8, torch.int8: DType.INT8, torch.int16: DType.INT16,
+    torch.int32: DType.INT32, torch.int64: DType.INT64, torch.float16: DType.FLOAT16,
+    torch.bfloat16: DType.BFLOAT16, torch.float32: DType.FLOAT32, torch.float64: DType.FLOAT64,
+    torch.bool: DType.BOOL,
+}
+
+SUPPORTED_DTYPES = tuple(_DTYPES)
+
+
+def dtype_code(t: torch.Tensor) -> DType:
+    try:
+        return _DTYPES[t.dtype]
+    except KeyError:
+        names = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
+        raise ValueError(f"Tensor type {t.dtype} is not supported (supported: {names})") from None
+
+
+_caps: Optional[dict] = None
+
+
+def capabilities() -> dict:
+    """``engine.capabilities()``, asked once per process (the build does not change)."""
+    global _caps
+    if _caps is None:
+        _caps = engine.capabilities()
+    return _caps
+
+
+def stage(t: torch.Tensor) -> torch.Tensor:
+    """The tensor the core will read/write in place of ``t`` (``t`` itself when possible)."""
+    dtype_code(t)
+    w = t.detach()
+    if w.device.type == "cuda":
+        if not capabilities().get("cuda", False):
+            w = w.cpu()  # this build cannot touch device memory: go through the host
+    elif w.device.type != "cpu":
+        raise ValueError(f"tensors on device {w.device} are not supported (cpu and cuda are)")
+    if not w.is_contiguous():
+        w = w.contiguous()
+    return w
+
+
+def buffer(w: torch.Tensor) -> Buffer:
+    """Describe a staged tensor (see ``stage``) to the core."""
+    if w.device.type == "cuda":
+        stream = torch.cuda.current_stream(w.device).cuda_stream
+        return Buffer(w.data_ptr(), dtype_code(w), tuple(w.shape), w.device.index, int(stream))
+    return Buffer(w.data_ptr(), dtype_code(w), tuple(w.shape))
+
+
+def empty_like(w: torch.Tensor) -> torch.Tensor:
+    return torch.empty(w.shape, dtype=w.dtype, device=w.device)
+
+
+def copy_back(user: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+    """After an in-place operation ran on ``work``, make ``user`` hold the result."""
+    if work is not user and work.data_ptr() != user.data_ptr():
+        with torch.no_grad():
+            user.copy_(work)
+    return user
+
+
+def to_device(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return out if out.device == like.device else out.to(like.device)
+
+
+def from_result(r: engine.Result, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """Core-allocated output (flat uint8 numpy) as a tensor of ``dtype`` without a copy,
+    on ``like``'s device."""
+    shape = tuple(int(d) for d in r.shape)
+    arr = r.output
+    if arr is None or arr.size == 0:
+        out = torch.empty(shape, dtype=dtype)
+    else:
+        if not arr.flags.writeable:  # torch tensors must be writable; never expected from the core
+            arr = arr.copy()
+        out = torch.from_numpy(arr).view(dtype).reshape(shape)
+    return to_device(out, like)
+
+
+class _Entry:
+    __slots__ = ("handles", "keep", "finish")
+
+    def __init__(self, handles: List[int], keep: tuple, finish: Callable[[list], object]):
+        self.handles, self.keep, self.finish = handles, keep, finish
+
+
+class HandleTable:
+    """Integer handles as Horovod has them. One handle may stand for several engine
+    operations (grouped ops); ``keep`` holds every tensor the core may still touch."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict = {}
+        self._next = 0
+
+    def add(self, handles: Sequence[int], keep: tuple, finish: Callable[[list], object]) -> int:
+        with self._lock:
+            self._next += 1
+            self._entries[self._next] = _Entry(list(handles), keep, finish)
+            return self._next
+
+    def poll(self, handle: int) -> bool:
+        with self._lock:
+            entry = self._entries.get(handle)
+        if entry is None:
+            raise ValueError(f"handle {handle!r} is not an operation in flight (already synchronized?)")
+        return all(engine.poll(h) for h in entry.handles)
+
+    def synchronize(self, handle: int):
+        """Wait for every engine operation of ``handle``; return its output. An unknown
+        handle returns None, as in Horovod."""
+        with self._lock:
+            entry = self._entries.get(handle)
+        if entry is None:
+            return None
+        results, error = [], None
+        for h in entry.handles:  # wait for all, so no tensor is released while the core uses it
+            try:
+                results.append(engine.wait(h))
+            except Exception as e:  # re-raised below, once the others have finished
+                results.append(None)
+                error = error or e
+        with self._lock:
+            self._entries.pop(handle, None)
+        if error is not None:
+            raise error
+        return entry.finish(results)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)

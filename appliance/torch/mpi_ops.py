@@ -1,0 +1,502 @@
+"""Horovod's ``horovod.torch.mpi_ops`` over the appliance's collective runtime.
+
+What it is: the lifecycle (``init``/``shutdown``, ranks and sizes), the asynchronous and
+in-place collectives on ``torch.Tensor`` (handles are ints, as in Horovod), ``poll`` /
+``synchronize``, ``join``/``barrier``, the ``*_built``/``*_enabled`` probes, and the process-set
+names. The out-of-place, autograd-aware collectives live in ``appliance.torch._autograd`` and
+are re-exported at the end of this module.
+
+What it owns: the table of in-flight handles (``_handles``), which keeps every tensor the
+core may touch alive until ``synchronize``; it is emptied by ``init`` of a fresh runtime and by
+``shutdown``. The runtime itself is owned by ``appliance.runtime.api``.
+
+Environment: none read here; ``init`` reads the job layout through ``appliance.config``
+(HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET; none = a single rank).
+
+Failure modes: every call before ``init`` raises ``ValueError`` (as Horovod); unsupported
+dtypes/devices and bad arguments raise ``ValueError``; process sets other than the global one
+and Adasum on more than one rank raise ``NotImplementedError``; ``synchronize`` raises
+``HorovodInternalError`` when the job failed (names the origin rank and host) and
+``MismatchError`` when ranks disagree on a tensor (the runtime stays usable).
+"""
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Optional
+
+import torch
+
+from appliance.runtime import api as _api
+from appliance.runtime import engine as _engine
+from appliance.runtime.engine import Adasum, Average, Kind, Max, Min, Product, Sum  # noqa: F401
+from appliance.runtime.errors import HorovodInternalError, MismatchError  # noqa: F401
+from appliance.torch import _tensors
+from appliance.torch._tensors import from_result, stage
+
+_handles = _tensors.HandleTable()
+_REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+# --- process sets (only the global one) --------------------------------------------------
+class ProcessSet:
+    """A set of ranks. This runtime runs every collective on all ranks, so only a set that
+    holds every rank (``global_process_set``) can be used."""
+
+    def __init__(self, ranks_or_comm=None):
+        self.mpi_comm = None
+        self.ranks = None
+        if ranks_or_comm is not None and hasattr(ranks_or_comm, "Get_size"):
+            self.mpi_comm = ranks_or_comm
+        elif ranks_or_comm is not None:
+            self.ranks = sorted(int(r) for r in ranks_or_comm)
+        self.process_set_id = None
+
+    def _covers_all(self) -> bool:
+        if self is global_process_set or (self.ranks is None and self.mpi_comm is None):
+            return True
+        if self.mpi_comm is not None:
+            return int(self.mpi_comm.Get_size()) == size()
+        return self.ranks == list(range(size()))
+
+    def size(self) -> int:
+        _check_process_set(self)
+        return size()
+
+    def rank(self) -> int:
+        _check_process_set(self)
+        return rank()
+
+    def included(self) -> bool:
+        return self._covers_all() or (self.ranks is not None and rank() in self.ranks)
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
+
+
+def _check_process_set(ps) -> None:
+    if ps is None or ps is global_process_set:
+        return
+    if isinstance(ps, ProcessSet) and ps._covers_all():
+        return
+    raise NotImplementedError(
+        f"{ps!r}: this runtime runs every collective on all {size()} ranks; process sets other "
+        "than hvd.global_process_set are not supported")
+
+
+def add_process_set(process_set) -> ProcessSet:
+    raise NotImplementedError(f"add_process_set({process_set!r}): process sets other than the global "
+                              "one are not supported by this runtime")
+
+
+def remove_process_set(process_set) -> bool:
+    if process_set is global_process_set:
+        return False  # Horovod: the global set cannot be removed
+    raise NotImplementedError("process sets other than the global one are not supported by this runtime")
+
+
+# --- lifecycle and basics -----------------------------------------------------------------
+def init(comm=None, process_sets=None) -> None:
+    """Join the job the environment describes (a single rank without a launcher). A second
+    call is a no-op. ``comm`` (a list of ranks or an MPI communicator) and ``process_sets`` are
+    accepted when they ask for every rank; anything narrower raises NotImplementedError."""
+    fresh = not _api.is_initialized()
+    _api.init()
+    if fresh:
+        _handles.clear()
+    try:
+        _check_init_args(comm, process_sets)
+    except Exception:
+        if fresh:
+            shutdown()
+        raise
+
+
+def _check_init_args(comm, process_sets) -> None:
+    n = size()
+    if comm is not None:
+        if hasattr(comm, "Get_size"):
+            ok = int(comm.Get_size()) == n
+        else:
+            ok = len(comm) == 0 or sorted(int(r) for r in comm) == list(range(n))
+        if not ok:
+            raise NotImplementedError(f"hvd.init(comm={comm!r}): this runtime always uses all {n} ranks "
+                                      "of the job; sub-communicators are not supported")
+    if process_sets is None or (isinstance(process_sets, str) and process_sets.lower() == "dynamic"):
+        return
+    for ps in process_sets:
+        if not isinstance(ps, ProcessSet):
+            ps = ProcessSet(ps)
+        _check_process_set(ps)
+
+
+def shutdown() -> None:
+    """Leave the job; pending operations fail and their handles are forgotten. Idempotent."""
+    _api.shutdown()
+    _handles.clear()
+
+
+is_initialized = _api.is_initialized
+size = _api.size
+rank = _api.rank
+local_size = _api.local_size
+local_rank = _api.local_rank
+cross_size = _api.cross_size
+cross_rank = _api.cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks (judged from this rank's view)."""
+    return local_size() * cross_size() == size()
+
+
+def start_timeline(file_path, mark_cycles=False) -> None:
+    raise NotImplementedError("the Horovod timeline is not implemented by this runtime")
+
+
+def stop_timeline() -> None:
+    raise NotImplementedError("the Horovod timeline is not implemented by this runtime")
+
+
+# What this build is: our own runtime, neither MPI nor Gloo; CUDA/NCCL as the core reports.
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    raise ValueError("Horovod MPI is not enabled: this runtime does not use MPI (it only accepts "
+                     "OpenMPI's mpirun as a process launcher)")
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    """NCCL's version code when the core can use NCCL here, else 0 (as Horovod)."""
+    caps = _tensors.capabilities()
+    if not caps.get("nccl", False):
+        return 0
+    return int(caps.get("nccl_version", 1))
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return bool(_tensors.capabilities().get("cuda", False))
+
+
+def rocm_built() -> bool:
+    return False
+
+
+# --- argument handling shared by the collectives ---------------------------------------------
+def _resolve_op(op, average):
+    """Horovod's handling of the deprecated ``average=`` argument."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def _core_op(op) -> int:
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"unknown reduction op {op!r} (use hvd.Average, Sum, Min, Max or Product)")
+    if op == Adasum:
+        if size() == 1:
+            return Sum  # one rank: Adasum of a single tensor is that tensor
+        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime; use hvd.Average or hvd.Sum")
+    return op
+
+
+def _first_dim(work: torch.Tensor, what: str) -> int:
+    if work.dim() == 0:
+        raise ValueError(f"{what} needs a tensor with at least one dimension, got a scalar")
+    return int(work.shape[0])
+
+
+def _member_name(name: Optional[str], i: int) -> Optional[str]:
+    return None if name is None else f"{name}.{i}"
+
+
+def _submit(kind, name, work, out=None, **kw) -> int:
+    inp = None if work is None else _tensors.buffer(work)
+    outb = None if out is None else _tensors.buffer(out)
+    return _engine.submit(kind, name, inp, outb, **kw)
+
+
+def _submit_all(calls) -> list:
+    """Submit several engine operations; if one is refused, keep the already submitted ones
+    (and their tensors) in the table so nothing is freed under the core, then re-raise."""
+    handles = []
+    try:
+        for kind, name, work, out, kw in calls:
+            handles.append(_submit(kind, name, work, out, **kw))
+    except Exception:
+        if handles:
+            _handles.add(handles, tuple(calls), lambda rs: None)
+        raise
+    return handles
+
+
+# --- allreduce ---------------------------------------------------------------------------
+def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
+    _check_process_set(process_set)
+    core_op = _core_op(op)
+    work = stage(tensor)
+    out = work if inplace else _tensors.empty_like(work)
+    h = _submit(Kind.ALLREDUCE, name, work, out, op=core_op, prescale=float(prescale_factor),
+                postscale=float(postscale_factor))
+    if inplace:
+        return _handles.add([h], (tensor, work), lambda rs: _tensors.copy_back(tensor, work))
+    return _handles.add([h], (tensor, work, out), lambda rs: _tensors.to_device(out, tensor))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set) -> int:
+    """Start reducing ``tensor`` over all ranks (default op Average) into a new tensor; return a
+    handle for ``poll``/``synchronize``. The input is not modified."""
+    op = _resolve_op(op, average)
+    return _allreduce_async(tensor, False, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set) -> int:
+    """In-place ``allreduce_async``: ``synchronize`` returns ``tensor`` holding the result."""
+    op = _resolve_op(op, average)
+    return _allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    op = _resolve_op(op, average)
+    return synchronize(_allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
+    _check_process_set(process_set)
+    core_op = _core_op(op)
+    tensors = list(tensors)
+    works = [stage(t) for t in tensors]
+    outs = works if inplace else [_tensors.empty_like(w) for w in works]
+    group = (_engine.new_group_id(), len(tensors)) if tensors else (0, 0)
+    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor), group=group)
+    handles = _submit_all([(Kind.ALLREDUCE, _member_name(name, i), w, o, kw)
+                           for i, (w, o) in enumerate(zip(works, outs))])
+    if inplace:
+        finish = lambda rs: tuple(_tensors.copy_back(t, w) for t, w in zip(tensors, works))  # noqa: E731
+    else:
+        finish = lambda rs: tuple(_tensors.to_device(o, t) for t, o in zip(tensors, outs))  # noqa: E731
+    return _handles.add(handles, (tuple(tensors), tuple(works), tuple(outs)), finish)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Reduce a list of tensors as one group (scheduled together); one handle, whose
+    ``synchronize`` returns a tuple of new tensors. Member i is named ``f"{name}.{i}"``."""
+    op = _resolve_op(op, average)
+    return _grouped_allreduce_async(tensors, False, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> int:
+    op = _resolve_op(op, average)
+    return _grouped_allreduce_async(tensors, True, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    op = _resolve_op(op, average)
+    return synchronize(_grouped_allreduce_async(tensors, True, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Reduce a sparse COO tensor by gathering every rank's indices and values. Returns a
+    callable that waits and yields the combined sparse tensor (as Horovod)."""
+    _check_process_set(process_set)
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    h_idx = allgather_async(t._indices().transpose(0, 1).contiguous(),
+                            name=None if name is None else f"{name}.indices")
+    h_val = allgather_async(t._values(), name=None if name is None else f"{name}.values")
+
+    def wait():
+        values = synchronize(h_val)
+        indices = synchronize(h_idx)
+        if op == Average:
+            values = values / size()
+        elif op != Sum:
+            raise NotImplementedError("sparse allreduce supports op=Average and op=Sum only")
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.shape, check_invariants=False)
+    return wait
+
+
+# --- allgather ---------------------------------------------------------------------------
+def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
+    """Start concatenating every rank's ``tensor`` along the first dimension (which may differ
+    per rank); ``synchronize`` returns the new tensor."""
+    _check_process_set(process_set)
+    work = stage(tensor)
+    _first_dim(work, "allgather")
+    h = _submit(Kind.ALLGATHER, name, work)
+    return _handles.add([h], (tensor, work), lambda rs: from_result(rs[0], tensor.dtype, tensor))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    tensors = list(tensors)
+    works = [stage(t) for t in tensors]
+    for w in works:
+        _first_dim(w, "allgather")
+    handles = _submit_all([(Kind.ALLGATHER, _member_name(name, i), w, None, {}) for i, w in enumerate(works)])
+    finish = lambda rs: tuple(from_result(r, t.dtype, t) for r, t in zip(rs, tensors))  # noqa: E731
+    return _handles.add(handles, (tuple(tensors), tuple(works)), finish)
+
+
+# --- broadcast ---------------------------------------------------------------------------
+def _check_root(root_rank) -> int:
+    n = size()
+    try:
+        root = operator.index(root_rank)
+    except TypeError:
+        root = -1
+    if not 0 <= root < n:
+        raise ValueError(f"root_rank={root_rank!r} is not a rank of this job (size {n})")
+    return root
+
+
+def _broadcast_async(tensor, inplace, root_rank, name, process_set) -> int:
+    _check_process_set(process_set)
+    root = _check_root(root_rank)
+    work = stage(tensor)
+    if inplace:
+        h = _submit(Kind.BROADCAST, name, work, work, root=root)
+        return _handles.add([h], (tensor, work), lambda rs: _tensors.copy_back(tensor, work))
+    out = _tensors.empty_like(work)
+    h = _submit(Kind.BROADCAST, name, work, out, root=root)
+    return _handles.add([h], (tensor, work, out), lambda rs: _tensors.to_device(out, tensor))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    """Start copying root's ``tensor`` to every rank into a new tensor."""
+    return _broadcast_async(tensor, False, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    """In-place ``broadcast_async``: ``synchronize`` returns ``tensor`` holding root's data."""
+    return _broadcast_async(tensor, True, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(_broadcast_async(tensor, True, root_rank, name, process_set))
+
+
+# --- alltoall ----------------------------------------------------------------------------
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
+    """Send rows ``splits[p]`` (consecutive, in rank order) of ``tensor`` to each rank p; without
+    ``splits`` the first dimension is divided equally. ``synchronize`` returns
+    ``(received tensor, rows received from each rank)``."""
+    _check_process_set(process_set)
+    work = stage(tensor)
+    rows, n = _first_dim(work, "alltoall"), size()
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"alltoall without splits: the first dimension ({rows}) of the tensor is not "
+                             f"divisible by the number of ranks ({n})")
+        counts, rdtype, rdevice = [rows // n] * n, torch.int32, torch.device("cpu")
+    else:
+        if isinstance(splits, torch.Tensor):
+            counts, rdtype, rdevice = [int(s) for s in splits.reshape(-1).tolist()], splits.dtype, splits.device
+        else:
+            counts, rdtype, rdevice = [int(s) for s in splits], torch.int32, torch.device("cpu")
+        if len(counts) != n or any(c < 0 for c in counts) or sum(counts) != rows:
+            raise ValueError(f"alltoall splits {counts} must be {n} non-negative row counts summing to the "
+                             f"first dimension of the tensor ({rows})")
+    h = _submit(Kind.ALLTOALL, name, work, splits=counts)
+
+    def finish(rs):
+        out = from_result(rs[0], tensor.dtype, tensor)
+        return out, torch.tensor(list(rs[0].splits), dtype=rdtype, device=rdevice)
+    return _handles.add([h], (tensor, work), finish)
+
+
+# --- reducescatter -------------------------------------------------------------------------
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0) -> int:
+    """Start reducing ``tensor`` (same shape on every rank) and keep this rank's block of the
+    first dimension: rank r gets ``dim0 // size`` rows, one more when ``r < dim0 % size``."""
+    _check_process_set(process_set)
+    core_op = _core_op(op)
+    work = stage(tensor)
+    _first_dim(work, "reducescatter")
+    h = _submit(Kind.REDUCESCATTER, name, work, op=core_op, prescale=float(prescale_factor),
+                postscale=float(postscale_factor))
+    return _handles.add([h], (tensor, work), lambda rs: from_result(rs[0], tensor.dtype, tensor))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    _check_process_set(process_set)
+    core_op = _core_op(op)
+    tensors = list(tensors)
+    works = [stage(t) for t in tensors]
+    for w in works:
+        _first_dim(w, "reducescatter")
+    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor))
+    handles = _submit_all([(Kind.REDUCESCATTER, _member_name(name, i), w, None, kw) for i, w in enumerate(works)])
+    finish = lambda rs: tuple(from_result(r, t.dtype, t) for r, t in zip(rs, tensors))  # noqa: E731
+    return _handles.add(handles, (tuple(tensors), tuple(works)), finish)
+
+
+# --- completion, join, barrier -------------------------------------------------------------
+def poll(handle) -> bool:
+    """True when the operation behind ``handle`` has finished; never blocks."""
+    return _handles.poll(handle)
+
+
+def synchronize(handle):
+    """Wait for ``handle`` and return its output (tensor, tuple of tensors, or for alltoall
+    ``(tensor, received_splits)``). An unknown handle returns None, as in Horovod."""
+    return _handles.synchronize(handle)
+
+
+def join(device=-1) -> int:
+    """Declare that this rank has no more data; block until every rank has joined and return
+    the rank that joined last. ``device`` is accepted for compatibility and not needed."""
+    return int(_engine.wait(_engine.submit(Kind.JOIN, None)).value)
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Return once every rank has entered the barrier."""
+    _check_process_set(process_set)
+    _engine.wait(_engine.submit(Kind.BARRIER, None))
+
+
+# The out-of-place, autograd-aware collectives (they build on the functions above).
+from appliance.torch._autograd import (  # noqa: E402,F401
+    allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
+    reducescatter,
+)
