@@ -1,6 +1,6 @@
 """Launch latency over SSH: `appliance launch` -> every rank past init(), and kill -> all stopped.
 
-    sudo python benchmarks/launch_ssh.py [--runs 7]
+    sudo python benchmarks/launch_ssh.py [--runs 7] [--torch]
 
 Builds the same simulated cluster as the SSH tests (network namespaces, one real sshd per host on
 port 12345, keys from `appliance keys`; tests/launcher/_netns.py), then for two layouts with two
@@ -34,12 +34,12 @@ WORKER = ROOT / "tests" / "workers" / "ssh_runtime.py"
 SLEEPER = "import os, sys, time; open(os.path.join(sys.argv[1], 'pid.' + os.environ['HOROVOD_RANK']), 'w').write(str(os.getpid())); time.sleep(60)"
 
 
-def start_time(hosts: str, env: dict, out: Path) -> float:
+def start_time(hosts: str, env: dict, out: Path, case: str = "init") -> float:
     for f in out.glob("rank*.json"):
         f.unlink()
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(_netns.PORT),
-                        "--", sys.executable, str(WORKER), "init"], env=env, capture_output=True, text=True, timeout=60)
+                        "--", sys.executable, str(WORKER), case], env=env, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise SystemExit(f"launch failed: {r.stderr[-2000:]}")
     return max(json.loads((out / f"rank{k}.json").read_text())["init_done"] for k in range(2)) - t0
@@ -72,6 +72,7 @@ def stop_time(hosts: str, env: dict, out: Path, cluster) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--torch", action="store_true", help="also time `import appliance.torch as hvd; hvd.init()`")
     args = ap.parse_args()
     why = _netns.available()
     if why:
@@ -90,11 +91,15 @@ def main() -> None:
                "APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
         for name in (f"localhost:1,{h1.address}:1", f"{h1.address}:1,{h2.address}:1"):
             starts = [start_time(name, env, out) for _ in range(args.runs)]
+            torch_starts = [start_time(name, env, out, "init-torch") for _ in range(args.runs)] if args.torch else []
             stops = [stop_time(name, env, out, cluster) for _ in range(args.runs)]
             print(f"-H {name}: launch -> all ranks past init(): median {statistics.median(starts):.2f} s "
                   f"(min {min(starts):.2f}, max {max(starts):.2f}); kill remote rank -> everything stopped: "
                   f"median {statistics.median(stops):.2f} s (min {min(stops):.2f}, max {max(stops):.2f}); "
                   f"{args.runs} runs")
+            if torch_starts:
+                print(f"-H {name}: launch -> all ranks past appliance.torch init(): median "
+                      f"{statistics.median(torch_starts):.2f} s (min {min(torch_starts):.2f}, max {max(torch_starts):.2f})")
     finally:
         if cluster is not None:
             cluster.close()

@@ -1,4 +1,5 @@
-"""Worker for the SSH tier: join the job, time ``init()``, then run the engine's every-op check.
+"""Worker for the SSH tier: join the job, time ``init()``, then run the engine's every-op check
+(``ops``), or only report (``init``; ``init-torch`` goes through ``appliance.torch``).
 
 Reports (through ``_report``) the engine's results plus where the rank ran (hostname, the
 launcher's HOROVOD_HOSTNAME and APPLIANCE_DATA_ADDR) and ``init_done``, the wall-clock time right
@@ -13,12 +14,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 import _report  # noqa: E402
 import engine  # noqa: E402
 
+if sys.argv[1:] == ["init-torch"]:  # the user's path: `import appliance.torch as hvd; hvd.init()`
+    import appliance.torch as hvd
+    hvd.init()
+
 import appliance.runtime as rt  # noqa: E402
 
 rt.init()
 extra = {"init_done": time.time(), "hostname": socket.gethostname(), "launcher_host": os.environ["HOROVOD_HOSTNAME"],
          "data_addr": os.environ["APPLIANCE_DATA_ADDR"], "rank": rt.rank()}
-if sys.argv[1:] == ["init"]:
+if sys.argv[1] in ("init", "init-torch"):
     rt.barrier()
     _report.report(extra)
 else:
