@@ -103,9 +103,17 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
     # Launcher.
     Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
+    Knob("APPLIANCE_SSH_PORT", _port, None, "SSH port of the other hosts (launch/check: -p; default: ~/.ssh/config, else 22)"),
+    Knob("APPLIANCE_SSH_KEY", str, "", "private key for SSH (launch/check: -i; default: SHARED/ssh/id_ed25519 if present, else ~/.ssh/config and ~/.ssh/id_*)"),
+    Knob("APPLIANCE_SSH_USER", str, "", "user on the other hosts (default: ~/.ssh/config, else the launcher's user)"),
+    Knob("APPLIANCE_SHARED", str, "/mnt/share", "directory mounted at the same path on every host; keys live in its ssh/ (check/keys: --shared)"),
+    Knob("APPLIANCE_REMOTE_PYTHON", str, "", "absolute path of Python on the other hosts (launch: --remote-python; default: the launcher's own)"),
+    Knob("APPLIANCE_JOB_DIR", str, "", "where remote ranks record their pid/pgid, per host (default: $TMPDIR/appliance-UID/jobs)"),
+    Knob("APPLIANCE_MIN_SHM", _size, 64 << 20, "free bytes /dev/shm must have on every host (appliance check)"),
+    Knob("SLURM_JOB_NODELIST", str, None, "set by Slurm: the allocation's nodes, used as hosts when neither -H nor --hostfile is given"),
+    Knob("SLURM_TASKS_PER_NODE", str, None, "set by Slurm: tasks per node of the allocation (e.g. 2(x3),1) -> slots"),
+    Knob("SLURM_NTASKS_PER_NODE", str, None, "set by Slurm with --ntasks-per-node: slots per node when SLURM_TASKS_PER_NODE is absent"),
     # Appliance plane (Docker: appliance secondary|primary|status).
-    Knob("APPLIANCE_SHARED", str, "/mnt/share", "directory mounted at the same path on every host (ssh/, data/, models/, locks/, jobs/)"),
-    Knob("APPLIANCE_SSH_PORT", _port, None, "SSH port of the secondaries (secondary --ssh-port, primary -p; appliance default 12345)"),
     Knob("APPLIANCE_IMAGE", str, "appliance:latest", "image of the secondary and primary containers (--image)"),
     Knob("APPLIANCE_NETWORK", str, "host", "Docker network of the containers: host, or a user-defined network (--network)"),
     Knob("APPLIANCE_SHM_SIZE", str, "", "/dev/shm of the containers: 'host' (--ipc host) or a size like 2g (default: host on the host network, else 1g)"),
@@ -250,6 +258,94 @@ def parse_forwards(items: Sequence[str], env: Mapping[str, str]) -> dict[str, st
 
 
 @dataclasses.dataclass(frozen=True)
+class RemoteConfig:
+    """How the launcher and ``appliance check`` reach other hosts (SSH) and what they verify there.
+
+    ``None`` means "not given": the SSH layer then consults ``~/.ssh/config`` (port, user, key)
+    and its own defaults (port 22, the launcher's user, the launcher's ``sys.executable``).
+    Precedence: flag, then the explicit env (``-x``), then the launcher's environment, then
+    ``~/.ssh/config``, then the default.
+    """
+
+    port: int | None = None
+    key: str | None = None
+    user: str | None = None
+    shared_dir: str = "/mnt/share"
+    shared_explicit: bool = False       # --shared was given: a missing directory is an error
+    remote_python: str | None = None
+    network_interface: str | None = None
+    job_dir: str | None = None
+    min_shm: int = 64 << 20
+
+    @classmethod
+    def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
+               shared: str | os.PathLike | None = None, remote_python: str | None = None,
+               network_interface: str | None = None, environ: Mapping[str, str] | None = None) -> "RemoteConfig":
+        env = os.environ if environ is None else environ
+        if port is not None and not 0 < int(port) < 65536:
+            raise ConfigError(f"-p {port}: expected a TCP port (1-65535)")
+        python = remote_python or read("APPLIANCE_REMOTE_PYTHON", env) or None
+        if python is not None and not os.path.isabs(python):
+            raise ConfigError(f"--remote-python {python!r}: must be an absolute path (SSH sessions do not see "
+                              "the PATH of a login shell or of Docker's ENV)")
+        iface = network_interface or read("HOROVOD_GLOO_IFACE", env) or None
+        if iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:@\-]{1,15}", iface):
+            raise ConfigError(f"--network-interface {iface!r} is not an interface name")
+        return cls(
+            port=int(port) if port is not None else read("APPLIANCE_SSH_PORT", env),
+            key=os.fspath(key) if key else (read("APPLIANCE_SSH_KEY", env) or None),
+            user=user or read("APPLIANCE_SSH_USER", env) or None,
+            shared_dir=os.fspath(shared) if shared else read("APPLIANCE_SHARED", env),
+            shared_explicit=bool(shared),
+            remote_python=python,
+            network_interface=iface,
+            job_dir=read("APPLIANCE_JOB_DIR", env) or None,
+            min_shm=read("APPLIANCE_MIN_SHM", env),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmAllocation:
+    """Slurm's description of the allocation (all ``None`` outside Slurm)."""
+
+    nodelist: str | None = None
+    tasks_per_node: str | None = None
+    ntasks_per_node: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "SlurmAllocation":
+        return cls(read("SLURM_JOB_NODELIST", env) or None, read("SLURM_TASKS_PER_NODE", env) or None,
+                   read("SLURM_NTASKS_PER_NODE", env) or None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckConfig:
+    """One ``appliance check``: which hosts, how to reach them, how long it may take."""
+
+    hosts: str | None = None
+    hostfile: str | None = None
+    np: int | None = None
+    start_timeout_s: float = 60.0
+    verbose: bool = False
+    remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
+    slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+
+    @classmethod
+    def create(cls, *, hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None,
+               start_timeout: float | None = None, verbose: bool | None = None,
+               environ: Mapping[str, str] | None = None, **remote: Any) -> "CheckConfig":
+        env = dict(os.environ if environ is None else environ)
+        if hosts is not None and hostfile is not None:
+            raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
+        if start_timeout is not None and not start_timeout > 0:
+            raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
+                   start_timeout_s=read("HOROVOD_START_TIMEOUT", env) if start_timeout is None else float(start_timeout),
+                   verbose=read("APPLIANCE_VERBOSE", env) if verbose is None else bool(verbose),
+                   remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """One ``appliance launch``: what to run, where, and how to treat it.
 
@@ -270,13 +366,17 @@ class LaunchConfig:
     cwd: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
+    slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
                start_timeout: float | None = None, output_dir: str | os.PathLike | None = None,
                verbose: bool | None = None, timeout: float | None = None, forward: Sequence[str] = (),
                env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-               environ: Mapping[str, str] | None = None) -> "LaunchConfig":
+               environ: Mapping[str, str] | None = None, **remote: Any) -> "LaunchConfig":
+        """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
+        remote_python, network_interface)."""
         environ = dict(os.environ if environ is None else environ)
         command = tuple(str(c) for c in command)
         if command and command[0] == "--":
@@ -310,6 +410,8 @@ class LaunchConfig:
             cwd=None if cwd is None else os.fspath(cwd),
             env=explicit,
             environ=environ,
+            remote=RemoteConfig.create(environ=merged, **remote),
+            slurm=SlurmAllocation.from_env(environ),
         )
 
 

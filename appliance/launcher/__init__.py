@@ -20,6 +20,10 @@ forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None
 - ``timeout``: seconds for the whole job; when it passes every rank is stopped and the result
   has ``timed_out=True`` and ``returncode=124``.
 - ``output``: directory for ``rank.N/stdout`` and ``rank.N/stderr`` (``--output-filename``).
+- Other hosts (any name that is not this machine) are reached over SSH: ``ssh_port`` (``-p``),
+  ``ssh_key`` (``-i``), ``remote_python``, ``network_interface``, ``shared`` (the directory the
+  preflight verifies); each defaults to its knob (``APPLIANCE_SSH_PORT``...). A preflight runs
+  first; its failures raise ``LaunchError`` listing one line per problem.
 - ``echo``: also print prefixed lines (``[rank]<stdout>:``) to this process's stdout/stderr;
   ``capture``: keep them in ``result.lines``.
 
@@ -34,9 +38,11 @@ and return ``interrupted`` set. Whatever happens, no worker process outlives the
 rank runs in its own session; stopping signals its whole process group: TERM, grace of
 ``APPLIANCE_STOP_GRACE`` seconds, KILL).
 
-Modules: ``hosts`` (parsing, rank layout), ``env`` (the worker environment contract),
-``workers`` (processes, output relay, ``WorkerGroup``), ``executors`` (local now, SSH next),
-``run`` (orchestration).
+Modules: ``hosts`` (parsing, Slurm, rank layout), ``env`` (the worker environment contract),
+``workers`` (processes, output relay, ``WorkerGroup``), ``executors`` (local and SSH hosts),
+``run`` (orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
+``probe`` (what ``appliance check`` verifies), ``network`` (address choice), ``sshworker`` and
+``remote`` (the stub on the far side), ``keys`` (``appliance keys``), ``check``.
 """
 from __future__ import annotations
 
@@ -59,11 +65,14 @@ def launch(command: Sequence[str], np: int, hosts: str | None = None, env: Mappi
            timeout: float | None = None, output: str | os.PathLike | None = None, *,
            hostfile: str | os.PathLike | None = None, forward: Sequence[str] = (),
            start_timeout: float | None = None, verbose: bool | None = None, echo: bool = False,
-           capture: bool = True, cwd: str | os.PathLike | None = None) -> LaunchResult:
+           capture: bool = True, cwd: str | os.PathLike | None = None, ssh_port: int | None = None,
+           ssh_key: str | os.PathLike | None = None, remote_python: str | None = None,
+           network_interface: str | None = None, shared: str | os.PathLike | None = None) -> LaunchResult:
     """Start ``np`` ranks of ``command`` and wait for them; see the module docstring."""
     config = LaunchConfig.create(command, np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
                                  output_dir=output, verbose=verbose, timeout=timeout, forward=forward,
-                                 env=env, cwd=cwd)
+                                 env=env, cwd=cwd, port=ssh_port, key=ssh_key, remote_python=remote_python,
+                                 network_interface=network_interface, shared=shared)
     result = run(config, echo=echo, capture=capture)
     if result.interrupted == signal.SIGINT:
         raise KeyboardInterrupt(result.reason)

@@ -1,21 +1,39 @@
 """Host executors: how ranks are started on one host, behind one small interface.
 
 What it owns: the ``Executor`` interface (one per host of the job: the address its ranks listen
-on, free ports there, the base environment of its workers, starting a worker, closing), the
-``LocalExecutor`` for this machine, ``is_local_host()``, and ``open_executors()``/
-``job_addresses()``, the only places that decide local versus remote. ``run.py`` talks to
-executors only, so the SSH executor (issue 3: records remote pids in a job directory and signals
-remote process groups) slots in here without changing the orchestration.
+on and its interface, free ports there, the base environment of its workers, starting a worker,
+closing), the ``LocalExecutor`` for this machine, the ``SSHExecutor`` for any other host,
+``is_local_host()``, and ``open_executors()``/``job_addresses()``, the only places that decide
+local versus remote. ``run.py`` talks to executors only.
 
-Env vars: none read; a local worker's base environment is the launcher's whole environment.
-Failure modes: a host that does not resolve, or that is not this machine while remote launch is
-unavailable, raises ``LaunchError`` naming the host; no free port raises ``LaunchError``.
+``open_executors()``: a job on this machine alone uses loopback and needs no checks. As soon as
+one host is remote, the preflight (``preflight.py``: reachability, SSH, remote Python and
+appliance, shared directory, /dev/shm, unique hostnames, addresses) runs for all hosts within
+``--start-timeout``; any failure raises ``LaunchError`` listing one line per failure, and the
+SSH connections it opened carry the remote ranks.
+
+Base environment of a worker: on this machine the launcher's whole environment; on another host
+(where Docker's ENV and the login environment are not visible) only PATH, PYTHONPATH,
+LD_LIBRARY_PATH and the HOROVOD_*, NCCL_*, APPLIANCE_* variables of the launcher, on top of what
+the SSH session itself has (HOME, USER...). On both, HOROVOD_GLOO_IFACE and NCCL_SOCKET_IFNAME
+default to the host's chosen interface unless already set. A remote command whose program is
+``python``/``python3``/``pythonX.Y`` or the launcher's own interpreter runs with the remote
+interpreter (an absolute path: ``--remote-python``, else the launcher's ``sys.executable``).
+
+Env vars: none read (``LaunchConfig``/``RemoteConfig`` carry them). Failure modes: preflight
+failures and unusable hosts raise ``LaunchError`` naming every culprit; no free port raises
+``LaunchError``; a remote rank that cannot start raises ``SpawnError``.
 """
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
+import re
 import socket
+import sys
+import time
 from typing import Iterator, Mapping, Protocol, Sequence
 
 from ..config import ConfigError, LaunchConfig, interface_address
@@ -25,6 +43,10 @@ from .workers import LocalWorker, OutputSink, Worker
 # they do not collide with the source ports of outgoing connections.
 PORT_RANGE = (20000, 32767)
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"})
+FORWARD_NAMES = frozenset({"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"})
+FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "APPLIANCE_")
+NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
 
 class LaunchError(RuntimeError):
@@ -34,7 +56,9 @@ class LaunchError(RuntimeError):
 class Executor(Protocol):
     """Starts and reaches the ranks of one host."""
 
-    host: str  # the name given in -H
+    host: str     # the name given in -H
+    address: str  # where its ranks listen (APPLIANCE_DATA_ADDR)
+    iface: str    # the interface of that address
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The environment a worker starts from, before the explicit variables and the contract."""
@@ -104,14 +128,21 @@ def pick_free_ports(address: str, count: int, rng: random.Random | None = None) 
             s.close()
 
 
+def _network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
+    if iface:
+        for name in NETWORK_VARS:
+            env.setdefault(name, iface)
+    return env
+
+
 class LocalExecutor:
     """Ranks on this machine: subprocesses in their own sessions."""
 
-    def __init__(self, host: str):
-        self.host = host
+    def __init__(self, host: str, address: str = "127.0.0.1", iface: str = "lo"):
+        self.host, self.address, self.iface = host, address, iface
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
-        return dict(environ)
+        return _network_defaults(dict(environ), self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
         return pick_free_ports(address, count)
@@ -124,17 +155,89 @@ class LocalExecutor:
         pass
 
 
+def remote_argv(argv: Sequence[str], python: str) -> list[str]:
+    """The command for another host: a Python program name becomes the remote interpreter's path."""
+    argv = [str(a) for a in argv]
+    if argv and (_PYTHON.match(argv[0]) or argv[0] == sys.executable):
+        argv[0] = python
+    return argv
+
+
+class SSHExecutor:
+    """Ranks on another host, each through its own SSH channel and remote stub."""
+
+    def __init__(self, host: str, conn, config: LaunchConfig, address: str, iface: str):
+        self.host, self.address, self.iface = host, address, iface
+        self._conn, self._config = conn, config
+        self.python = config.remote.remote_python or sys.executable
+
+    def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
+        return _network_defaults(env, self.iface)
+
+    def free_ports(self, address: str, count: int) -> list[int]:
+        from .ssh import SSHFailure
+
+        try:
+            status, out, err = self._conn.exec(
+                [self.python, "-m", "appliance.launcher.remote", "ports", address, str(count)],
+                timeout=max(5.0, self._config.start_timeout_s / 2))
+            if status == 0:
+                return [int(p) for p in json.loads(out)]
+        except (SSHFailure, ValueError, TypeError) as e:
+            err = str(e).encode()
+        raise LaunchError(f"host {self.host}: cannot find free ports on {address}: "
+                          f"{err.decode(errors='replace').strip()[-300:]}")
+
+    def spawn(self, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
+              sink: OutputSink) -> Worker:
+        from .sshworker import SSHWorker
+
+        job_id = env.get("APPLIANCE_JOB_ID", "")
+        root = self._config.remote.job_dir
+        spec = {"rank": rank, "argv": remote_argv(argv, self.python), "env": dict(env),
+                "cwd": cwd or os.getcwd(), "job_id": job_id,
+                "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s}
+        return SSHWorker(rank, self.host, self._conn, [self.python, "-m", "appliance.launcher.remote"], spec, sink)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _is_local(host: str) -> bool:
+    try:
+        return is_local_host(host)
+    except LaunchError:
+        return False  # does not resolve: the preflight reports it with the other findings
+
+
 @contextlib.contextmanager
 def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[str, Executor]]:
     """One executor per host that received ranks; all closed on exit."""
     executors: dict[str, Executor] = {}
+    local = {h for h in hosts if _is_local(h)}
     try:
-        for host in hosts:
-            if not is_local_host(host):
-                raise LaunchError(
-                    f"host {host!r} is not this machine; starting ranks on other hosts needs the SSH "
-                    "launcher, which this version does not have yet")
-            executors[host] = LocalExecutor(host)
+        if len(local) == len(hosts) and config.remote.network_interface is None:
+            for host in hosts:
+                executors[host] = LocalExecutor(host)
+        else:
+            from .preflight import run_preflight
+
+            start = time.monotonic()
+            with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd) as pf:
+                for line in pf.warnings + (pf.notes if config.verbose else []):
+                    print(f"appliance launch: {line}", file=sys.stderr, flush=True)
+                if config.verbose and pf.ok:
+                    print(f"appliance launch: preflight: {len(hosts)} hosts ready in {time.monotonic() - start:.2f} s",
+                          file=sys.stderr, flush=True)
+                if not pf.ok:
+                    n = sum(1 for r in pf.reports.values() if r.failures)
+                    raise LaunchError(f"preflight failed ({n} host{'s' if n != 1 else ''}; `appliance check` "
+                                      "shows every check):\n  " + "\n  ".join(pf.failures))
+                for host in hosts:
+                    r = pf.reports[host]
+                    executors[host] = (LocalExecutor(host, r.address, r.iface) if r.local else
+                                       SSHExecutor(host, pf.take(host), config, r.address, r.iface))
         yield executors
     finally:
         for ex in executors.values():
@@ -142,7 +245,5 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[
 
 
 def job_addresses(executors: Mapping[str, Executor]) -> dict[str, str]:
-    """The address each host's ranks listen on (and rank 0's store). All local: loopback."""
-    if all(isinstance(ex, LocalExecutor) for ex in executors.values()):
-        return {host: "127.0.0.1" for host in executors}
-    raise LaunchError("multi-host address selection arrives with the SSH launcher")
+    """The address each host's ranks listen on (and rank 0's store): loopback when all are local."""
+    return {host: ex.address for host, ex in executors.items()}

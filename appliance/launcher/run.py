@@ -23,8 +23,8 @@ from typing import Sequence
 
 from ..config import LaunchConfig
 from . import env as envmod
-from .executors import job_addresses, open_executors
-from .hosts import Host, Slot, assign_ranks, parse_hosts, read_hostfile, used_hosts
+from .executors import LocalExecutor, job_addresses, open_executors
+from .hosts import Host, Slot, assign_ranks, hosts_from, used_hosts
 from .workers import OutputSink, SpawnError, WorkerGroup
 
 EXIT_TIMEOUT = 124
@@ -52,12 +52,8 @@ class LaunchResult:
 
 
 def hosts_of(config: LaunchConfig) -> list[Host]:
-    """-H, then --hostfile, else ``localhost`` with -np slots (horovodrun's default)."""
-    if config.hosts is not None:
-        return parse_hosts(config.hosts)
-    if config.hostfile is not None:
-        return read_hostfile(config.hostfile)
-    return [Host("localhost", config.np)]
+    """-H, then --hostfile, then a Slurm allocation, else ``localhost`` with -np slots (horovodrun's default)."""
+    return hosts_from(config.hosts, config.hostfile, config.slurm, config.np)
 
 
 def _signal_name(sig: int) -> str:
@@ -114,10 +110,14 @@ def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig) -> en
         data_addrs=addrs, start_timeout_s=config.start_timeout_s, verbose=config.verbose)
 
 
-def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan) -> None:
+def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan, executors: dict) -> None:
     hosts = used_hosts(slots)
     sink.message(f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} host(s); "
                  f"store {plan.store_addr}; MASTER_ADDR:PORT {plan.master_addr}:{plan.master_port}")
+    for h in hosts:
+        ex = executors[h]
+        sink.message(f"  host {h}: {'local' if isinstance(ex, LocalExecutor) else 'ssh'}, listen "
+                     f"{plan.data_addrs[h]} (interface {getattr(ex, 'iface', '') or '?'})")
     for s in slots:
         sink.message(f"  rank {s.rank}: host {s.host} local_rank {s.local_rank}/{s.local_size} "
                      f"cross_rank {s.cross_rank}/{s.cross_size} listen {plan.data_addrs[s.host]}")
@@ -144,8 +144,9 @@ def _wait(group: WorkerGroup, trap: _SignalTrap, deadline: float | None, timeout
         if event is not None:
             worker, code = event
             if code != 0:
+                cause = getattr(worker, "cause", None)  # set by remote workers: lost connection...
                 return _Outcome(exit_code(code), worker.rank, worker.host,
-                                f"rank {worker.rank} (host {worker.host}) {describe_exit(code)}")
+                                f"rank {worker.rank} (host {worker.host}) {cause or describe_exit(code)}")
         if not group.running():
             return _Outcome(0)
 
@@ -164,7 +165,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
         sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
                                               stdout=stdout, stderr=stderr))
         if config.verbose:
-            _verbose_plan(sink, slots, plan)
+            _verbose_plan(sink, slots, plan, executors)
         group = stack.enter_context(WorkerGroup(config.stop_grace_s))
         outcome = None
         for slot in slots:

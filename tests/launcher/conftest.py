@@ -134,3 +134,62 @@ def job(tmp_path):
         yield j
     finally:
         j.cleanup()
+
+
+# --- SSH tier: simulated hosts (network namespaces + real sshd), see _netns.py ---------------
+class SSHCluster:
+    """What the SSH tests need: hosts, the shared directory with `appliance keys` material, helpers."""
+
+    def __init__(self, cluster, base: str, shared: str, notshared: str):
+        self.c, self.base, self.shared, self.notshared = cluster, base, shared, notshared
+        self.hosts = cluster.hosts
+        self.key = os.path.join(shared, "ssh", "id_ed25519")
+        self.home = os.path.join(base, "home")
+        os.makedirs(self.home, exist_ok=True)
+
+    def env(self, **extra) -> dict:
+        """Environment for launcher processes: the share, fast stops, a private HOME (a first-use host
+        key must never land in the real ~/.ssh/known_hosts)."""
+        return {"APPLIANCE_SHARED": self.shared, "APPLIANCE_STOP_GRACE": "1", "HOME": self.home, **extra}
+
+    def leftovers(self) -> dict:
+        """Processes other than sshd in each host's namespace (should be none between jobs)."""
+        return {h.ns: h.pids() for h in self.hosts if h.pids()}
+
+    def wait_clean(self, limit: float = 5.0) -> dict:
+        end = time.monotonic() + limit
+        while True:
+            left = self.leftovers()
+            if not left or time.monotonic() > end:
+                return left
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(request):
+    import shutil
+    import tempfile
+
+    import _netns
+
+    why = _netns.available()
+    if why:
+        if request.config.getoption("--strict-prereqs", default=False):
+            pytest.fail(f"SSH tier: {why}")
+        pytest.skip(f"SSH tier: {why}")
+    # Under the home directory: sshd's StrictModes refuses an authorized_keys below /tmp (mode 1777).
+    home_cache = os.path.expanduser("~/.cache")
+    os.makedirs(home_cache, mode=0o755, exist_ok=True)
+    base = tempfile.mkdtemp(prefix="appliance-ssh-tests-", dir=home_cache)
+    shared, notshared = os.path.join(base, "share"), os.path.join(base, "notshared")
+    os.makedirs(notshared)
+    r = subprocess.run([sys.executable, "-m", "appliance", "keys", "--shared", shared], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    cluster = None
+    try:
+        cluster = _netns.Cluster(2, shared, base, private_mount=notshared)
+        yield SSHCluster(cluster, base, shared, notshared)
+    finally:
+        if cluster is not None:
+            cluster.close()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,306 @@
+"""Preflight: everything that must hold on every host before ranks start, checked in parallel.
+
+What it owns: ``run_preflight()``, used by ``appliance check`` and, for jobs with remote hosts,
+by every launch (inside ``--start-timeout``). Per host, concurrently: the name resolves; TCP
+reaches host:port (refused and timed out are different failures); the SSH handshake, host key
+and key authentication succeed; the remote Python runs and imports ``appliance`` of the
+primary's version; the working directory exists; the shared directory is really shared (a nonce
+file written on the primary is read on the host); /dev/shm has room; then, across hosts, the
+hostnames are unique and every host gets its address (``network.py``). The result is a
+``Preflight`` that owns the open connections (the launch reuses them for its ranks) and lists
+one actionable line per failure, prefixed with the host.
+
+Env vars: none read (``RemoteConfig``). Failure modes: none raised for host problems (they are
+report lines); a host that does not finish in time is reported with the step it was stuck at.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from typing import Sequence
+
+from ..config import RemoteConfig
+from . import network, probe
+from .hostkeys import HostKeyPolicy
+from .ssh import Connection, SSHFailure, Target, connect, resolve
+
+
+@dataclasses.dataclass
+class HostReport:
+    host: str
+    local: bool
+    target: Target | None = None
+    steps: dict = dataclasses.field(default_factory=dict)   # step -> short status for the table
+    facts: dict = dataclasses.field(default_factory=dict)   # the probe's report
+    address: str = ""                                       # where its ranks listen
+    iface: str = ""
+    failures: list = dataclasses.field(default_factory=list)
+    conn: Connection | None = None
+    done: bool = False
+    step: str = "resolve"
+
+    def fail(self, message: str) -> None:
+        named = self.host in message.split(" ", 1)[0]  # "host:port refused...", "user@host:port did not..."
+        self.failures.append(message if named else f"{self.host}: {message}")
+
+
+class Preflight:
+    """Per-host reports and the connections they opened; ``with`` closes what the launch did not take."""
+
+    def __init__(self, reports: dict[str, HostReport], warnings: list[str], notes: list[str]):
+        self.reports, self.warnings, self.notes = reports, warnings, notes
+
+    @property
+    def failures(self) -> list[str]:
+        return [f for r in self.reports.values() for f in r.failures]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def take(self, host: str) -> Connection:
+        """Hand the host's connection to a caller that will close it."""
+        conn, self.reports[host].conn = self.reports[host].conn, None
+        assert conn is not None, host
+        return conn
+
+    def close(self) -> None:
+        for r in self.reports.values():
+            if r.conn is not None:
+                r.conn.close()
+                r.conn = None
+
+    def __enter__(self) -> "Preflight":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _probe_remote(report: HostReport, remote: RemoteConfig, python: str, params: dict, deadline: float) -> None:
+    assert report.conn is not None
+    with open(probe.__file__, "rb") as f:
+        source = f.read()
+    status, out, err = report.conn.exec([python, "-", json.dumps(params)], stdin=source,
+                                        timeout=max(deadline - time.monotonic(), 0.5))
+    last = (err.decode(errors="replace").strip().splitlines() or [""])[-1]
+    if status == 127 or "not found" in last.lower() and status != 0:
+        report.steps["python"] = "missing"
+        report.fail(f"Python {python} not found there ({last or 'exit 127'}): install the appliance on "
+                    f"{report.host} at the same path, or pass --remote-python PATH (APPLIANCE_REMOTE_PYTHON)")
+        return
+    try:
+        report.facts = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        report.steps["python"] = "failed"
+        report.fail(f"{python} failed there (exit {status}): {last or 'no output'}")
+        return
+
+
+def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, python: str) -> None:
+    facts = report.facts
+    if not facts:
+        return
+    report.steps["python"] = facts.get("python_version", "?")
+    if "appliance_error" in facts:
+        report.steps["appliance"] = "missing"
+        report.fail(f"`import appliance` fails with {facts.get('python', python)}: {facts['appliance_error']} "
+                    "(install the same appliance there, or point --remote-python at the Python that has it)")
+    else:
+        from .. import __version__
+        report.steps["appliance"] = facts.get("appliance", "?")
+        if facts.get("appliance") != __version__:
+            report.fail(f"appliance {facts.get('appliance')} there but {__version__} on the primary: install the "
+                        "same version on every host")
+    if not facts.get("cwd_ok", True):
+        report.fail(f"the working directory {os.getcwd()} does not exist there: start the launcher from a "
+                    "directory that exists on every host (e.g. under the shared mount)")
+    shared = facts.get("shared")
+    if nonce is not None and shared is not None:
+        if not shared.get("exists"):
+            report.steps["shared"] = "missing"
+            report.fail(f"the shared directory {remote.shared_dir} does not exist there: mount the share at the "
+                        "same path on every host (or pass --shared DIR)")
+        elif shared.get("nonce") != nonce:
+            report.steps["shared"] = "not shared"
+            report.fail(f"{remote.shared_dir} there is not the primary's {remote.shared_dir} (a file written on "
+                        f"the primary is not visible there): mount the same share at {remote.shared_dir}")
+        else:
+            report.steps["shared"] = "ok"
+    free = facts.get("shm_free")
+    report.steps["shm"] = "?" if free is None else f"{free / 2**20:.0f} MiB"
+    if free is not None and free < remote.min_shm:
+        report.fail(f"only {free / 2**20:.0f} MiB free in /dev/shm (need {remote.min_shm / 2**20:.0f} MiB): "
+                    "give the container more (--shm-size=1g or --ipc=host) or remove stale files in /dev/shm")
+
+
+def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy, python: str,
+                params: dict, deadline: float, abandoned: threading.Event) -> None:
+    try:
+        assert report.target is not None
+        report.step = "tcp"
+        report.conn = connect(report.target, policy, deadline)
+        report.steps.update(tcp="ok", ssh="ok")
+        report.step = "probe"
+        params = dict(params)
+        if not params.get("targets"):
+            params["targets"] = [report.conn.local_address]  # no peer: its route to the primary
+        _probe_remote(report, remote, python, params, deadline)
+    except SSHFailure as e:
+        if e.step == "tcp":
+            report.steps["tcp"] = _tcp_word(str(e))
+        else:
+            report.steps["tcp"] = "ok"
+            report.steps["ssh"] = {"auth": "denied", "hostkey": "host key", "ssh": "failed"}.get(e.step, "ok")
+            if e.step == "exec":
+                report.steps["python"] = "failed"
+        report.fail(str(e))
+    except Exception as e:  # noqa: BLE001 - one host's surprise must not hide the others' results
+        report.fail(f"unexpected error at step {report.step}: {type(e).__name__}: {e}")
+    finally:
+        report.done = True
+        if abandoned.is_set() and report.conn is not None:
+            report.conn.close()
+            report.conn = None
+
+
+def _tcp_word(message: str) -> str:
+    for word, short in (("refused", "refused"), ("did not answer", "timeout"), ("unreachable", "unreachable")):
+        if word in message:
+            return short
+    return "failed"
+
+
+def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, timeout_s: float, *,
+                  cwd: str | None = None, check_shared: bool = True) -> Preflight:
+    """Check ``hosts`` (names from -H, in job order; ``local`` are this machine) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    cwd = cwd or os.getcwd()
+    python = remote.remote_python or sys.executable
+    policy = HostKeyPolicy(os.path.join(remote.shared_dir, "ssh", "known_hosts"))
+    reports = {h: HostReport(h, h in local) for h in hosts}
+    warnings: list[str] = []
+    notes: list[str] = []
+    remotes = [h for h in hosts if h not in local]
+
+    for h in remotes:  # names first (fast, local): the routes need them
+        try:
+            reports[h].target = resolve(h, remote)
+        except SSHFailure as e:
+            reports[h].steps["tcp"] = "unresolved"
+            reports[h].fail(str(e))
+    connect_addr = {h: reports[h].target.address for h in remotes if reports[h].target is not None}
+
+    primary_addr, primary_dev = None, ""
+    first_remote = next((h for h in remotes if h in connect_addr), None)
+    if first_remote is not None and remote.network_interface is None:
+        route = probe.route_get(connect_addr[first_remote])
+        try:
+            primary_addr, primary_dev = network.choose("this machine", first_remote, route)
+        except network.NetworkError as e:
+            for h in hosts:
+                if h in local:
+                    reports[h].fail(str(e).replace("this machine", h, 1))
+
+    nonce, nonce_file = None, None
+    if check_shared and remotes:
+        if os.path.isdir(remote.shared_dir):
+            nonce, nonce_file = secrets.token_hex(16), f".appliance-check-{secrets.token_hex(6)}"
+            try:
+                with open(os.path.join(remote.shared_dir, nonce_file), "w") as f:
+                    f.write(nonce)
+            except OSError as e:
+                notes.append(f"shared directory {remote.shared_dir} is not writable here ({e.strerror}); not checked")
+                nonce = None
+        elif remote.shared_explicit:
+            for h in hosts:
+                if h in local:
+                    reports[h].fail(f"the shared directory {remote.shared_dir} does not exist on the primary")
+        else:
+            notes.append(f"no shared directory at {remote.shared_dir} on the primary; not checked (--shared DIR)")
+
+    targets = network.reference_targets(hosts, local, connect_addr, primary_addr)
+    base = {"cwd": cwd, "iface": remote.network_interface}
+    if nonce is not None:
+        base.update(shared_dir=remote.shared_dir, nonce_file=nonce_file)
+    abandoned = threading.Event()
+    threads = []
+    for h in remotes:
+        if reports[h].target is None:
+            reports[h].done = True
+            continue
+        params = dict(base, targets=[targets[h]] if h in targets else [])
+        t = threading.Thread(target=_check_host, args=(reports[h], remote, policy, python, params, deadline, abandoned),
+                             name=f"preflight-{h}", daemon=True)
+        t.start()
+        threads.append(t)
+    for h in hosts:  # this machine: the same probe, in-process
+        if h in local:
+            reports[h].facts = probe.probe(dict(base, targets=[]))
+            reports[h].steps.update(tcp="local", ssh="local")
+            reports[h].done = True
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    abandoned.set()
+    if nonce_file is not None:
+        try:
+            os.unlink(os.path.join(remote.shared_dir, nonce_file))
+        except OSError:
+            pass
+    for h in remotes:
+        r = reports[h]
+        if not r.done:
+            r.fail(f"no answer within {timeout_s:g} s (stuck at step {r.step}): check that {h} is up and its sshd "
+                   "responds, or raise --start-timeout")
+    warnings.extend(policy.warnings)
+    for h in hosts:
+        _evaluate(reports[h], remote, nonce, python)
+    _unique_hostnames(reports)
+    _addresses(hosts, reports, remote, targets, primary_addr, primary_dev)
+    return Preflight(reports, warnings, notes)
+
+
+def _unique_hostnames(reports: dict[str, HostReport]) -> None:
+    seen: dict[str, str] = {}
+    for h, r in reports.items():
+        name = r.facts.get("hostname")
+        if not name:
+            continue
+        r.steps["hostname"] = name
+        if name in seen and not (r.local and reports[seen[name]].local):
+            r.fail(f"reports the same hostname {name!r} as {seen[name]}: these are one machine (list it once, with "
+                   "all its slots) or the hosts need distinct hostnames")
+        seen.setdefault(name, h)
+
+
+def _addresses(hosts: Sequence[str], reports: dict[str, HostReport], remote: RemoteConfig,
+               targets: dict[str, str], primary_addr: str | None, primary_dev: str) -> None:
+    """Fill ``address``/``iface`` of every host that has no failure yet."""
+    for h in hosts:
+        r = reports[h]
+        if r.failures:
+            continue
+        try:
+            if remote.network_interface:
+                iface = r.facts.get("iface") or {}
+                r.address, r.iface = network.by_interface(h, remote.network_interface, iface.get("address"),
+                                                          r.facts.get("interfaces", []))
+            elif r.local:
+                if primary_addr is None:  # only this machine in the job
+                    r.address, r.iface = network.LOOPBACK
+                else:
+                    r.address, r.iface = primary_addr, primary_dev
+            else:
+                routes = r.facts.get("routes", {})
+                target = targets.get(h) or next(iter(routes), None)
+                peer = next((p for p in hosts if p != h), "the primary")
+                r.address, r.iface = network.choose(h, peer, routes.get(target, {"error": "not probed"}))
+            r.steps["network"] = f"{r.address} ({r.iface})"
+        except network.NetworkError as e:
+            r.steps["network"] = "failed"
+            r.fail(str(e))

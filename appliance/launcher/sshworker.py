@@ -1,0 +1,182 @@
+"""A rank on another host: one SSH channel to a remote stub (``remote.py``), seen as a ``Worker``.
+
+What it owns: ``SSHWorker``, the launcher's half of the stub protocol. Starting a rank opens a
+session channel, runs ``PYTHON -m appliance.launcher.remote`` (an argv quoted with ``shlex``, no
+secret in it) and writes the spec (argv, env with the job secret, cwd, job dir, grace) as one
+JSON line on the channel's stdin. Then one thread decodes the stub's frames: worker output goes
+to the ``OutputSink`` line by line with the usual ``[rank]<stdout>:`` prefixes, the started frame
+gives the remote pid, the exited frame the return code (negative for a signal). A second thread
+relays the stub's own stderr, which is empty unless the stub itself fails (e.g. ``appliance``
+missing there), as the rank's stderr.
+
+``signal(sig)`` writes ``signal N`` to the stub, which signals the rank's process group on its
+host: stopping works without a pty. ``group_alive()`` is true until the stub has exited, which it
+does only once nothing of the group is left. Closing the channel or losing the connection makes
+the stub stop the group by itself.
+
+Env vars: none. Failure modes: a channel that cannot be opened raises ``SpawnError``; a stub
+that ends without an exit frame or a lost connection makes ``wait()`` return 255 with ``cause``
+naming the host and the reason; a command that cannot start returns 127/126 with ``cause``.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+from typing import Mapping, Sequence
+
+from .remote import EXITED, STARTED, STDERR, STDOUT, FrameDecoder
+from .ssh import Connection, SSHFailure
+from .workers import MAX_LINE, OutputSink, SpawnError, relay
+
+LOST = 255
+
+
+class _Lines:
+    """Bytes of one stream -> whole lines for the sink (long lines in MAX_LINE pieces)."""
+
+    def __init__(self, sink: OutputSink, rank: int, stream: str):
+        self._sink, self._rank, self._stream = sink, rank, stream
+        self._buf = b""
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        while True:
+            end = self._buf.find(b"\n")
+            if end < 0 or end >= MAX_LINE:
+                if len(self._buf) < MAX_LINE:
+                    return
+                end = MAX_LINE - 1
+            self._sink.line(self._rank, self._stream, self._buf[:end + 1])
+            self._buf = self._buf[end + 1:]
+
+    def flush(self) -> None:
+        if self._buf:
+            self._sink.line(self._rank, self._stream, self._buf)
+            self._buf = b""
+
+
+class _StderrTail:
+    """File-like reader of the channel's stderr for ``relay()``, keeping the last lines."""
+
+    def __init__(self, chan):
+        self._file = chan.makefile_stderr("rb")
+        self.tail: list[str] = []
+
+    def readline(self, limit: int) -> bytes:
+        data = self._file.readline(limit)
+        if data:
+            self.tail = (self.tail + [data.decode(errors="replace").strip()])[-3:]
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class SSHWorker:
+    """A remote rank (see the module docstring); implements ``workers.Worker``."""
+
+    def __init__(self, rank: int, host: str, conn: Connection, stub_argv: Sequence[str],
+                 spec: Mapping[str, object], sink: OutputSink):
+        self.rank, self.host, self.pid = rank, host, -1
+        self.cause: str | None = None
+        self.remote_host: str = ""
+        sink.open_rank(rank)
+        self._conn = conn
+        try:
+            self._chan, self._token = conn.open_session()
+        except SSHFailure as e:
+            raise SpawnError(rank, host, str(e), LOST) from None
+        self._lock = threading.Lock()
+        self._code: int | None = None
+        self._exited = threading.Event()
+        self._done = threading.Event()
+        try:
+            self._chan.exec_command(shlex.join([str(a) for a in stub_argv]))
+            self._chan.sendall(json.dumps(dict(spec)).encode() + b"\n")
+        except Exception as e:  # noqa: BLE001 - paramiko raises several kinds; all mean "could not start"
+            self._chan.close()
+            conn.release(self._token)
+            raise SpawnError(rank, host, f"cannot start the remote stub on {host}: {e}", LOST) from None
+        self._stderr = _StderrTail(self._chan)
+        self._threads = [
+            threading.Thread(target=self._read, args=(sink,), name=f"ssh-{rank}", daemon=True),
+            threading.Thread(target=relay, args=(self._stderr, rank, "stderr", sink), name=f"ssh-err-{rank}",
+                             daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, sink: OutputSink) -> None:
+        decoder = FrameDecoder()
+        lines = {STDOUT: _Lines(sink, self.rank, "stdout"), STDERR: _Lines(sink, self.rank, "stderr")}
+        try:
+            while True:
+                try:
+                    data = self._chan.recv(1 << 16)
+                except Exception:  # noqa: BLE001 - a dying transport raises assorted errors: treat as EOF
+                    data = b""
+                if not data:
+                    break
+                try:
+                    frames = decoder.feed(data)
+                except ValueError as e:
+                    self._finish(LOST, f"sent garbled data through its remote stub ({e})")
+                    break
+                for kind, payload in frames:
+                    if kind in lines:
+                        lines[kind].feed(payload)
+                    elif kind == STARTED:
+                        info = json.loads(payload)
+                        self.pid, self.remote_host = int(info["pid"]), str(info.get("host", ""))
+                    elif kind == EXITED:
+                        info = json.loads(payload)
+                        error = info.get("error")
+                        self._finish(int(info["returncode"]), f"could not start: {error}" if error else None)
+        finally:
+            for ln in lines.values():
+                ln.flush()
+            if not self._exited.is_set():
+                self._finish(LOST, self._lost_reason())
+            self._done.set()
+            self._chan.close()
+            self._conn.release(self._token)
+
+    def _lost_reason(self) -> str:
+        for t in self._threads[1:]:
+            t.join(1.0)  # the stub's last words, if any
+        self._chan.status_event.wait(1.0)  # exit-status may trail the end of output a little
+        status = self._chan.exit_status if self._chan.exit_status_ready() else None
+        if not self._conn.alive() or status is None:
+            return f"lost the SSH connection to {self.host}"
+        tail = "; ".join(x for x in self._stderr.tail if x)
+        return f"ended without a report from its remote stub (status {status})" + (f": {tail}" if tail else "")
+
+    def _finish(self, code: int, cause: str | None) -> None:
+        with self._lock:
+            if self._exited.is_set():
+                return
+            self._code, self.cause = code, cause
+            self._exited.set()
+
+    # -- Worker ---------------------------------------------------------------------------
+    def wait(self) -> int:
+        self._exited.wait()
+        assert self._code is not None
+        return self._code
+
+    def signal(self, sig: int) -> None:
+        if self._done.is_set():
+            return
+        try:
+            self._chan.sendall(f"signal {int(sig)}\n".encode())
+        except Exception:  # noqa: BLE001 - a closed channel: the stub stops the group by itself
+            pass
+
+    def group_alive(self) -> bool:
+        return not self._done.is_set()
+
+    def drain(self, timeout: float) -> None:
+        self._done.wait(timeout)
+        for t in self._threads:
+            t.join(0.5 if self._done.is_set() else 0.0)

@@ -1,0 +1,75 @@
+"""Slurm's compressed host lists and task counts -> hosts and slots (pure parsing)."""
+import pytest
+
+from appliance.config import LaunchConfig, SlurmAllocation
+from appliance.launcher.hosts import (
+    Host, HostsError, assign_ranks, expand_nodelist, expand_tasks_per_node, hosts_from, slurm_hosts,
+)
+from appliance.launcher.run import hosts_of
+
+
+@pytest.mark.parametrize("spec, names", [
+    ("node1", ["node1"]),
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+    ("n[008-010]", ["n008", "n009", "n010"]),
+    ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("gpu[3]", ["gpu3"]),
+    ("[1-2]x", ["1x", "2x"]),
+    ("10.0.0.[2-3]", ["10.0.0.2", "10.0.0.3"]),
+    (" n[1-2] , m ", ["n1", "n2", "m"]),
+])
+def test_expand_nodelist(spec, names):
+    assert expand_nodelist(spec) == names
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("n[1-2", "missing ']'"),
+    ("n1-2]", "unbalanced ']'"),
+    ("n[[1]]", "nested"),
+    ("n[3-1]", "runs backwards"),
+    ("n[a-b]", "not a number"),
+    ("n[1-]", "not a number"),
+    ("a,,b", "empty entry"),
+    ("", "empty entry"),
+    ("n[1-9999999]", "too large"),
+])
+def test_expand_nodelist_errors(spec, words):
+    with pytest.raises(HostsError) as e:
+        expand_nodelist(spec)
+    assert words in str(e.value) and "SLURM_JOB_NODELIST" in str(e.value)
+
+
+def test_tasks_per_node():
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert expand_tasks_per_node("4") == [4]
+    assert expand_tasks_per_node("1,2(x2),3") == [1, 2, 2, 3]
+    for bad in ["2(3)", "x", "0", "2(x0)", ""]:
+        with pytest.raises(HostsError, match="SLURM_TASKS_PER_NODE"):
+            expand_tasks_per_node(bad)
+
+
+def test_slurm_hosts_sources_of_slots():
+    assert slurm_hosts("node[01-03,07]", "2(x3),1") == [
+        Host("node01", 2), Host("node02", 2), Host("node03", 2), Host("node07", 1)]
+    assert slurm_hosts("a,b", None, "3") == [Host("a", 3), Host("b", 3)]
+    assert slurm_hosts("a,b", "2(x2)", "7") == [Host("a", 2), Host("b", 2)]  # the allocation wins
+    assert slurm_hosts("a,b") == [Host("a", 1), Host("b", 1)]
+    with pytest.raises(HostsError, match="gives 3 counts for 2 nodes"):
+        slurm_hosts("a,b", "1(x3)")
+    with pytest.raises(HostsError, match="more than once"):
+        slurm_hosts("a,a")
+
+
+def test_host_source_order_and_layout():
+    slurm = SlurmAllocation.from_env({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"})
+    assert hosts_from("x:1", None, slurm, 4) == [Host("x", 1)]          # -H wins
+    assert hosts_from(None, None, slurm, 4) == [Host("n1", 2), Host("n2", 2)]
+    assert hosts_from(None, None, SlurmAllocation(), 3) == [Host("localhost", 3)]
+    slots = assign_ranks(hosts_from(None, None, slurm, 4), 4)
+    assert [(s.host, s.local_rank, s.cross_rank) for s in slots] == [("n1", 0, 0), ("n1", 1, 0), ("n2", 0, 1), ("n2", 1, 1)]
+    c = LaunchConfig.create(["p"], 3, environ={"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "1"})
+    assert hosts_of(c) == [Host("n1", 1), Host("n2", 1), Host("n3", 1)]
+    c = LaunchConfig.create(["p"], 3, hosts="h:3", environ={"SLURM_JOB_NODELIST": "n[1-3]"})
+    assert hosts_of(c) == [Host("h", 3)]
