@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -37,28 +35,12 @@ from ..config import ClusterConfig
 from . import engine
 from .engine import ClusterError
 from .secondary import ensure_cluster_keys
-from .shared import Layout, new_job_id, read_json, write_json
+from .driver import create_job, parse_launch
+from .shared import Layout, new_job_id
 from .view import StartupView
 
 ROLE = "primary"
 SAY = "appliance primary:"
-
-
-def parse_launch(launch_args: Sequence[str], command: Sequence[str]) -> tuple[Any, list[tuple[str, int]], int]:
-    """The launcher's own parser over the flags (so horovodrun's flags mean what they mean to
-    ``appliance launch``): (namespace, [(host, slots)], np). Raises SystemExit(2) / ValueError."""
-    from ..cli import build_parser
-    from ..launcher.hosts import Host, assign_ranks, parse_hosts, read_hostfile
-
-    args = build_parser().parse_args(["launch", *launch_args, "--", *command])
-    if args.hosts is not None:
-        hosts = parse_hosts(args.hosts)
-    elif args.hostfile is not None:
-        hosts = read_hostfile(args.hostfile)
-    else:
-        hosts = [Host("localhost", args.np)]
-    assign_ranks(hosts, args.np)  # -np above the slots: HostsError (a ValueError)
-    return args, [(h.name, h.slots) for h in hosts], args.np
 
 
 class _SignalTrap:
@@ -145,24 +127,10 @@ class PrimaryJob:
         engine.require_image(self.client, self.config.image)
         self.layout.ensure()
         ensure_cluster_keys(self.config.shared)
-        for sub in ("hosts", "ranks", "logs"):
-            os.makedirs(os.path.join(self.job_dir, sub), exist_ok=True)
-        launch_args = list(self.launch_args)
-        if args.hostfile is not None:  # the container sees the share, not this machine's files
-            copy = os.path.join(self.job_dir, "hostfile")
-            shutil.copyfile(args.hostfile, copy)
-            for i, a in enumerate(launch_args):
-                if a in ("-hostfile", "--hostfile") and i + 1 < len(launch_args):
-                    launch_args[i + 1] = copy
-                elif a.startswith("--hostfile="):
-                    launch_args[i] = f"--hostfile={copy}"
         self.hosts, self.np = hosts, np
-        write_json(os.path.join(self.job_dir, "job.json"), {
-            "id": self.job_id, "created": time.time(), "primary_host": socket.gethostname(),
-            "np": np, "hosts": [{"name": n, "slots": s} for n, s in hosts],
-            "launch_args": launch_args, "command": self.command, "ssh_port": self.config.ssh_port,
-            "shared": self.config.shared, "network": self.config.network, "image": self.config.image,
-            "workdir": self.workdir, "secondary_wait_s": self.config.secondary_wait_s})
+        create_job(self.job_dir, args, hosts, self.launch_args, self.command, ssh_port=self.config.ssh_port,
+                   shared=self.config.shared, network=self.config.network, image=self.config.image,
+                   workdir=self.workdir, secondary_wait_s=self.config.secondary_wait_s)
         return hosts
 
     def run(self) -> int:

@@ -33,15 +33,11 @@ DEFAULT_NAME = "appliance-secondary"
 
 
 def ensure_cluster_keys(shared: str) -> list[str]:
-    """Make (once) or repair the cluster's SSH material under ``shared/ssh``; the created paths."""
-    try:
-        from ..launcher.keys import KeysError, ensure_keys
-    except ImportError:  # before the SSH launcher's keys module exists
-        import os
-        if os.path.isfile(os.path.join(shared, "ssh", "id_ed25519.pub")):
-            return []
-        raise ClusterError(f"no cluster key in {shared}/ssh: make one (ssh-keygen -t ed25519 -N '' -f "
-                           f"{shared}/ssh/id_ed25519)") from None
+    """Make (once) or repair the cluster's SSH material under ``shared/ssh`` (``appliance keys``'
+    logic: client key, authorized_keys, one host key for every secondary, known_hosts); the
+    paths it created."""
+    from ..launcher.keys import KeysError, ensure_keys
+
     try:
         return list(ensure_keys(shared).created)
     except KeysError as e:

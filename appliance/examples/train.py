@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -86,6 +87,9 @@ def main(argv=None) -> int:
 
     import appliance.torch as hvd
 
+    # SIGTERM (how the launcher stops ranks) unwinds like an exception, so the run lock is
+    # released and no temporary checkpoint is left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     hvd.init()
     checkpoint_dir, layout = checkpoint_target(args)
     with contextlib.ExitStack() as stack:
