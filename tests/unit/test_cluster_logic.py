@@ -97,3 +97,21 @@ def test_startup_view_reports_each_host_once_and_ends_when_all_ranks_started(tmp
     assert sum("n2: reachable" in l for l in lines) == 1 and sum("n2: authenticated" in l for l in lines) == 1
     assert "appliance primary: n2: 2 ranks started" in lines
     assert lines[-1].startswith("appliance primary: all 3 ranks started after")
+
+
+def test_gpu_requests_follow_the_engines_runtimes():
+    from appliance.cluster.engine import gpu_requests
+
+    class FakeClient:  # pure logic: only the engine's runtime list matters
+        def __init__(self, runtimes):
+            self.runtimes = runtimes
+
+        def info(self):
+            return {"Runtimes": self.runtimes}
+
+    plain, nvidia = FakeClient({"runc": {}}), FakeClient({"runc": {}, "nvidia": {}})
+    assert gpu_requests(plain, "auto") == [] and gpu_requests(nvidia, "none") == []
+    (auto,) = gpu_requests(nvidia, "auto")
+    assert auto["Count"] == -1 and auto["Capabilities"] == [["gpu"]]
+    (two,) = gpu_requests(plain, "2")  # asked explicitly: passed to the engine, which decides
+    assert two["Count"] == 2
