@@ -129,6 +129,18 @@ RUN set -eux; \
     echo "appliance=$(/opt/venv/bin/python -c 'import importlib.metadata as m; print(m.version("appliance"))')" \
         >> /etc/appliance/versions
 
+# Image-only Python shims (docker/pyshim, not in the wheel): `import horovod.torch as hvd` is
+# appliance.torch, `python -m train` is the default job unless the working directory has a
+# train.py, and `horovodrun` is `appliance launch`.
+COPY docker/pyshim/ /tmp/pyshim/
+RUN set -eux; \
+    site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+    cp -r /tmp/pyshim/horovod /tmp/pyshim/train.py "$site/"; \
+    install -m 0755 /tmp/pyshim/horovodrun /opt/venv/bin/horovodrun; \
+    rm -rf /tmp/pyshim; \
+    cd /; /opt/venv/bin/python -c "import appliance.cluster.driver, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
+    /opt/venv/bin/horovodrun --help >/dev/null
+
 EXPOSE 12345
 HEALTHCHECK --interval=5s --timeout=4s --start-period=15s --retries=3 \
     CMD ["/usr/local/bin/appliance-healthcheck"]

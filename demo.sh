@@ -1,21 +1,94 @@
 #!/usr/bin/env bash
-# The main job: train the default model (appliance/examples/train.py) data-parallel on two
-# ranks of this machine. Creates .venv and installs the project on first use.
+# The main job: train the default model (appliance/examples/train.py) data-parallel across a
+# simulated 2-host cluster on this machine, the way a real cluster runs it:
 #
-#   bash demo.sh                 # 2 ranks
-#   bash demo.sh -np 3 -H localhost:3
+#   1. Docker: started when it is not running (as root: bash .ci/docker-up.sh installs it if needed)
+#   2. the `appliance` command in .venv (first run only; compiles the C++ core)
+#   3. the CPU image appliance:cpu, via build.sh --cpu (first run ~3-4 min, then cached: seconds)
+#   4. appliance secondary --name node2 --network appliance-demo      (sshd container "node2")
+#   5. appliance primary -np 2 -H localhost:1,node2:1 --network appliance-demo -- python -m train
+#      (rank 0 in the primary container, rank 1 in node2; the checkpoint lands in the share)
+#   6. the secondary and the network are removed at the end (--keep leaves them for `appliance status`)
+#
+#   bash demo.sh                         # as above
+#   bash demo.sh -- --epochs 20          # arguments after -- go to the training job
+#   bash demo.sh --local                 # no Docker: 2 ranks of this machine (appliance launch)
+#
+# Env: APPLIANCE_IMAGE (default appliance:cpu), APPLIANCE_DEMO_SHARED (default .demo/share here:
+# the shared directory, mounted at the same path in every container).
 set -euo pipefail
 cd "$(dirname "$0")"
-say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
+say() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1m[demo]\033[0m ERROR: %s\n' "$*" >&2; exit 1; }
+
+local_mode=0 keep=0 train_args=()
+while (($#)); do
+  case "$1" in
+    --local) local_mode=1; shift ;;
+    --keep) keep=1; shift ;;
+    --) shift; train_args=("$@"); break ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see bash demo.sh --help)" ;;
+  esac
+done
 
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "import appliance.runtime._core, torch, sklearn" 2>/dev/null; then
+extras="" need="import appliance.cli, docker, rich, paramiko"
+if ((local_mode)); then extras="[train]" need="import appliance.runtime._core, torch, sklearn"; fi
+if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "$need" 2>/dev/null; then
   say "installing the project into .venv (first run only; compiles the C++ core)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[train]'
+  .venv/bin/python -m pip install -q -e ".$extras"
 fi
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(-np 2 -H localhost:2)
-say "appliance launch ${args[*]} -- python -m appliance.examples.train"
-exec .venv/bin/appliance launch "${args[@]}" -- .venv/bin/python -m appliance.examples.train
+
+if ((local_mode)); then
+  say "appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.train ${train_args[*]}"
+  exec .venv/bin/appliance launch -np 2 -H localhost:2 -- .venv/bin/python -m appliance.examples.train "${train_args[@]}"
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "no Docker engine answers: starting one (bash .ci/docker-up.sh)"
+    bash .ci/docker-up.sh
+  else
+    die "no Docker engine answers: start Docker (sudo systemctl start docker, or sudo bash .ci/docker-up.sh) and make sure you may use it"
+  fi
+fi
+
+IMAGE="${APPLIANCE_IMAGE:-appliance:cpu}"
+if [ "$IMAGE" = appliance:cpu ]; then
+  # Always through build.sh: the first time it makes everything (~3-4 min: Debian base,
+  # wheelhouse, compile); later Docker's layer cache makes it seconds, and the image never lags
+  # behind this checkout.
+  say "bash build.sh --cpu (cached after the first time)"
+  bash build.sh --cpu >/dev/null
+elif ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  die "image $IMAGE not found (build it with bash build.sh, or unset APPLIANCE_IMAGE)"
+fi
+
+SHARE="${APPLIANCE_DEMO_SHARED:-$PWD/.demo/share}"
+mkdir -p "$SHARE"
+NET=appliance-demo
+cli=(.venv/bin/appliance)
+common=(--image "$IMAGE" --shared "$SHARE" --network "$NET")
+cleanup() {
+  if ((keep)); then
+    say "kept: appliance-node2 on $NET (appliance status; remove with: .venv/bin/appliance secondary --stop --name node2 --network $NET --shared $SHARE)"
+  else
+    "${cli[@]}" secondary --stop --name node2 "${common[@]}" >/dev/null 2>&1 || true
+  fi
+}
+trap cleanup EXIT
+
+say "appliance secondary --name node2 --network $NET --shared $SHARE"
+"${cli[@]}" secondary --name node2 "${common[@]}"
+say "appliance primary -np 2 -H localhost:1,node2:1 --network $NET -- python -m train ${train_args[*]}"
+set +e
+"${cli[@]}" primary -np 2 -H localhost:1,node2:1 "${common[@]}" -- python -m train "${train_args[@]}"
+rc=$?
+set -e
+if ((rc == 0)); then
+  say "done: checkpoint $SHARE/models/digits/checkpoint.pt, job records in $SHARE/jobs/"
+fi
+exit $rc

@@ -5,15 +5,18 @@ nothing else (no logic lives here). Subcommands: ``launch`` (horovodrun's flags:
 ``--num-proc``, ``-H``/``--hosts``, ``--hostfile``, ``--start-timeout``, ``--output-filename``,
 ``--verbose``, mpirun's ``-x NAME[=VALUE]``, and for other hosts ``-p``/``--ssh-port``,
 ``-i``/``--ssh-identity-file``, ``--network-interface``, ``--remote-python``), ``check``
-(the preflight as a table) and ``keys`` (the cluster's SSH keys). ``secondary``, ``primary``,
-``status`` (Docker) register here as they arrive: one ``_add_<name>(subparsers)`` each, setting
-``func`` to a function of the parsed namespace.
+(the preflight as a table), ``keys`` (the cluster's SSH keys), and the Docker plane:
+``secondary`` (this host's sshd container), ``primary`` (a job from a primary container; its
+flags are ``launch``'s plus its own, passed through unparsed, so ``main()`` dispatches it before
+argparse) and ``status``. One ``_add_<name>(subparsers)`` each, setting ``func``.
 
 Env vars: flags fall back to knobs read in ``appliance/config.py`` (``--start-timeout`` ->
 HOROVOD_START_TIMEOUT, ``--verbose`` -> APPLIANCE_VERBOSE). Exit codes: the job's code for
 ``launch``; 2 for unusable arguments (bad -H, hostfile line, -np above the slots, -x); 1 when the
 job cannot be set up (preflight failures...); ``check``: 0 all hosts ready, 1 some failed, 2 bad
-arguments; ``keys``: 0, or 1 when the files cannot be made. Errors are one line on stderr starting ``appliance <cmd>:``.
+arguments; ``keys``: 0, or 1 when the files cannot be made; ``secondary``/``status``: 0, 1 when
+Docker, the image or the share is missing (one line saying what to run), 2 bad arguments;
+``primary``: the job's code, or those. Errors are one line on stderr starting ``appliance <cmd>:``.
 """
 from __future__ import annotations
 
@@ -140,6 +143,149 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_keys)
 
 
+# --- the appliance plane (Docker): secondary, primary, status ----------------------------------
+def _cluster_config(args: argparse.Namespace):
+    from .config import ClusterConfig
+
+    return ClusterConfig.create(shared=args.shared, image=getattr(args, "image", None),
+                                network=getattr(args, "network", None), name=getattr(args, "name", None),
+                                ssh_port=getattr(args, "ssh_port", None), shm_size=getattr(args, "shm_size", None),
+                                gpus=getattr(args, "gpus", None))
+
+
+def _add_container_flags(p: argparse.ArgumentParser, *, name_help: str) -> None:
+    p.add_argument("--shared", metavar="DIR",
+                   help="shared directory, mounted at the same path in the container (env APPLIANCE_SHARED, default /mnt/share)")
+    p.add_argument("--image", metavar="NAME", help="image (env APPLIANCE_IMAGE, default appliance:latest, made by build.sh)")
+    p.add_argument("--network", metavar="NAME",
+                   help="host (default, env APPLIANCE_NETWORK) or a user-defined network; one named appliance-* is "
+                        "created when missing, so one machine can simulate hosts")
+    p.add_argument("--name", metavar="NAME", help=name_help)
+    p.add_argument("--shm-size", metavar="SIZE", dest="shm_size",
+                   help="'host' (--ipc host) or a size for a private /dev/shm (env APPLIANCE_SHM_SIZE; default host on "
+                        "the host network, else 1g)")
+    p.add_argument("--gpus", metavar="auto|all|none|N",
+                   help="GPUs for the container (env APPLIANCE_GPUS; auto = all when Docker has an nvidia runtime)")
+
+
+def _cluster_call(cmd: str, fn) -> int:
+    from .cluster.engine import ClusterError
+
+    try:
+        return fn()
+    except ConfigError as e:
+        print(f"appliance {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except ClusterError as e:
+        print(f"appliance {cmd}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _secondary(args: argparse.Namespace) -> int:
+    def go() -> int:
+        from .cluster.secondary import Secondary
+
+        sec = Secondary(_cluster_config(args))
+        report = sec.stop() if args.stop else sec.start()
+        for path in report.keys_created:
+            print(f"appliance secondary: created {path}")
+        print(f"appliance secondary: {report.line()}")
+        return 0
+    return _cluster_call("secondary", go)
+
+
+def _add_secondary(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "secondary", allow_abbrev=False, help="start this host's sshd container (idempotent)",
+        usage="appliance secondary [--ssh-port PORT] [--shared DIR] [--image NAME] [--network NAME] [--name NAME] [--stop]",
+        description="Start (or report) the secondary container: key-only sshd on --ssh-port with the cluster key from "
+                    "SHARED/ssh (created on first use), the shared directory at the same path, host network, GPUs, "
+                    "large /dev/shm, memlock unlimited. --stop removes it.")
+    p.add_argument("-p", "--ssh-port", type=int, metavar="PORT", dest="ssh_port",
+                   help="port of its sshd (env APPLIANCE_SSH_PORT, default 12345)")
+    _add_container_flags(p, name_help="container appliance-NAME with host name NAME (to simulate hosts on one "
+                                      "machine; default appliance-secondary)")
+    p.add_argument("--stop", action="store_true", help="stop and remove the secondary container")
+    p.set_defaults(func=_secondary)
+
+
+def _split_primary(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(everything before the command, the command): at the first ``--``, else where the
+    launcher's own parser finds the command (its first positional)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _primary_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="appliance primary", allow_abbrev=False, add_help=False)
+    p.add_argument("-p", "--ssh-port", type=int, metavar="PORT", dest="ssh_port")
+    _add_container_flags(p, name_help="")
+    p.add_argument("--workdir", metavar="DIR")
+    p.add_argument("--no-view", action="store_true", dest="no_view")
+    return p
+
+
+def _primary(args: argparse.Namespace) -> int:
+    before, command = _split_primary(list(args.rest))
+    own, launch_args = _primary_parser().parse_known_args(before)
+    if not command:  # no "--": the launcher's parser says where the command starts
+        try:
+            parsed = build_parser().parse_args(["launch", *launch_args])
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else 2
+        launch_args = launch_args[:len(launch_args) - len(parsed.command)]
+        command = parsed.command[1:] if parsed.command[:1] == ["--"] else parsed.command
+
+    def go() -> int:
+        from .cluster.primary import run_primary
+
+        try:
+            return run_primary(_cluster_config(own), launch_args, command, workdir=own.workdir,
+                               live=False if own.no_view else None)
+        except SystemExit as e:  # the launcher's parser rejected a flag (it printed why)
+            return e.code if isinstance(e.code, int) else 2
+        except ValueError as e:  # HostsError: bad -H, hostfile, -np above the slots
+            print(f"appliance primary: error: {e}", file=sys.stderr)
+            return 2
+    return _cluster_call("primary", go)
+
+
+def _add_primary(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "primary", allow_abbrev=False, add_help=True, help="run a job from a primary container (horovodrun's flags)",
+        usage="appliance primary -np N -H localhost:1,HOST2:1 [-p PORT] [--shared DIR] [--image NAME] "
+              "[--network NAME] [--name NAME] [--workdir DIR] [launch flags] -- COMMAND...",
+        description="Start the primary container and run `appliance launch` inside it (every flag of `appliance "
+                    "launch`/horovodrun passes through), with a per-host view while the cluster starts, the job's "
+                    "output streamed here, and its exit code. Ctrl-C stops every rank on every host. The ranks run "
+                    "in the shared directory (--workdir to change), so `python -m train` runs SHARED/train.py when "
+                    "there is one, else the image's default training job.",
+        epilog="appliance options: -p/--ssh-port PORT (secondaries' sshd, env APPLIANCE_SSH_PORT, default 12345), "
+               "--shared, --image, --network, --name, --shm-size, --gpus (as for `appliance secondary`), "
+               "--workdir DIR (default: the shared directory), --no-view (plain status lines instead of the table).")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=_primary)
+
+
+def _status(args: argparse.Namespace) -> int:
+    def go() -> int:
+        from .cluster.status import list_containers, render
+
+        rows = list_containers()
+        render(rows, sys.stdout)
+        return 0
+    return _cluster_call("status", go)
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", allow_abbrev=False, help="list the appliance containers here and their health",
+                       description="Every container appliance started on this Docker engine (secondaries, primaries), "
+                                   "with state, health, network, SSH port, shared directory and job.")
+    p.set_defaults(func=_status)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", allow_abbrev=False,
                                      description="Multi-host PyTorch training with a Horovod-compatible runtime.")
@@ -147,10 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch(sub)
     _add_check(sub)
     _add_keys(sub)
+    _add_secondary(sub)
+    _add_primary(sub)
+    _add_status(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["primary"]:
+        # Its flags are the launcher's plus its own, passed through unparsed (argparse cannot
+        # hold "everything else" in a subparser), so it is dispatched here.
+        before, _ = _split_primary(argv[1:])
+        if not ({"-h", "--help"} & set(before)):
+            return _primary(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

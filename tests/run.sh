@@ -6,8 +6,11 @@
 #
 # It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
 # project into it in editable mode, which compiles the C++ core. As root on Debian it also
-# installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2) and runs
-# pytest with --strict-prereqs, so a missing tool fails its tests instead of skipping them.
+# installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2), makes sure a
+# Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
+# runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
+# skipping them. The Docker tier (tests/appliance) builds its CPU image once per run with
+# build.sh --cpu (first time ~4 min, then cached); APPLIANCE_TEST_IMAGE=NAME uses a given image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +30,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
   strict=(--strict-prereqs)
+  if ! bash .ci/docker-up.sh; then
+    say "WARNING: no Docker engine: the Docker tier (tests/appliance) will fail"
+  fi
 fi
 
 PY=${PYTHON:-python3}

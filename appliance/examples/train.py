@@ -8,8 +8,12 @@ rank 0 print and checkpoint.
 
 ``--batch-size`` is the global batch; each rank takes ``batch_size / size`` of it, so 1 rank
 with batch B and N ranks with B/N each follow the same trajectory. Rank 0 writes
-``<checkpoint-dir>/checkpoint.pt`` atomically (temporary file + rename) after every epoch,
-and ``metrics.json`` at the end.
+``checkpoint.pt`` atomically (temporary file + rename) after every epoch, and ``metrics.json``
+at the end, into ``<shared>/models/<run>/`` (``--shared``: default ``APPLIANCE_SHARED`` when that
+directory exists, else the working directory; ``--run``: default ``digits``) while holding the
+run's job lock ``<shared>/locks/run-<run>.lock``: a second job on the same run stops at once
+with a message naming the first one's host, pid and start time (a dead holder's lock is taken
+over). ``--checkpoint-dir DIR`` writes into DIR instead, without the lock.
 
 Run: ``appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.train``
 (or on its own: ``python -m appliance.examples.train``, a single rank).
@@ -17,8 +21,11 @@ Run: ``appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import sys
 import time
 
 
@@ -29,9 +36,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--checkpoint-dir", default=os.path.join("models", "digits"),
-                   help="where rank 0 writes checkpoint.pt and metrics.json ('' = none)")
+    p.add_argument("--run", default="digits", help="run name: checkpoints go to SHARED/models/RUN, under its job lock")
+    p.add_argument("--shared", default=None,
+                   help="shared directory (default: APPLIANCE_SHARED if it exists, else the working directory)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="write checkpoint.pt and metrics.json here instead, without the job lock ('' = none)")
     return p.parse_args(argv)
+
+
+def checkpoint_target(args: argparse.Namespace):
+    """(directory for checkpoints or '', Layout of the shared directory whose run lock guards it, or None)."""
+    from appliance.cluster.shared import Layout
+    from appliance.config import read
+
+    if args.checkpoint_dir is not None:
+        return args.checkpoint_dir, None
+    shared = args.shared or read("APPLIANCE_SHARED")
+    layout = Layout(shared if os.path.isdir(shared) else ".")
+    return layout.run_dir(args.run), layout
 
 
 def load_digits_split(seed: int):
@@ -51,24 +73,42 @@ def load_digits_split(seed: int):
 
 
 def save_atomically(obj, path: str) -> None:
+    """torch.save into a temporary file, fsync, rename over ``path``: never a torn checkpoint."""
     import torch
 
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    from appliance.cluster.shared import save_atomically as save
+
+    save(lambda f: torch.save(obj, f), path)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-    import torch.nn.functional as F
 
     import appliance.torch as hvd
 
+    # SIGTERM (how the launcher stops ranks) unwinds like an exception, so the run lock is
+    # released and no temporary checkpoint is left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     hvd.init()
+    checkpoint_dir, layout = checkpoint_target(args)
+    with contextlib.ExitStack() as stack:
+        if hvd.rank() == 0 and layout is not None:
+            from appliance.cluster.locks import LockHeld
+            from appliance.cluster.shared import run_lock
+            from appliance.config import read
+
+            try:
+                stack.enter_context(run_lock(layout, args.run, what=f"job {read('APPLIANCE_JOB_ID') or os.getpid()}"))
+            except LockHeld as e:
+                print(f"train: {e}", file=sys.stderr, flush=True)
+                return 3
+        return train(args, hvd, torch, checkpoint_dir)
+
+
+def train(args, hvd, torch, checkpoint_dir: str) -> int:
+    import torch.nn.functional as F
+
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -117,17 +157,17 @@ def main(argv=None) -> int:
             print(f"epoch {epoch}/{args.epochs}: loss {train_loss:.4f} accuracy {accuracy:.4f} "
                   f"time {elapsed:.3f}s", flush=True)
             metrics.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy, "seconds": elapsed})
-            if args.checkpoint_dir:
-                os.makedirs(args.checkpoint_dir, exist_ok=True)
+            if checkpoint_dir:
+                os.makedirs(checkpoint_dir, exist_ok=True)
                 save_atomically({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                  "accuracy": accuracy, "size": size},
-                                os.path.join(args.checkpoint_dir, "checkpoint.pt"))
-    if rank == 0 and args.checkpoint_dir:
-        with open(os.path.join(args.checkpoint_dir, "metrics.json.tmp"), "w") as f:
+                                os.path.join(checkpoint_dir, "checkpoint.pt"))
+    if rank == 0 and checkpoint_dir:
+        with open(os.path.join(checkpoint_dir, "metrics.json.tmp"), "w") as f:
             json.dump({"size": size, "epochs": metrics}, f, indent=1)
-        os.replace(os.path.join(args.checkpoint_dir, "metrics.json.tmp"),
-                   os.path.join(args.checkpoint_dir, "metrics.json"))
-        print(f"final accuracy {metrics[-1]['accuracy']:.4f}; checkpoint in {args.checkpoint_dir}", flush=True)
+        os.replace(os.path.join(checkpoint_dir, "metrics.json.tmp"),
+                   os.path.join(checkpoint_dir, "metrics.json"))
+        print(f"final accuracy {metrics[-1]['accuracy']:.4f}; checkpoint in {checkpoint_dir}", flush=True)
     hvd.shutdown()
     return 0
 

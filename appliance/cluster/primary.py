@@ -1,0 +1,238 @@
+"""``appliance primary``: run one training job from a primary container, streaming it here.
+
+What it owns: ``PrimaryJob``: it validates the job on this machine (Docker up, image present,
+shared directory present, the launcher's flags and host list parse, -np fits the slots), creates
+``SHARED/jobs/<id>/`` with ``job.json``, starts the primary container (``appliance-primary-<id>``,
+or ``appliance-<--name>``) with the flags every appliance container gets (``engine``), running
+``appliance.cluster.driver`` inside it (per-host checks, then ``appliance launch``), shows the
+per-host startup view (``view.StartupView``) until every rank has started, streams the job's
+output (stdout to stdout, stderr to stderr; every rank's lines are prefixed by the launcher), and
+returns the job's exit code. The container is removed whatever happens (``PrimaryContainer`` is
+a context manager); a network it had to create is removed when empty.
+
+Signals: the first SIGINT/SIGTERM/SIGHUP is forwarded to the container's init, which passes it to
+the launcher, which stops every rank on every host; if the container is still running
+``stop_timeout_s`` later, or on a second signal, it is killed (SIGKILL); remote ranks then end by
+the runtime's heartbeat and sshd's ClientAlive bound. The working directory of the ranks is the
+shared directory (``--workdir`` to change it), so a user's ``train.py`` there is what
+``python -m train`` runs; without one, the image's default job runs.
+
+Env vars: none read here (``ClusterConfig``). Failure modes: ``ClusterError`` (one line, before
+anything starts) for Docker down, missing image, missing share; exit 2 for flags the launcher
+rejects; otherwise the launcher's exit code (1 with one line per host that is not up).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import IO, Any, Optional, Sequence
+
+from ..config import ClusterConfig
+from . import engine
+from .engine import ClusterError
+from .secondary import ensure_cluster_keys
+from .driver import create_job, parse_launch
+from .shared import Layout, new_job_id
+from .view import StartupView
+
+ROLE = "primary"
+SAY = "appliance primary:"
+
+
+class _SignalTrap:
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalTrap":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    self._previous[s] = signal.signal(s, lambda n, f: self.received.append(n))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
+class PrimaryContainer:
+    """The primary container of one job: created on enter, always removed on exit."""
+
+    def __init__(self, client: Any, config: ClusterConfig, name: str, command: list[str], workdir: str,
+                 job_id: str, env: dict[str, str]):
+        self.client, self.config, self.name = client, config, name
+        self.command, self.workdir, self.job_id, self.env = command, workdir, job_id, env
+        self.network = engine.Network(client, config.network)
+        self.container: Any = None
+
+    def __enter__(self) -> "PrimaryContainer":
+        existing = engine.find_container(self.client, self.name)
+        if existing is not None:
+            if not engine.is_ours(existing) or existing.status == "running":
+                raise ClusterError(f"a container named {self.name} already exists ({existing.status}): "
+                                   "choose another --name, or wait for that job")
+            existing.remove(force=True)
+        self.network.ensure()
+        kw = engine.container_kwargs(self.client, self.config, name=self.name, role=ROLE,
+                                     extra_labels={"job": self.job_id}, env=self.env)
+        try:
+            self.container = self.client.containers.create(self.config.image, command=self.command,
+                                                           working_dir=self.workdir, **kw)
+        except BaseException:
+            self.network.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.container is not None:
+                self.container.remove(force=True)
+        except Exception:  # noqa: BLE001 - already gone (e.g. removed by hand)
+            pass
+        self.network.release()
+
+
+class PrimaryJob:
+    def __init__(self, config: ClusterConfig, launch_args: Sequence[str], command: Sequence[str], *,
+                 workdir: Optional[str] = None, client: Any = None, live: Optional[bool] = None,
+                 stop_timeout_s: float = 30.0, out: IO[str] | None = None, err: IO[str] | None = None):
+        self.config = config
+        self.launch_args, self.command = list(launch_args), list(command)
+        if self.command and self.command[0] == "--":
+            self.command = self.command[1:]
+        self.workdir = os.path.abspath(workdir) if workdir else config.shared
+        self.client, self.live, self.stop_timeout_s = client, live, stop_timeout_s
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.job_id = new_job_id()
+        self.layout = Layout(config.shared)
+        self.job_dir = self.layout.job_dir(self.job_id)
+
+    def _say(self, text: str) -> None:
+        print(f"{SAY} {text}", file=self.err, flush=True)
+
+    def prepare(self) -> list[tuple[str, int]]:
+        """Everything that can fail before a container exists; writes job.json. Returns the hosts."""
+        if not self.command:
+            raise ClusterError("no command to run (usage: appliance primary -np N -H HOSTS -- python -m train)")
+        args, hosts, np = parse_launch(self.launch_args, self.command)
+        engine.require_shared(self.config.shared)
+        self.client = self.client or engine.connect()
+        engine.require_image(self.client, self.config.image)
+        self.layout.ensure()
+        ensure_cluster_keys(self.config.shared)
+        self.hosts, self.np = hosts, np
+        create_job(self.job_dir, args, hosts, self.launch_args, self.command, ssh_port=self.config.ssh_port,
+                   shared=self.config.shared, network=self.config.network, image=self.config.image,
+                   workdir=self.workdir, secondary_wait_s=self.config.secondary_wait_s)
+        return hosts
+
+    def run(self) -> int:
+        self.prepare()
+        name = engine.prefixed(self.config.name) if self.config.name else f"appliance-primary-{self.job_id}"
+        cmd = ["primary", "/opt/venv/bin/python", "-m", "appliance.cluster.driver", self.job_dir]
+        env = {"APPLIANCE_JOB_DIR": os.path.join(self.job_dir, "remote")}
+        t0 = time.monotonic()
+        with _SignalTrap() as trap, PrimaryContainer(self.client, self.config, name, cmd, self.workdir,
+                                                     self.job_id, env) as pc:
+            self._say(f"job {self.job_id}: {self.np} ranks on {', '.join(f'{n}:{s}' for n, s in self.hosts)} "
+                      f"from container {name} (image {self.config.image}, network {self.config.network}); "
+                      f"job directory {self.job_dir}")
+            code = self._stream(pc.container, trap)
+            state = pc.container.attrs.get("State", {})
+        elapsed = time.monotonic() - t0
+        extra = " (the container ran out of memory)" if state.get("OOMKilled") else ""
+        verdict = "finished" if code == 0 else f"failed with exit code {code}{extra}"
+        self._say(f"job {self.job_id} {verdict} after {elapsed:.1f} s; logs in {self.job_dir}/logs")
+        return code
+
+    def _stream(self, container: Any, trap: _SignalTrap) -> int:
+        q: queue.Queue = queue.Queue()
+        stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
+
+        def reader() -> None:
+            try:
+                for out, err in stream:
+                    if out:
+                        q.put(("stdout", out))
+                    if err:
+                        q.put(("stderr", err))
+            except Exception as e:  # noqa: BLE001 - the daemon closed the stream: wait() decides
+                q.put(("note", str(e).encode()))
+            finally:
+                q.put(None)
+
+        container.start()
+        threading.Thread(target=reader, name="primary output", daemon=True).start()
+        view = StartupView(self.job_dir, self.hosts, self.np, live=self.live, out=self.out, err=self.err)
+        handled, kill_at, next_poll = 0, None, 0.0
+        try:
+            while True:
+                if len(trap.received) > handled:
+                    sig = trap.received[handled]
+                    handled += 1
+                    if handled == 1:
+                        view.close()
+                        self._say(f"{signal.Signals(sig).name}: stopping the job on every host "
+                                  "(again to kill the primary container at once)")
+                        self._signal(container, signal.Signals(sig).name)
+                        kill_at = time.monotonic() + self.stop_timeout_s
+                    else:
+                        self._signal(container, "SIGKILL")
+                if kill_at is not None and time.monotonic() > kill_at:
+                    self._say(f"the job did not stop within {self.stop_timeout_s:.0f} s: killing the primary container")
+                    self._signal(container, "SIGKILL")
+                    kill_at = None
+                try:
+                    item = q.get(timeout=0.1)
+                except queue.Empty:
+                    item = ()
+                if item is None:
+                    break
+                if item:
+                    self._emit(view, *item)
+                if not view.done and time.monotonic() >= next_poll:
+                    view.poll()
+                    next_poll = time.monotonic() + 0.25
+        finally:
+            view.close()
+        try:
+            result = container.wait(timeout=max(self.stop_timeout_s, 10))
+        except Exception:  # noqa: BLE001 - still running after its output ended: kill it
+            self._signal(container, "SIGKILL")
+            result = container.wait(timeout=30)
+        container.reload()
+        return int(result.get("StatusCode", 1))
+
+    def _emit(self, view: StartupView, stream: str, data: bytes) -> None:
+        if stream == "note":
+            self._say(f"output stream ended: {data.decode(errors='replace')}")
+            return
+        if view.active:
+            view.write(stream, data)
+            return
+        target = self.out if stream == "stdout" else self.err
+        buf = getattr(target, "buffer", None)
+        if buf is not None:
+            buf.write(data)
+            buf.flush()
+        else:
+            target.write(data.decode("utf-8", errors="replace"))
+            target.flush()
+
+    @staticmethod
+    def _signal(container: Any, name: str) -> None:
+        try:
+            container.kill(signal=name)
+        except Exception:  # noqa: BLE001 - it exited meanwhile
+            pass
+
+
+def run_primary(config: ClusterConfig, launch_args: Sequence[str], command: Sequence[str], **kw: Any) -> int:
+    return PrimaryJob(config, launch_args, command, **kw).run()

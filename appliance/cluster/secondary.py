@@ -1,0 +1,158 @@
+"""``appliance secondary``: the sshd container that makes a host part of the cluster.
+
+What it owns: ``Secondary(config)``, which starts (``start()``), reports on and stops
+(``stop()``) one secondary container, and is also a context manager (start on enter, stop on
+exit) for tests and scripts. The container runs the image's ``secondary`` mode: sshd on
+``--ssh-port``, key-only, logging to ``docker logs``; its login key is the cluster key under
+``SHARED/ssh`` (made there on first use with ``appliance keys``' logic), the shared directory is
+bound at the same path, and it gets the flags of ``engine.container_kwargs()`` (host network by
+default, --init, IPC/shm, memlock, GPUs, labels).
+
+Idempotent: a second ``start()`` with the same settings reports the running container; a
+running one with other settings (port, share, image, network) is an error that says how to stop
+it; a stopped one of ours is replaced. Start and stop hold the per-host lock
+``SHARED/locks/host-secondary-<name>@<hostname>.lock`` so concurrent calls on one host queue.
+The container name is ``appliance-secondary`` or ``appliance-<--name>``.
+
+Env vars: none read here (``ClusterConfig``). Failure modes: ``ClusterError`` (one line) for a
+missing image or share, a name taken by a container we did not create, a conflicting running
+secondary, a container that exits while starting (its last log lines are quoted).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from ..config import ClusterConfig
+from . import engine
+from .engine import ClusterError
+from .shared import Layout, host_lock
+
+ROLE = "secondary"
+DEFAULT_NAME = "appliance-secondary"
+
+
+def ensure_cluster_keys(shared: str) -> list[str]:
+    """Make (once) or repair the cluster's SSH material under ``shared/ssh`` (``appliance keys``'
+    logic: client key, authorized_keys, one host key for every secondary, known_hosts); the
+    paths it created."""
+    from ..launcher.keys import KeysError, ensure_keys
+
+    try:
+        return list(ensure_keys(shared).created)
+    except KeysError as e:
+        raise ClusterError(f"cannot prepare the cluster keys: {e}") from None
+
+
+@dataclasses.dataclass
+class SecondaryReport:
+    name: str
+    state: str          # "started", "running" (was already), "stopped", "absent"
+    container_id: str = ""
+    health: str = ""
+    network: str = ""
+    address: str = ""
+    ssh_port: int = 0
+    keys_created: tuple = ()
+
+    def line(self) -> str:
+        where = f"network {self.network}" + (f", address {self.address}" if self.address else "")
+        if self.state == "started":
+            return f"started {self.name} ({self.container_id[:12]}): sshd on port {self.ssh_port}, {where}, {self.health}"
+        if self.state == "running":
+            return f"{self.name} is already running ({self.container_id[:12]}): sshd on port {self.ssh_port}, {where}, {self.health}"
+        if self.state == "stopped":
+            return f"stopped and removed {self.name}"
+        return f"no container {self.name} here"
+
+
+def _address(container: Any, network: str) -> str:
+    if network == "host":
+        return ""
+    nets = container.attrs.get("NetworkSettings", {}).get("Networks") or {}
+    return (nets.get(network) or {}).get("IPAddress", "")
+
+
+class Secondary:
+    """One secondary container on this host."""
+
+    def __init__(self, config: ClusterConfig, client: Optional[Any] = None, ready_timeout_s: float = 30.0):
+        self.config = config
+        self.name = engine.prefixed(config.name) if config.name else DEFAULT_NAME
+        self.client = client or engine.connect()
+        self.ready_timeout_s = ready_timeout_s
+        self.network = engine.Network(self.client, config.network)
+
+    def _lock(self):
+        return host_lock(Layout(self.config.shared), f"secondary-{engine.host_alias(self.name)}",
+                         what=f"appliance secondary {self.name}", wait_s=60.0)
+
+    def _conflict(self, c: Any) -> Optional[str]:
+        want = {"appliance.ssh-port": str(self.config.ssh_port), "appliance.shared": self.config.shared,
+                "appliance.image": self.config.image, "appliance.network": self.config.network}
+        for key, value in want.items():
+            have = engine.label(c, key)
+            if have != value:
+                return f"{key.split('.', 1)[1]} {have} (asked: {value})"
+        return None
+
+    def _report(self, c: Any, state: str, keys: tuple = ()) -> SecondaryReport:
+        c.reload()
+        health = engine.health(c)
+        if health == "starting":  # our own probe passed (wait_ready); Docker's first check is 5 s away
+            health = "ready"
+        return SecondaryReport(name=self.name, state=state, container_id=c.id, health=health,
+                               network=self.config.network, address=_address(c, self.config.network),
+                               ssh_port=self.config.ssh_port, keys_created=keys)
+
+    def start(self) -> SecondaryReport:
+        engine.require_shared(self.config.shared)
+        engine.require_image(self.client, self.config.image)
+        Layout(self.config.shared).ensure()
+        keys = tuple(ensure_cluster_keys(self.config.shared))
+        with self._lock():
+            existing = engine.find_container(self.client, self.name)
+            if existing is not None:
+                if not engine.is_ours(existing):
+                    raise ClusterError(f"a container named {self.name} exists and was not made by appliance: "
+                                       "remove it, or choose another --name")
+                if existing.status == "running":
+                    conflict = self._conflict(existing)
+                    if conflict:
+                        stop = "appliance secondary --stop" + (f" --name {self.config.name}" if self.config.name else "")
+                        raise ClusterError(f"{self.name} is already running with {conflict}: stop it first ({stop})")
+                    engine.wait_ready(existing, self.ready_timeout_s)
+                    return self._report(existing, "running", keys)
+                existing.remove(force=True)  # ours, stopped: replace it
+            self.network.ensure()
+            kw = engine.container_kwargs(self.client, self.config, name=self.name, role=ROLE)
+            container = self.client.containers.create(
+                self.config.image, command=["secondary", "--port", str(self.config.ssh_port)], **kw)
+            try:
+                container.start()
+                engine.wait_ready(container, self.ready_timeout_s)
+            except BaseException:
+                container.remove(force=True)
+                self.network.release()
+                raise
+            return self._report(container, "started", keys)
+
+    def stop(self, timeout_s: int = 10) -> SecondaryReport:
+        with self._lock():
+            existing = engine.find_container(self.client, self.name)
+            if existing is None:
+                return SecondaryReport(name=self.name, state="absent")
+            if not engine.is_ours(existing):
+                raise ClusterError(f"{self.name} was not made by appliance; not touching it")
+            network = engine.label(existing, "appliance.network") or self.config.network
+            existing.stop(timeout=timeout_s)
+            existing.remove(force=True)
+            engine.Network(self.client, network).release(force=True)
+            return SecondaryReport(name=self.name, state="stopped")
+
+    def __enter__(self) -> "Secondary":
+        self.report = self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(timeout_s=2)

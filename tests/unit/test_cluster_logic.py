@@ -1,0 +1,117 @@
+"""The appliance plane's logic without Docker: config, argument splitting, the launcher argv the
+driver builds, the rank start record (a real exec), the startup view's reading of a job dir."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.cli import _primary_parser, _split_primary
+from appliance.cluster.driver import launch_argv, parse_launch
+from appliance.cluster.shared import write_json
+from appliance.cluster.view import StartupView
+from appliance.config import ClusterConfig, ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cluster_config_precedence_and_defaults():
+    c = ClusterConfig.create(environ={})
+    assert (c.shared, c.image, c.network, c.ssh_port, c.shm, c.gpus) == (
+        "/mnt/share", "appliance:latest", "host", 12345, "host", "auto")
+    env = {"APPLIANCE_SHARED": "/srv/s", "APPLIANCE_IMAGE": "img:1", "APPLIANCE_NETWORK": "appliance-x",
+           "APPLIANCE_SSH_PORT": "2200", "APPLIANCE_GPUS": "2"}
+    c = ClusterConfig.create(environ=env)
+    assert (c.shared, c.image, c.network, c.ssh_port, c.shm, c.gpus) == ("/srv/s", "img:1", "appliance-x", 2200, "1g", "2")
+    c = ClusterConfig.create(shared="rel", ssh_port=22, network="host", shm_size="2g", environ=env)
+    assert c.shared == os.path.abspath("rel") and c.ssh_port == 22 and c.shm == "2g"
+    for bad in (dict(ssh_port=70000), dict(shm_size="10k"), dict(shm_size="lots"), dict(gpus="some"),
+                dict(network="bad name"), dict(name="a/b")):
+        with pytest.raises(ConfigError):
+            ClusterConfig.create(environ={}, **bad)
+
+
+def test_primary_arguments_split_into_own_launcher_and_command():
+    argv = ["-np", "2", "--image", "x:1", "-H", "localhost:1,n2:1", "-p", "2222", "--verbose", "-x", "A=1",
+            "--network", "appliance-n", "--", "python", "-m", "train", "-p", "3"]
+    before, command = _split_primary(argv)
+    own, launch = _primary_parser().parse_known_args(before)
+    assert command == ["python", "-m", "train", "-p", "3"]
+    assert (own.image, own.ssh_port, own.network) == ("x:1", 2222, "appliance-n")
+    assert launch == ["-np", "2", "-H", "localhost:1,n2:1", "--verbose", "-x", "A=1"]
+    args, hosts, np = parse_launch(launch, command)
+    assert hosts == [("localhost", 1), ("n2", 1)] and np == 2 and args.verbose
+
+
+def test_driver_wraps_the_command_and_keeps_user_flags():
+    job = {"launch_args": ["-np", "2", "-H", "a:1,b:1"], "command": ["python", "-m", "train"], "ssh_port": 12345}
+    argv = launch_argv(job, "/s/jobs/j1")
+    assert argv[:5] == ["launch", "-np", "2", "-H", "a:1,b:1"]
+    assert argv[argv.index("-p") + 1] == "12345"
+    assert argv[argv.index("--output-filename") + 1] == "/s/jobs/j1/logs"
+    tail = argv[argv.index("--") + 1:]
+    assert tail[1:5] == ["-m", "appliance.cluster.rankexec", "/s/jobs/j1", "--"] and tail[5:] == job["command"]
+    job["launch_args"] += ["-p", "22", "--output-filename", "/mine"]
+    argv = launch_argv(job, "/s/jobs/j1")
+    assert argv.count("-p") == 1 and argv.count("--output-filename") == 1 and "/mine" in argv
+
+
+def test_rankexec_records_the_rank_then_becomes_the_command(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOROVOD_RANK": "3", "HOROVOD_HOSTNAME": "nodeX"}
+    out = subprocess.run([sys.executable, "-m", "appliance.cluster.rankexec", str(tmp_path), "--",
+                          "python", "-c", "import os, sys; print(os.getpid(), sys.executable)"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pid, exe = out.stdout.split()
+    rec = json.loads((tmp_path / "ranks" / "3.json").read_text())
+    assert rec["pid"] == int(pid) and rec["host"] == "nodeX" and rec["rank"] == 3
+    assert exe == sys.executable  # "python" ran as the launcher-side interpreter
+    missing = subprocess.run([sys.executable, "-m", "appliance.cluster.rankexec", str(tmp_path), "--",
+                              "/no/such/program"], env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 127 and "/no/such/program" in missing.stderr
+
+
+def test_startup_view_reports_each_host_once_and_ends_when_all_ranks_started(tmp_path):
+    err = io.StringIO()
+    view = StartupView(str(tmp_path), [("localhost", 1), ("n2", 2), ("unused", 4)], 3, live=False,
+                       out=io.StringIO(), err=err)
+    assert view.expected == {"localhost": 1, "n2": 2}
+    (tmp_path / "hosts").mkdir()
+    write_json(str(tmp_path / "hosts" / "localhost.json"), {"local": True, "reachable": True, "authenticated": True})
+    write_json(str(tmp_path / "hosts" / "n2.json"), {"reachable": True, "address": "10.0.0.2", "authenticated": None})
+    assert not view.poll()
+    write_json(str(tmp_path / "hosts" / "n2.json"), {"reachable": True, "address": "10.0.0.2", "authenticated": True})
+    (tmp_path / "ranks").mkdir()
+    for rank, host in ((0, "localhost"), (1, "n2")):
+        write_json(str(tmp_path / "ranks" / f"{rank}.json"), {"rank": rank, "host": host})
+    assert not view.poll()
+    write_json(str(tmp_path / "ranks" / "2.json"), {"rank": 2, "host": "n2"})
+    assert view.poll() and view.poll()
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "appliance primary: n2: reachable (10.0.0.2)"  # the first poll: reachable, not yet in
+    assert sum("n2: reachable" in l for l in lines) == 1 and sum("n2: authenticated" in l for l in lines) == 1
+    assert "appliance primary: n2: 2 ranks started" in lines
+    assert lines[-1].startswith("appliance primary: all 3 ranks started after")
+
+
+def test_gpu_requests_follow_the_engines_runtimes():
+    from appliance.cluster.engine import gpu_requests
+
+    class FakeClient:  # pure logic: only the engine's runtime list matters
+        def __init__(self, runtimes):
+            self.runtimes = runtimes
+
+        def info(self):
+            return {"Runtimes": self.runtimes}
+
+    plain, nvidia = FakeClient({"runc": {}}), FakeClient({"runc": {}, "nvidia": {}})
+    assert gpu_requests(plain, "auto") == [] and gpu_requests(nvidia, "none") == []
+    (auto,) = gpu_requests(nvidia, "auto")
+    assert auto["Count"] == -1 and auto["Capabilities"] == [["gpu"]]
+    (two,) = gpu_requests(plain, "2")  # asked explicitly: passed to the engine, which decides
+    assert two["Count"] == 2
