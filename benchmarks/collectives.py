@@ -106,6 +106,11 @@ def worker_mpi(sizes, iters, out):
             json.dump(results, f)
 
 
+def result_path(tag: str) -> str:
+    """A fresh path in a private temporary directory for a worker's JSON result."""
+    return os.path.join(tempfile.mkdtemp(prefix="appliance-bench-"), f"{tag}.json")
+
+
 def run_mpi(np_, sizes, iters) -> dict:
     if not shutil.which("mpirun"):
         print("(OpenMPI: mpirun not found; skipped)", file=sys.stderr)
@@ -115,7 +120,7 @@ def run_mpi(np_, sizes, iters) -> dict:
     except ImportError:
         print("(OpenMPI: mpi4py not installed; skipped)", file=sys.stderr)
         return {}
-    out = tempfile.mktemp(suffix=".json")
+    out = result_path("mpi")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--bind-to", "none",
            "--mca", "btl", "self,vader", sys.executable, __file__, "--worker", "mpi",
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
@@ -144,7 +149,7 @@ def main(argv=None) -> int:
 
     from appliance.launcher import launch
 
-    out = tempfile.mktemp(suffix=".json")
+    out = result_path("ours")
     res = launch([sys.executable, __file__, "--worker", "ours", "--sizes", ",".join(map(str, sizes)),
                   "--iters", str(a.iters), "--out", out], np=a.np, timeout=1800)
     if res.returncode != 0:

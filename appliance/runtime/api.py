@@ -37,7 +37,7 @@ class _Engine:
         from appliance.runtime import _core
 
         core_cfg = _core.RuntimeConfig()
-        for field in ("rank", "size", "host", "store_host", "store_port", "job_id", "data_addr",
+        for field in ("rank", "size", "host", "store_host", "store_port", "data_addr",
                       "fusion_threshold", "cycle_time_ms", "cache_capacity", "stall_check_s",
                       "stall_shutdown_s", "chunk_bytes", "heartbeat_timeout_s", "shm", "verbose",
                       "start_timeout_s"):
