@@ -1,14 +1,22 @@
-// Backend: executes one successful plan entry for this rank's operations.
+// Backend: runs one successful plan entry for this rank's operations.
 //
 // `ops[i]` is this rank's operation for entry.names[i], or nullptr when this rank has joined
-// and contributes zeros (allreduce only). A backend fills outputs (user buffers or
-// core-allocated ones) and result fields; it does not complete handles. Any exception it
-// throws aborts the job (other ranks may already be inside the collective).
+// and contributes zeros (allreduce only). launch() starts the entry and returns how to learn
+// that it finished: nullptr when it already has (the CPU backend runs collectives to the end),
+// or a Pending the engine polls (the NCCL backend: an event recorded on the tensor's stream).
+// Outputs are filled (user buffers or core-allocated ones) by the time the entry is done; a
+// backend never completes handles. Any exception from launch() or Pending::done() aborts the
+// job (other ranks may already be inside the collective); abort() then makes sure nothing of
+// this backend can hang (NCCL: ncclCommAbort).
 //
-// CPU backend: the collective algorithms over a Comm. NCCL backend: CUDA buffers, loaded
-// with dlopen() on first use (backends/nccl); `nccl_available()` says whether it can load.
+// Backends (one per device kind, held by the Runtime): backends/cpu (host memory, the
+// algorithms in collectives/), backends/nccl (CUDA memory through NCCL) and
+// backends/cuda/staging (CUDA memory through host copies and the CPU backend).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,12 +25,28 @@
 
 namespace appliance {
 
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  // True once the entry's work has finished; throws Error when it failed.
+  virtual bool done() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
-  virtual void execute(const PlanEntry& e, const std::vector<OpState*>& ops) = 0;
+  virtual std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) = 0;
+  virtual void abort() {}
 };
+
+// Device memory for outputs whose size is known only after negotiation (allgather,
+// alltoall, reducescatter on CUDA): supplied by the framework adapter (torch's allocator).
+struct DeviceBlock {
+  uint64_t ptr = 0;
+  std::shared_ptr<void> owner;  // keeps the memory alive; handed back to the adapter
+};
+using DeviceAllocator = std::function<DeviceBlock(int device, size_t bytes)>;
 
 // Rows of dim0 rank r receives in a reducescatter of `dim0` rows over `size` ranks
 // (Horovod's split: the first dim0 % size ranks get one more).

@@ -11,12 +11,18 @@ namespace py = pybind11;
 namespace appliance {
 void bind_testing_dataplane(py::module_& m);
 void bind_testing_bootstrap(py::module_& m);
-bool nccl_available();
 
 namespace {
 
 // (ptr, dtype code, shape, device, stream) as built by appliance/runtime/api.py.
 using DescTuple = std::tuple<uint64_t, int, std::vector<int64_t>, int, uint64_t>;
+
+// Deletes a Python object from any thread (the background thread drops outputs too).
+void gil_deleter(py::object* o) {
+  if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
+  py::gil_scoped_acquire gil;
+  delete o;
+}
 
 TensorDesc to_desc(const DescTuple& t) {
   TensorDesc d;
@@ -50,7 +56,10 @@ CoreResult to_result(OpState& op) {
     r.message = op.status.to_string();
     return r;
   }
-  if (op.output) {
+  if (op.device_output) {  // a CUDA tensor from the adapter's allocator (NCCL path)
+    r.output = *static_cast<py::object*>(op.device_output.get());
+    r.shape = op.out_shape;
+  } else if (op.output) {
     uint8_t* p = op.output.release();
     py::capsule owner(p, [](void* q) { delete[] static_cast<uint8_t*>(q); });
     r.output = py::array_t<uint8_t>({static_cast<py::ssize_t>(op.output_bytes)}, {1}, p, owner);
@@ -96,7 +105,10 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("chunk_bytes", &RuntimeConfig::chunk_bytes)
       .def_readwrite("heartbeat_timeout_s", &RuntimeConfig::heartbeat_timeout_s)
       .def_readwrite("shm", &RuntimeConfig::shm)
-      .def_readwrite("verbose", &RuntimeConfig::verbose);
+      .def_readwrite("verbose", &RuntimeConfig::verbose)
+      .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
+      .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)
+      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates);
 
   py::class_<CoreResult>(m, "Result")
       .def_readonly("ok", &CoreResult::ok)
@@ -160,14 +172,52 @@ PYBIND11_MODULE(_core, m) {
              }
              return to_result(*op);
            })
+      .def("set_device_allocator",
+           [](Runtime& rt, py::object fn) {
+             // fn(device, nbytes) -> (data_ptr, owner): called on the background thread.
+             auto shared = std::shared_ptr<py::object>(new py::object(std::move(fn)), gil_deleter);
+             rt.set_device_allocator([shared](int device, size_t bytes) {
+               py::gil_scoped_acquire gil;
+               py::tuple t = (*shared)(device, bytes);
+               DeviceBlock b;
+               b.ptr = t[0].cast<uint64_t>();
+               b.owner = std::shared_ptr<void>(new py::object(t[1]), gil_deleter);
+               return b;
+             });
+           })
+      .def("cuda_path",
+           [](const Runtime& rt) {
+             std::string why;
+             std::string path = rt.cuda_path(&why);
+             return py::make_tuple(path, why);
+           })
       .def("shutdown", &Runtime::shutdown, py::call_guard<py::gil_scoped_release>());
 
-  m.def("capabilities", [] {
+  // What executes here, loaded the way a Runtime loads it (not cached: Python caches).
+  m.def("capabilities", [](const std::string& nccl_library, const std::vector<std::string>& nccl_candidates,
+                           const std::vector<std::string>& cudart_candidates) {
+    CudaApi cuda;
+    NcclApi nccl;
+    {
+      py::gil_scoped_release nogil;
+      cuda = load_cuda_api(cudart_candidates);
+      nccl = load_nccl_api(nccl_library, nccl_candidates);
+    }
     py::dict d;
-    d["nccl"] = nccl_available();
-    d["cuda"] = nccl_available();
+    d["cuda"] = cuda.usable();
+    d["cuda_devices"] = cuda.device_count;
+    d["cuda_runtime"] = cuda.library;
+    d["cuda_runtime_version"] = cuda.runtime_version;
+    d["nccl"] = cuda.usable() && nccl.usable();
+    d["nccl_version"] = nccl.version;
+    d["nccl_library"] = nccl.library;
+    std::string why = cuda.usable() ? nccl.why : cuda.why;
+    if (cuda.usable() && nccl.usable()) why = "";
+    else if (!cuda.usable() && !nccl.usable()) why = cuda.why + "; " + nccl.why;
+    d["why"] = why;
     return d;
-  });
+  }, py::arg("nccl_library") = "", py::arg("nccl_candidates") = std::vector<std::string>{"libnccl.so.2"},
+     py::arg("cudart_candidates") = std::vector<std::string>{"libcudart.so.13", "libcudart.so.12", "libcudart.so"});
 
   auto testing = m.def_submodule("_testing", "Hooks for the test-suite; not an API.");
   bind_testing_dataplane(testing);

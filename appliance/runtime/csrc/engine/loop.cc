@@ -1,6 +1,7 @@
 // The background thread of a Runtime: announce work, negotiate (rank 0 coordinates), run
 // plans, keep control links alive, and turn any failure into one job-wide abort.
 #include <poll.h>
+#include <time.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -24,7 +25,15 @@ void Runtime::loop() {
     for (;;) {
       pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {epoll_fd_, POLLIN, 0}};
       int64_t t = poll_timeout_ms();
-      ::poll(fds, cfg_.size > 1 ? 2 : 1, static_cast<int>(std::min<int64_t>(t, 60000)));
+      timespec ts{};
+      if (!running_.empty()) {
+        ts.tv_nsec = 20000;  // device work in flight: look at its events every 20 us
+      } else if (t >= 0) {
+        t = std::min<int64_t>(t, 60000);
+        ts.tv_sec = t / 1000;
+        ts.tv_nsec = (t % 1000) * 1000000;
+      }
+      ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
       if (fds[0].revents & POLLIN) {
         uint64_t v;
         (void)!read(wake_fd_, &v, sizeof(v));
@@ -64,6 +73,7 @@ void Runtime::loop() {
 }
 
 void Runtime::step() {
+  poll_running();
   intake();
   read_control(false);
   do {
@@ -242,14 +252,17 @@ void Runtime::run_entry(const PlanEntry& e) {
       if (op) handles_.complete(op, Status{e.error_code, -1, "", e.error});
     return;
   }
-  cpu_->execute(e, raw);
+  std::unique_ptr<Pending> pending = backend_for(e, raw).launch(e, raw);
   ++stats_.entries;
   stats_.tensors += e.names.size();
   if (e.names.size() > 1) ++stats_.fused_entries;
-  for (size_t i = 0; i < e.names.size(); ++i) {
-    cache_.put(e.names[i], e.sigs[i]);
-    if (ops[i]) handles_.complete(ops[i], Status::Ok());
+  for (size_t i = 0; i < e.names.size(); ++i) cache_.put(e.names[i], e.sigs[i]);
+  if (pending) {
+    running_.push_back(Running{std::move(pending), std::move(ops)});
+    return;
   }
+  for (auto& op : ops)
+    if (op) handles_.complete(op, Status::Ok());
 }
 
 void Runtime::heartbeats() {
@@ -316,6 +329,8 @@ void Runtime::finish(const Status& terminal) {
     if (terminal_.ok()) terminal_ = terminal;
     queue_.clear();
   }
+  abort_backends();  // nothing of a device backend may wait on a peer after this
+  running_.clear();
   inflight_.clear();
   handles_.fail_all(terminal);
 }

@@ -37,6 +37,7 @@ struct OpState {
   size_t output_bytes = 0;
   std::vector<int64_t> out_shape;
   std::vector<int64_t> recv_splits;
+  std::shared_ptr<void> device_output;  // CUDA output from the adapter's allocator (NCCL path)
   int64_t value = -1;
   bool done = false;
 

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "backends/cpu/cpu_backend.h"
 #include "common/log.h"
 
 namespace appliance {
@@ -123,7 +122,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   s.shape = in.shape;
   s.dtype = in.dtype;
   s.device = in.device;
-  if (s.device >= 0) bad("CUDA tensors need the NCCL backend, which this build cannot load here; move the tensor to the CPU");
+  if (s.kind == OpKind::kJoin && s.device >= 0) join_device_ = s.device;
   for (int64_t d : s.shape)
     if (d < 0) bad("negative dimension in shape " + shape_str(s.shape));
   const bool needs_rows = s.kind == OpKind::kAllgather || s.kind == OpKind::kAlltoall || s.kind == OpKind::kReducescatter;
@@ -154,7 +153,10 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     s.prescale = s.postscale = 1.0;
   }
   if (s.kind != OpKind::kBroadcast) s.root = 0;
-  if (s.kind == OpKind::kBarrier || s.kind == OpKind::kJoin) s.shape.clear();
+  if (s.kind == OpKind::kBarrier || s.kind == OpKind::kJoin) {
+    s.shape.clear();
+    s.device = -1;  // no data: runs on the host
+  }
 
   auto op = std::make_shared<OpState>();
   op->req = std::move(req);

@@ -19,7 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include <set>
+
 #include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/device_plan.h"
+#include "backends/cuda/staging_backend.h"
+#include "backends/nccl/nccl_backend.h"
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
@@ -45,6 +51,10 @@ struct RuntimeConfig {
   double heartbeat_timeout_s = 10.0;
   bool shm = true;
   bool verbose = false;
+  // CUDA tensors (engine/devices.cc): where the CUDA runtime and NCCL may be found, in order
+  // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
+  std::string nccl_library;
+  std::vector<std::string> nccl_candidates, cudart_candidates;
 };
 
 class Runtime {
@@ -70,6 +80,11 @@ class Runtime {
   const Stats& stats() const { return stats_; }
   OpPtr wait(int handle) { return handles_.wait(handle); }
   void shutdown();
+  // Where CUDA outputs of allgather/alltoall/reducescatter come from (set by the adapter before
+  // its first CUDA operation; called on the background thread).
+  void set_device_allocator(DeviceAllocator a);
+  // "nccl", "staging" or "" (no CUDA operation has run yet), and why staging.
+  std::string cuda_path(std::string* why) const;
 
  private:
   // --- background thread (engine/loop.cc) ---
@@ -83,6 +98,11 @@ class Runtime {
   void issue_plans();
   void run_plan(Plan& plan);
   void run_entry(const PlanEntry& e);
+  // --- devices (engine/devices.cc) ---
+  Backend& backend_for(const PlanEntry& e, const std::vector<OpState*>& ops);
+  void setup_cuda(int device);
+  void poll_running();
+  void abort_backends();
   void heartbeats();
   void stall_check();
   void send_control(int peer, FrameType type, const std::vector<uint8_t>& payload);
@@ -111,7 +131,24 @@ class Runtime {
   std::vector<CtrlPeer> ctrl_;  // indexed by rank (rank 0: every peer; others: only [0])
   std::unique_ptr<Coordinator> coord_;
   ResponseCache cache_;
-  std::unique_ptr<Backend> cpu_;
+  // One backend per device kind: host memory, and CUDA memory (through NCCL, or through host
+  // staging when NCCL cannot run an entry; both made at the job's first CUDA entry).
+  std::unique_ptr<CpuBackend> cpu_;
+  CudaApi cuda_;
+  NcclApi nccl_api_;
+  std::unique_ptr<StagingBackend> staging_;
+  std::unique_ptr<NcclBackend> nccl_;
+  bool cuda_ready_ = false;
+  CudaDecision cuda_decision_;
+  std::set<std::string> warned_;
+  mutable std::mutex alloc_mu_;
+  DeviceAllocator alloc_;
+  std::atomic<int> join_device_{-1};  // device a joined rank contributes zeros on
+  struct Running {                    // launched entries whose backend has not finished
+    std::unique_ptr<Pending> pending;
+    std::vector<OpPtr> ops;
+  };
+  std::deque<Running> running_;
   HandleTable handles_;
   Stats stats_;
 

@@ -1,5 +1,5 @@
 // CpuBackend: runs plan entries on host memory with the algorithms in collectives/.
-// Owns the fusion/scratch buffer. Average = Sum with postscale / size; integer scaling
+// Completes every entry within launch(). Owns the fusion/scratch buffer. Average = Sum with postscale / size; integer scaling
 // truncates (collectives/reduce.h).
 #pragma once
 
@@ -13,7 +13,9 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(Comm& comm, CollectiveOptions opts) : comm_(comm), opts_(opts) {}
   const char* name() const override { return "cpu"; }
-  void execute(const PlanEntry& e, const std::vector<OpState*>& ops) override;
+  std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
+  // Runs the entry to the end on this thread (what launch() does; also used by staging).
+  void execute(const PlanEntry& e, const std::vector<OpState*>& ops);
 
  private:
   void do_allreduce(const PlanEntry& e, const std::vector<OpState*>& ops);

@@ -1,0 +1,62 @@
+#include "backends/cuda/staging_backend.h"
+
+#include <cstring>
+
+namespace appliance {
+
+namespace {
+cudaStream_t stream_of(const TensorDesc& d) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(d.stream)); }
+uint64_t addr(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+}  // namespace
+
+std::unique_ptr<Pending> StagingBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
+  // Host shadows of this rank's operations; the CPU backend runs on them.
+  std::vector<std::unique_ptr<OpState>> shadows(ops.size());
+  std::vector<std::vector<uint8_t>> host_in(ops.size()), host_out(ops.size());
+  std::vector<OpState*> raw(ops.size(), nullptr);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    OpState* op = ops[i];
+    if (!op) continue;
+    auto sh = std::make_unique<OpState>();
+    sh->req = op->req;
+    sh->in = op->in;
+    sh->out = op->out;
+    const size_t bytes = op->req.sig.nbytes();
+    cudaStream_t st = stream_of(op->in);
+    if (op->in.device >= 0) cuda_.check(cuda_.SetDevice(op->in.device), "cudaSetDevice");
+    host_in[i].resize(bytes ? bytes : 1);
+    if (bytes && op->in.ptr) {
+      cuda_.check(cuda_.MemcpyAsync(host_in[i].data(), op->in.data(), bytes, kCudaMemcpyDefault, st), "cudaMemcpyAsync (to host)");
+      cuda_.check(cuda_.StreamSynchronize(st), "cudaStreamSynchronize");
+    }
+    sh->in.ptr = addr(host_in[i].data());
+    sh->in.device = -1;
+    if (op->out.ptr) {
+      host_out[i].resize(bytes ? bytes : 1);
+      sh->out.ptr = op->out.ptr == op->in.ptr ? sh->in.ptr : addr(host_out[i].data());
+      sh->out.device = -1;
+    }
+    raw[i] = sh.get();
+    shadows[i] = std::move(sh);
+  }
+  cpu_.execute(e, raw);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    OpState* op = ops[i];
+    if (!op) continue;
+    OpState& sh = *shadows[i];
+    const size_t bytes = op->req.sig.nbytes();
+    cudaStream_t st = stream_of(op->out.ptr ? op->out : op->in);
+    if (op->out.ptr && bytes) {
+      cuda_.check(cuda_.MemcpyAsync(op->out.data(), sh.out.data(), bytes, kCudaMemcpyDefault, st), "cudaMemcpyAsync (to device)");
+      cuda_.check(cuda_.StreamSynchronize(st), "cudaStreamSynchronize");
+    }
+    op->output = std::move(sh.output);
+    op->output_bytes = sh.output_bytes;
+    op->out_shape = std::move(sh.out_shape);
+    op->recv_splits = std::move(sh.recv_splits);
+    op->value = sh.value;
+  }
+  return nullptr;
+}
+
+}  // namespace appliance
