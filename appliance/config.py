@@ -100,6 +100,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 0.0, "abort the job when a tensor waits this long (0 = never)"),
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
+    Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)"),
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
     # Launcher.
     Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
@@ -172,6 +173,7 @@ class RuntimeConfig:
     heartbeat_timeout_s: float = 10.0
     shm: bool = True
     verbose: bool = False
+    nccl_library: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RuntimeConfig":
@@ -235,6 +237,7 @@ class RuntimeConfig:
             chunk_bytes=max(1, read("APPLIANCE_CHUNK_BYTES", env)),
             heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
             verbose=read("APPLIANCE_VERBOSE", env),
+            nccl_library=read("APPLIANCE_NCCL_LIBRARY", env),
         )
 
 

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from appliance.config import RuntimeConfig
+from appliance.runtime import devices
 from appliance.runtime.engine import Average, Buffer, Kind, Result, Sum
 from appliance.runtime.errors import HorovodInternalError, MismatchError
 
@@ -43,6 +44,9 @@ class _Engine:
                       "start_timeout_s"):
             setattr(core_cfg, field, getattr(cfg, field))
         core_cfg.secret = cfg.secret
+        core_cfg.nccl_library = cfg.nccl_library
+        core_cfg.nccl_candidates = devices.nccl_candidates()
+        core_cfg.cudart_candidates = devices.cudart_candidates()
         core_cfg.job_id = f"{cfg.job_id}#{generation}"
         self.config = cfg
         try:
@@ -76,6 +80,12 @@ class _Engine:
             raise HorovodInternalError(r.message, r.origin_rank, r.origin_host, r.code)
         return Result(output=r.output, shape=tuple(r.shape), splits=list(r.splits) if r.has_splits else None,
                       value=r.value if r.has_value else None)
+
+    def set_device_allocator(self, fn) -> None:
+        self._rt.set_device_allocator(fn)
+
+    def cuda_path(self) -> tuple:
+        return tuple(self._rt.cuda_path())
 
     def new_group_id(self) -> int:
         self._groups += 1

@@ -90,7 +90,7 @@ class Buffer:
 
 @dataclasses.dataclass
 class Result:
-    output: Optional[np.ndarray] = None  # flat uint8, for ops whose output the core allocated
+    output: object = None  # flat uint8 numpy array the core allocated, or the allocator's owner (CUDA)
     shape: tuple = ()                    # output shape in elements
     splits: Optional[list] = None        # alltoall: rows received from each rank
     value: Optional[int] = None          # join: the last rank that joined
@@ -131,6 +131,20 @@ def new_group_id() -> int:
 
 
 def capabilities() -> dict:
-    """What this build can do here: {'nccl': bool, 'cuda': bool}, probed lazily and truthfully."""
-    from appliance.runtime import _core
-    return dict(_core.capabilities())
+    """What executes here: see ``appliance.runtime.devices`` (cuda, nccl, nccl_version, why...)."""
+    from appliance.runtime import devices
+    return devices.capabilities()
+
+
+def set_device_allocator(fn) -> None:
+    """``fn(device, nbytes) -> (data_ptr, owner)`` supplies CUDA memory for outputs the core
+    sizes after negotiation (NCCL path); ``owner`` comes back as ``Result.output``. Called on
+    the core's background thread."""
+    from appliance.runtime import api
+    api._runtime().set_device_allocator(fn)
+
+
+def cuda_path() -> tuple:
+    """("nccl" | "staging" | "", why): how this job moves CUDA tensors ("" before the first)."""
+    from appliance.runtime import api
+    return api._runtime().cuda_path()

@@ -2,8 +2,10 @@
 
 Owns the translation between ``torch.Tensor`` and ``appliance.runtime.engine.Buffer``
 (dtype codes, device, CUDA stream), the staging of tensors the core cannot use directly
-(non-contiguous ones, and CUDA tensors when this build has no CUDA support: a contiguous or
-host copy is used and, for in-place operations, copied back when the operation completes),
+(non-contiguous ones, and CUDA tensors when the core cannot use CUDA memory here: a contiguous
+or host copy is used, with a one-time warning for the latter, and, for in-place operations,
+copied back when the operation completes), the device allocator the core takes CUDA outputs
+from (torch's caching allocator),
 the conversion of core-allocated outputs into tensors without a copy, and ``HandleTable``:
 Horovod-style integer handles that keep every tensor the core may touch alive until
 ``synchronize``. Reads no environment. Failure modes: ``ValueError`` for an unsupported
@@ -11,7 +13,9 @@ dtype or device (as Horovod); errors of the operation itself are raised by ``syn
 """
 from __future__ import annotations
 
+import sys
 import threading
+import weakref
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -37,24 +41,51 @@ def dtype_code(t: torch.Tensor) -> DType:
         raise ValueError(f"Tensor type {t.dtype} is not supported (supported: {names})") from None
 
 
-_caps: Optional[dict] = None
-
-
 def capabilities() -> dict:
-    """``engine.capabilities()``, asked once per process (the build does not change)."""
-    global _caps
-    if _caps is None:
-        _caps = engine.capabilities()
-    return _caps
+    """What executes here (``appliance.runtime.devices``; asked of the core once per process)."""
+    return engine.capabilities()
+
+
+_warned: set = set()
+_allocator_of = None  # weak reference to the runtime that has our device allocator
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        print(f"appliance: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _device_allocator(device: int, nbytes: int):
+    """CUDA memory for outputs the core sizes after negotiation, from torch's allocator."""
+    t = torch.empty(int(nbytes), dtype=torch.uint8, device=torch.device("cuda", int(device)))
+    return t.data_ptr(), t
+
+
+def _give_allocator() -> None:
+    global _allocator_of
+    from appliance.runtime import api
+    rt = api._runtime()
+    if _allocator_of is None or _allocator_of() is not rt:
+        engine.set_device_allocator(_device_allocator)
+        _allocator_of = weakref.ref(rt)
 
 
 def stage(t: torch.Tensor) -> torch.Tensor:
-    """The tensor the core will read/write in place of ``t`` (``t`` itself when possible)."""
+    """The tensor the core will read/write in place of ``t`` (``t`` itself when possible).
+    CUDA tensors stay on their device when the core can use CUDA memory here (it then runs
+    them through NCCL, or through host staging it decides on and announces); otherwise they
+    are copied to the host here, with a one-time warning saying why."""
     dtype_code(t)
     w = t.detach()
     if w.device.type == "cuda":
-        if not capabilities().get("cuda", False):
-            w = w.cpu()  # this build cannot touch device memory: go through the host
+        caps = capabilities()
+        if caps.get("cuda", False):
+            _give_allocator()
+        else:
+            _warn_once("CUDA tensors go through host memory: the collective core cannot use CUDA memory here ("
+                       f"{caps.get('why') or 'no CUDA runtime'})")
+            w = w.cpu()
     elif w.device.type != "cpu":
         raise ValueError(f"tensors on device {w.device} are not supported (cpu and cuda are)")
     if not w.is_contiguous():
@@ -91,6 +122,11 @@ def from_result(r: engine.Result, dtype: torch.dtype, like: torch.Tensor) -> tor
     on ``like``'s device."""
     shape = tuple(int(d) for d in r.shape)
     arr = r.output
+    if isinstance(arr, torch.Tensor):  # device memory from _device_allocator (NCCL path)
+        n = 1
+        for d in shape:
+            n *= d
+        return arr[: n * torch.empty((), dtype=dtype).element_size()].view(dtype).reshape(shape)
     if arr is None or arr.size == 0:
         out = torch.empty(shape, dtype=dtype)
     else:

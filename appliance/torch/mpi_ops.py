@@ -185,11 +185,10 @@ def gloo_enabled() -> bool:
 
 
 def nccl_built() -> int:
-    """NCCL's version code when the core can use NCCL here, else 0 (as Horovod)."""
+    """NCCL's version code (e.g. 22907 for 2.29.7) when the core runs CUDA collectives through
+    NCCL here, else 0 (as Horovod). ``appliance.runtime.engine.capabilities()`` says why not."""
     caps = _tensors.capabilities()
-    if not caps.get("nccl", False):
-        return 0
-    return int(caps.get("nccl_version", 1))
+    return int(caps.get("nccl_version", 0)) if caps.get("nccl", False) else 0
 
 
 def ddl_built() -> bool:
@@ -201,6 +200,7 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
+    """True when the core operates on CUDA memory here (a CUDA runtime it can load and a device)."""
     return bool(_tensors.capabilities().get("cuda", False))
 
 
@@ -485,8 +485,13 @@ def synchronize(handle):
 
 def join(device=-1) -> int:
     """Declare that this rank has no more data; block until every rank has joined and return
-    the rank that joined last. ``device`` is accepted for compatibility and not needed."""
-    return int(_engine.wait(_engine.submit(Kind.JOIN, None)).value)
+    the rank that joined last. ``device``: the CUDA device this rank contributes zeros on in
+    CUDA allreduces it misses (default: torch's current device when CUDA is in use, else host)."""
+    device = int(device)
+    if device < 0 and torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+    desc = _engine.Buffer(0, _engine.DType.UINT8, (), device) if device >= 0 else None
+    return int(_engine.wait(_engine.submit(Kind.JOIN, None, desc)).value)
 
 
 def barrier(process_set=global_process_set) -> None:

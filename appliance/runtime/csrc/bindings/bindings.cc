@@ -11,6 +11,7 @@ namespace py = pybind11;
 namespace appliance {
 void bind_testing_dataplane(py::module_& m);
 void bind_testing_bootstrap(py::module_& m);
+void bind_testing_devices(py::module_& m);
 
 namespace {
 
@@ -222,4 +223,5 @@ PYBIND11_MODULE(_core, m) {
   auto testing = m.def_submodule("_testing", "Hooks for the test-suite; not an API.");
   bind_testing_dataplane(testing);
   bind_testing_bootstrap(testing);
+  bind_testing_devices(testing);
 }

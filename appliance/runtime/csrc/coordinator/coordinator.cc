@@ -162,7 +162,7 @@ std::vector<PlanEntry> Coordinator::take_plan(Time now) {
 }
 
 void Coordinator::fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready) {
-  using Key = std::tuple<uint8_t, uint8_t, double, double, bool, std::vector<uint8_t>>;
+  using Key = std::tuple<uint8_t, uint8_t, double, double, int32_t, std::vector<uint8_t>>;  // device index: one buffer per device
   std::map<Key, std::pair<size_t, size_t>> open;  // key -> (index in out, bytes)
   for (auto& e : ready) {
     const Signature& s = e.sigs[0];
@@ -171,7 +171,7 @@ void Coordinator::fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>&
       out.push_back(std::move(e));
       continue;
     }
-    Key k{static_cast<uint8_t>(s.dtype), static_cast<uint8_t>(s.op), s.prescale, s.postscale, s.device < 0, e.joined};
+    Key k{static_cast<uint8_t>(s.dtype), static_cast<uint8_t>(s.op), s.prescale, s.postscale, s.device, e.joined};
     auto it = open.find(k);
     if (it != open.end() && it->second.second + s.nbytes() <= o_.fusion_threshold) {
       PlanEntry& f = out[it->second.first];

@@ -1,0 +1,117 @@
+"""Worker for tests/devices/test_cuda_engine.py: the engine's CUDA path with the stand-in CUDA
+runtime (its "device" memory is host memory), through the numpy-level engine API.
+
+Usage: fake_cuda.py staging|nccl_fails. Env: FAKE_CUDART (the stand-in's path),
+FAKE_DISTINCT_GPUS=1 (each rank its own PCI bus id; else all ranks share one GPU).
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _report import report  # noqa: E402
+
+from appliance.runtime import devices  # noqa: E402
+
+devices.cudart_candidates = lambda: [os.environ["FAKE_CUDART"]]
+RANK = int(os.environ["HOROVOD_RANK"])
+if os.environ.get("FAKE_DISTINCT_GPUS") == "1":
+    os.environ["FAKE_CUDA_BUS"] = f"0000:{RANK + 1:02x}:00"
+
+import appliance.runtime as rt  # noqa: E402
+from appliance.runtime import engine  # noqa: E402
+from appliance.runtime.engine import Buffer, Kind, numpy_dtype_code  # noqa: E402
+from appliance.runtime.errors import HorovodInternalError  # noqa: E402
+
+
+def dev(a):
+    """Describe a numpy array as memory of CUDA device 0 (the stand-in's device memory)."""
+    return Buffer(a.ctypes.data, numpy_dtype_code(a.dtype), tuple(a.shape), device=0)
+
+
+def staging(P):
+    checked = 0
+    keep = []
+
+    def submit(kind, name, inp, out=None, **kw):
+        keep.append((inp, out))
+        return engine.submit(kind, name, dev(inp), None if out is None else dev(out), **kw)
+
+    # A lone allreduce, then a batch of small ones (fused) with Average and scale factors.
+    x = np.arange(1000, dtype=np.float32) + RANK
+    engine.wait(submit(Kind.ALLREDUCE, "lone", x, x, op=rt.Sum))
+    assert np.allclose(x, P * np.arange(1000) + sum(range(P))), x[:4]
+    checked += 1
+    outs, hs = [], []
+    for i in range(8):
+        a = np.full(17 + i, float(RANK + i), dtype=np.float64)
+        o = np.empty_like(a)
+        outs.append((i, o))
+        hs.append(submit(Kind.ALLREDUCE, f"small.{i}", a, o, op=rt.Average, prescale=2.0, postscale=0.5))
+    for h in hs:
+        engine.wait(h)
+    for i, o in outs:
+        assert np.allclose(o, np.mean([r + i for r in range(P)])), (i, o[:3])
+        checked += 1
+    # int16 (NCCL has no int16 reduction: staged per entry whatever the job's path).
+    s = np.full(5, RANK + 1, dtype=np.int16)
+    engine.wait(submit(Kind.ALLREDUCE, "i16", s, s, op=rt.Max))
+    assert (s == P).all()
+    checked += 1
+    # allgather with a different first dimension per rank: output in host memory.
+    g = np.full((RANK + 1, 3), RANK, dtype=np.int32)
+    r = engine.wait(submit(Kind.ALLGATHER, "gather", g))
+    got = r.output.view(np.int32).reshape(r.shape)
+    assert got.shape == (sum(range(1, P + 1)), 3)
+    assert [int(v) for v in got[:, 0]] == [q for q in range(P) for _ in range(q + 1)]
+    checked += 1
+    # broadcast from the last rank, in place.
+    b = np.full(33, RANK, dtype=np.float16)
+    engine.wait(submit(Kind.BROADCAST, "bcast", b, b, root=P - 1))
+    assert (b == P - 1).all()
+    checked += 1
+    # alltoall with splits: rank r sends p+1 rows to rank p.
+    rows = [p + 1 for p in range(P)]
+    t = np.concatenate([np.full((rows[p], 2), 10 * RANK + p, dtype=np.int64) for p in range(P)])
+    r = engine.wait(submit(Kind.ALLTOALL, "a2a", t, splits=rows))
+    got = r.output.view(np.int64).reshape(r.shape)
+    assert list(r.splits) == [RANK + 1] * P
+    assert [int(v) for v in got[:, 0]] == [10 * q + RANK for q in range(P) for _ in range(RANK + 1)]
+    checked += 1
+    # reducescatter of 5 rows (uneven over 2 and 3 ranks).
+    m = np.ones((5, 4), dtype=np.float32) * (RANK + 1)
+    r = engine.wait(submit(Kind.REDUCESCATTER, "rs", m, op=rt.Sum))
+    got = r.output.view(np.float32).reshape(r.shape)
+    assert got.shape[0] == 5 // P + (1 if RANK < 5 % P else 0) and np.allclose(got, sum(range(1, P + 1)))
+    checked += 1
+    # Host tensors still run on the CPU backend between CUDA ones.
+    assert np.allclose(rt.allreduce(np.ones(3), op=rt.Sum), P)
+    checked += 1
+    return checked
+
+
+def main():
+    case = sys.argv[1]
+    rt.init()
+    P = rt.size()
+    out = {"rank": RANK}
+    t0 = time.monotonic()
+    try:
+        if case == "staging":
+            out["checked"] = staging(P)
+        elif case == "nccl_fails":
+            x = np.ones(10, dtype=np.float32)
+            engine.wait(engine.submit(Kind.ALLREDUCE, "x", dev(x), dev(x), op=rt.Sum))
+        out["ok"] = True
+    except HorovodInternalError as e:
+        out["error"] = str(e)
+        out["error_after_s"] = time.monotonic() - t0
+    out["cuda_path"] = list(engine.cuda_path()) if case == "staging" else None
+    report(out)
+    rt.shutdown()
+
+
+if __name__ == "__main__":
+    main()
