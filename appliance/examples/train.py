@@ -15,6 +15,10 @@ run's job lock ``<shared>/locks/run-<run>.lock``: a second job on the same run s
 with a message naming the first one's host, pid and start time (a dead holder's lock is taken
 over). ``--checkpoint-dir DIR`` writes into DIR instead, without the lock.
 
+Device: ``--device auto`` (the default) trains on ``cuda:<local rank>`` when torch sees a GPU
+(ranks beyond the GPU count share them round-robin), else on the CPU; ``--device cpu`` forces
+the CPU. The first line rank 0 prints names every rank's device.
+
 Run: ``appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.train``
 (or on its own: ``python -m appliance.examples.train``, a single rank).
 """
@@ -36,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda:<local rank> when a GPU is visible, else cpu")
     p.add_argument("--run", default="digits", help="run name: checkpoints go to SHARED/models/RUN, under its job lock")
     p.add_argument("--shared", default=None,
                    help="shared directory (default: APPLIANCE_SHARED if it exists, else the working directory)")
@@ -70,6 +76,17 @@ def load_digits_split(seed: int):
     n_test = 297
     return (torch.from_numpy(x[n_test:]), torch.from_numpy(y[n_test:]),
             torch.from_numpy(x[:n_test]), torch.from_numpy(y[:n_test]))
+
+
+def pick_device(choice: str, hvd, torch):
+    """This rank's device and a one-word description of it, pinned as Horovod users pin it."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu"), "cpu"
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device on this host")
+    index = hvd.local_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index), f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
 def save_atomically(obj, path: str) -> None:
@@ -113,14 +130,18 @@ def train(args, hvd, torch, checkpoint_dir: str) -> int:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
-    x_train, y_train, x_test, y_test = load_digits_split(args.seed)
+    device, described = pick_device(args.device, hvd, torch)
+    where = hvd.allgather_object(f"{described}@{os.uname().nodename}", name="devices")
+    if rank == 0:
+        print("devices: " + ", ".join(f"rank {r} {w}" for r, w in enumerate(where)), flush=True)
+    x_train, y_train, x_test, y_test = (t.to(device) for t in load_digits_split(args.seed))
     if args.batch_size % size:
         raise SystemExit(f"--batch-size {args.batch_size} is not divisible by {size} ranks")
     local_batch = args.batch_size // size
     steps_per_epoch = len(x_train) // args.batch_size
 
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
+        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -134,8 +155,8 @@ def train(args, hvd, torch, checkpoint_dir: str) -> int:
         started = time.perf_counter()
         model.train()
         # The same permutation everywhere; each rank takes its slice of every global batch.
-        perm = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
-        total_loss = torch.zeros(())
+        perm = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch)).to(device)
+        total_loss = torch.zeros((), device=device)
         for step in range(steps_per_epoch):
             batch = perm[step * args.batch_size:(step + 1) * args.batch_size]
             mine = batch[rank * local_batch:(rank + 1) * local_batch]
@@ -150,7 +171,7 @@ def train(args, hvd, torch, checkpoint_dir: str) -> int:
             # Evaluation is sharded too: each rank scores a slice, the counts are summed.
             xs, ys = x_test[rank::size], y_test[rank::size]
             correct = (model(xs).argmax(dim=1) == ys).sum()
-            counts = hvd.allreduce(torch.stack([correct, torch.tensor(len(ys))]), op=hvd.Sum, name="eval")
+            counts = hvd.allreduce(torch.stack([correct, torch.tensor(len(ys), device=device)]), op=hvd.Sum, name="eval")
         accuracy = counts[0].item() / counts[1].item()
         elapsed = time.perf_counter() - started
         if rank == 0:

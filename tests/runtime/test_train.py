@@ -33,6 +33,8 @@ def test_training_job_learns_and_checkpoints(tmp_path):
     stdout = [t for r, s, t in res.lines if s == "stdout"]
     assert any("epoch 5/5" in t for t in stdout)
     assert {r for r, s, t in res.lines if s == "stdout"} == {0}
+    # the first line names every rank's device (no GPU here: the CPU)
+    assert stdout[0].startswith("devices: rank 0 cpu@") and ", rank 1 cpu@" in stdout[0], stdout[0]
 
 
 def test_two_ranks_follow_the_single_rank_trajectory(tmp_path):
