@@ -28,6 +28,15 @@ def pytest_addoption(parser):
                      help="fail (instead of skip) tests whose prerequisite tools are missing")
 
 
+def pytest_report_header(config):
+    """One line when the GPU tier (tests/gpu) cannot run here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "tests/gpu: not run: no CUDA device here (torch.cuda.is_available() is False)"
+    return f"tests/gpu: {torch.cuda.device_count()} CUDA device(s): {torch.cuda.get_device_name(0)}"
+
+
 @pytest.fixture
 def require_tool(request):
     def check(tool: str, why: str = ""):
