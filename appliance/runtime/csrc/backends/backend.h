@@ -48,6 +48,15 @@ struct DeviceBlock {
 };
 using DeviceAllocator = std::function<DeviceBlock(int device, size_t bytes)>;
 
+// Bytes this rank sends to / receives from each peer in an alltoall entry, the rows it
+// receives from each (recv_splits) and the output shape; from the plan's P x P splits.
+struct AlltoallLayout {
+  std::vector<size_t> send, recv;
+  std::vector<int64_t> recv_splits, out_shape;
+  size_t recv_total = 0;
+};
+AlltoallLayout alltoall_layout(const PlanEntry& e, const std::vector<int64_t>& in_shape, int size, int rank);
+
 // Rows of dim0 rank r receives in a reducescatter of `dim0` rows over `size` ranks
 // (Horovod's split: the first dim0 % size ranks get one more).
 int64_t reducescatter_rows(int64_t dim0, int size, int rank);

@@ -6,10 +6,6 @@
 
 namespace appliance {
 
-int64_t reducescatter_rows(int64_t dim0, int size, int rank) {
-  return dim0 / size + (rank < dim0 % size ? 1 : 0);
-}
-
 namespace {
 // Sum + postscale/size for Average; the op the algorithms see.
 ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
@@ -94,25 +90,10 @@ void CpuBackend::do_broadcast(const PlanEntry& e, OpState& o) {
 }
 
 void CpuBackend::do_alltoall(const PlanEntry& e, OpState& o) {
-  const Signature& s = e.sigs[0];
-  const int P = comm_.size(), me = comm_.rank();
-  const size_t row_bytes = static_cast<size_t>(s.row_elems()) * dtype_size(s.dtype);
-  std::vector<size_t> send(P), recv(P);
-  int64_t rows = 0;
-  size_t total = 0;
-  o.recv_splits.assign(P, 0);
-  for (int p = 0; p < P; ++p) {
-    send[p] = static_cast<size_t>(e.sizes[static_cast<size_t>(me) * P + p]) * row_bytes;
-    int64_t in_rows = e.sizes[static_cast<size_t>(p) * P + me];
-    o.recv_splits[p] = in_rows;
-    recv[p] = static_cast<size_t>(in_rows) * row_bytes;
-    rows += in_rows;
-    total += recv[p];
-  }
-  std::vector<int64_t> shape = o.in.shape;
-  shape[0] = rows;
-  uint8_t* out = o.allocate_output(total, shape);
-  alltoallv(comm_, o.in.data(), send, out, recv, opts_);
+  AlltoallLayout l = alltoall_layout(e, o.in.shape, comm_.size(), comm_.rank());
+  o.recv_splits = std::move(l.recv_splits);
+  uint8_t* out = o.allocate_output(l.recv_total, std::move(l.out_shape));
+  alltoallv(comm_, o.in.data(), l.send, out, l.recv, opts_);
 }
 
 void CpuBackend::do_reducescatter(const PlanEntry& e, OpState& o) {

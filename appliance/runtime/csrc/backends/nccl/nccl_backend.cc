@@ -218,32 +218,20 @@ void NcclBackend::broadcast(const PlanEntry& e, OpState& o, cudaStream_t st) {
 }
 
 void NcclBackend::alltoall(const PlanEntry& e, OpState& o, cudaStream_t st) {
-  const Signature& s = e.sigs[0];
-  const size_t row = static_cast<size_t>(s.row_elems()) * dtype_size(s.dtype);
-  const int P = size_, me = rank_;
-  std::vector<size_t> send(P), recv(P), soff(P), roff(P);
-  size_t stotal = 0, rtotal = 0;
-  int64_t rows = 0;
-  o.recv_splits.assign(P, 0);
-  for (int p = 0; p < P; ++p) {
-    send[p] = static_cast<size_t>(e.sizes[static_cast<size_t>(me) * P + p]) * row;
-    int64_t in_rows = e.sizes[static_cast<size_t>(p) * P + me];
-    o.recv_splits[p] = in_rows;
-    recv[p] = static_cast<size_t>(in_rows) * row;
-    soff[p] = stotal, roff[p] = rtotal;
-    stotal += send[p], rtotal += recv[p];
-    rows += in_rows;
-  }
-  std::vector<int64_t> shape = o.in.shape;
-  shape[0] = rows;
-  uint8_t* out = device_output(o, rtotal, shape);
+  AlltoallLayout l = alltoall_layout(e, o.in.shape, size_, rank_);
+  o.recv_splits = std::move(l.recv_splits);
+  uint8_t* out = device_output(o, l.recv_total, std::move(l.out_shape));
   const uint8_t* in = static_cast<const uint8_t*>(o.in.data());
-  if (recv[me]) cuda_.check(cuda_.MemcpyAsync(out + roff[me], in + soff[me], recv[me], kCudaMemcpyDefault, st), "cudaMemcpyAsync");
+  size_t soff = 0, roff = 0;
   nccl_.check(nccl_.GroupStart(), "ncclGroupStart");
-  for (int p = 0; p < P; ++p) {
-    if (p == me) continue;
-    if (send[p]) nccl_.check(nccl_.Send(in + soff[p], send[p], kNcclUint8, p, comm_, st), "ncclSend");
-    if (recv[p]) nccl_.check(nccl_.Recv(out + roff[p], recv[p], kNcclUint8, p, comm_, st), "ncclRecv");
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ && l.recv[p])
+      cuda_.check(cuda_.MemcpyAsync(out + roff, in + soff, l.recv[p], kCudaMemcpyDefault, st), "cudaMemcpyAsync");
+    else if (p != rank_ && l.send[p])
+      nccl_.check(nccl_.Send(in + soff, l.send[p], kNcclUint8, p, comm_, st), "ncclSend");
+    if (p != rank_ && l.recv[p]) nccl_.check(nccl_.Recv(out + roff, l.recv[p], kNcclUint8, p, comm_, st), "ncclRecv");
+    soff += l.send[p];
+    roff += l.recv[p];
   }
   nccl_.check(nccl_.GroupEnd(), "ncclGroupEnd");
 }
