@@ -2,7 +2,7 @@
 
 ``fake_libs`` compiles ``fake_cudart.c`` and ``fake_nccl.c`` with the system C compiler into a
 temporary directory: a CUDA runtime whose "devices" are host memory, NCCL 2.29.7 (complete but
-failing every collective), NCCL 2.7.8 (too old) and an NCCL with nothing but ncclGetVersion.
+failing to make a communicator), NCCL 2.29.7 that works for one rank (its collectives are copies), NCCL 2.7.8 (too old) and an NCCL with nothing but ncclGetVersion.
 They let the real core walk its loader, its capability truth table and its CUDA engine path
 (store exchange, NCCL/staging decision, staging copies, NCCL failures) on machines without a
 GPU. Real GPUs are the tests/gpu tier.
@@ -39,6 +39,7 @@ def fake_libs(tmp_path_factory, pytestconfig):
         "cudart": build("fake_cudart.c", "libcudart.so.13"),
         "nccl": build("fake_nccl.c", "nccl22907/libnccl.so.2", "-DFAKE_NCCL_VERSION=22907"),
         "nccl_old": build("fake_nccl.c", "nccl2708/libnccl.so.2", "-DFAKE_NCCL_VERSION=2708"),
+        "nccl_solo": build("fake_nccl.c", "ncclsolo/libnccl.so.2", "-DFAKE_NCCL_VERSION=22907", "-DSOLO"),
         "nccl_bare": build("fake_nccl.c", "ncclbare/libnccl.so.2", "-DFAKE_NCCL_VERSION=22907", "-DONLY_VERSION"),
         "dir": str(out),
     }

@@ -1,6 +1,8 @@
 """The engine's CUDA path end to end with real ranks over real sockets, on the stand-in CUDA
 runtime (device memory is host memory): the job-wide NCCL/staging decision made through the
-store, host staging of every collective, and an NCCL that fails ending the job on every rank."""
+store, host staging of every collective, an NCCL that fails ending the job on every rank, and
+the NCCL backend's plumbing at one rank (on a stand-in NCCL whose one-rank collectives are
+copies)."""
 from __future__ import annotations
 
 import pytest
@@ -41,3 +43,12 @@ def test_an_nccl_that_fails_ends_the_job_on_every_rank(run_ranks, fake_libs):
         assert "ok" not in ranks[r], ranks[r]
         assert "ncclCommInitRank failed: fake NCCL: no GPU here" in ranks[r]["error"]
         assert ranks[r]["error_after_s"] < 5
+
+
+def test_one_rank_runs_every_kind_through_the_nccl_backend(run_ranks, fake_libs):
+    env = {"FAKE_CUDART": fake_libs["cudart"], "APPLIANCE_NCCL_LIBRARY": fake_libs["nccl_solo"]}
+    ranks = run_ranks(1, "fake_cuda", "solo", env=env, timeout=60)
+    assert ranks[0].get("ok"), ranks[0]
+    assert ranks[0]["checked"] == 13 and ranks[0]["cuda_path"] == ["nccl", ""]
+    # the one int16 reduction went through host memory, and said so once
+    assert ranks.output(stream="stderr").count("go through host memory: NCCL has no int16 reductions") == 1

@@ -1,7 +1,9 @@
 """Worker for tests/devices/test_cuda_engine.py: the engine's CUDA path with the stand-in CUDA
 runtime (its "device" memory is host memory), through the numpy-level engine API.
 
-Usage: fake_cuda.py staging|nccl_fails. Env: FAKE_CUDART (the stand-in's path),
+Usage: fake_cuda.py staging|nccl_fails|solo (solo: one rank on the stand-in NCCL that works
+for one rank, so the NCCL backend's own plumbing runs: fusion buffer, device allocator,
+completion events). Env: FAKE_CUDART (the stand-in's path),
 FAKE_DISTINCT_GPUS=1 (each rank its own PCI bus id; else all ranks share one GPU).
 """
 import os
@@ -92,6 +94,53 @@ def staging(P):
     return checked
 
 
+def solo():
+    """One rank through the NCCL backend; outputs the core sizes come from a numpy allocator."""
+    engine.set_device_allocator(lambda device, nbytes: (lambda a: (a.ctypes.data, a))(np.empty(nbytes, np.uint8)))
+    checked = 0
+    keep = []
+
+    def run(kind, name, inp, out=None, **kw):
+        keep.append((inp, out))
+        return engine.wait(engine.submit(kind, name, dev(inp), None if out is None else dev(out), **kw))
+
+    x = np.arange(10, dtype=np.float32)
+    o = np.zeros_like(x)
+    run(Kind.ALLREDUCE, "sum", x, o, op=rt.Sum)
+    assert (o == x).all()
+    run(Kind.ALLREDUCE, "scaled", x, o, op=rt.Sum, prescale=0.5, postscale=3.0)
+    assert np.allclose(o, x * 1.5)
+    hs, outs = [], []
+    for i in range(6):  # fused on the device
+        a = np.full(5 + i, float(i), dtype=np.float64)
+        b = np.zeros_like(a)
+        keep.append((a, b))
+        outs.append((i, b))
+        hs.append(engine.submit(Kind.ALLREDUCE, f"f.{i}", dev(a), dev(b), op=rt.Average, prescale=2.0))
+    for h in hs:
+        engine.wait(h)
+    for i, b in outs:
+        assert (b == 2.0 * i).all(), (i, b)
+    checked += 8
+    s16 = np.arange(4, dtype=np.int16)
+    run(Kind.ALLREDUCE, "i16", s16, s16, op=rt.Sum)  # staged: NCCL has no int16 reductions
+    assert (s16 == np.arange(4)).all()
+    g = np.arange(6, dtype=np.int32).reshape(3, 2)
+    r = run(Kind.ALLGATHER, "ag", g)
+    assert isinstance(r.output, np.ndarray) and (r.output.view(np.int32).reshape(r.shape) == g).all()
+    b = np.arange(7, dtype=np.float16)
+    bo = np.zeros_like(b)
+    run(Kind.BROADCAST, "bc", b, bo, root=0)
+    assert (bo == b).all()
+    r = run(Kind.ALLTOALL, "a2a", g, splits=[3])
+    assert list(r.splits) == [3] and (r.output.view(np.int32).reshape(r.shape) == g).all()
+    m = np.ones((4, 3), dtype=np.float32)
+    r = run(Kind.REDUCESCATTER, "rs", m, op=rt.Sum, prescale=4.0)
+    assert np.allclose(r.output.view(np.float32).reshape(r.shape), 4.0)
+    checked += 5
+    return checked
+
+
 def main():
     case = sys.argv[1]
     rt.init()
@@ -101,6 +150,8 @@ def main():
     try:
         if case == "staging":
             out["checked"] = staging(P)
+        elif case == "solo":
+            out["checked"] = solo()
         elif case == "nccl_fails":
             x = np.ones(10, dtype=np.float32)
             engine.wait(engine.submit(Kind.ALLREDUCE, "x", dev(x), dev(x), op=rt.Sum))
@@ -108,7 +159,7 @@ def main():
     except HorovodInternalError as e:
         out["error"] = str(e)
         out["error_after_s"] = time.monotonic() - t0
-    out["cuda_path"] = list(engine.cuda_path()) if case == "staging" else None
+    out["cuda_path"] = list(engine.cuda_path()) if case in ("staging", "solo") else None
     report(out)
     rt.shutdown()
 
