@@ -71,8 +71,8 @@ class _Engine:
     def poll(self, handle: int) -> bool:
         return self._rt.poll(handle)
 
-    def wait(self, handle: int) -> Result:
-        r = self._rt.wait(handle)
+    def wait(self, handle: int, stream: Optional[int] = None) -> Result:
+        r = self._rt.wait(handle, -1 if stream is None else int(stream))
         if not r.ok:
             exc = _ERROR_KINDS.get(r.code)
             if exc is not None:

@@ -118,10 +118,15 @@ def poll(handle: int) -> bool:
     return api._runtime().poll(handle)
 
 
-def wait(handle: int) -> Result:
-    """Block (GIL released) until ``handle`` completes; return its Result or raise its error."""
+def wait(handle: int, stream: Optional[int] = None) -> Result:
+    """Block (GIL released) until ``handle`` completes; return its Result or raise its error.
+
+    ``stream`` (a CUDA stream handle, 0 = the default stream): for device work, return as soon
+    as it is queued on its stream and ``stream`` has been made to wait for it (torch's
+    ``Work.synchronize`` semantics), instead of blocking the host until it finished; an error
+    of that work then reaches the job as an abort. Host work is always waited for."""
     from appliance.runtime import api
-    return api._runtime().wait(handle)
+    return api._runtime().wait(handle, stream)
 
 
 def new_group_id() -> int:
@@ -137,7 +142,7 @@ def capabilities() -> dict:
 
 
 def set_device_allocator(fn) -> None:
-    """``fn(device, nbytes) -> (data_ptr, owner)`` supplies CUDA memory for outputs the core
+    """``fn(device, nbytes, stream) -> (data_ptr, owner)`` supplies CUDA memory for outputs the core
     sizes after negotiation (NCCL path); ``owner`` comes back as ``Result.output``. Called on
     the core's background thread."""
     from appliance.runtime import api

@@ -56,9 +56,15 @@ def _warn_once(text: str) -> None:
         print(f"appliance: warning: {text}", file=sys.stderr, flush=True)
 
 
-def _device_allocator(device: int, nbytes: int):
-    """CUDA memory for outputs the core sizes after negotiation, from torch's allocator."""
-    t = torch.empty(int(nbytes), dtype=torch.uint8, device=torch.device("cuda", int(device)))
+def _device_allocator(device: int, nbytes: int, stream: int):
+    """CUDA memory for outputs the core sizes after negotiation, from torch's allocator, tied to
+    the stream the operation writes it on."""
+    dev = torch.device("cuda", int(device))
+    if stream:
+        with torch.cuda.stream(torch.cuda.ExternalStream(int(stream), device=dev)):
+            t = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
+    else:
+        t = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
     return t.data_ptr(), t
 
 
@@ -136,11 +142,25 @@ def from_result(r: engine.Result, dtype: torch.dtype, like: torch.Tensor) -> tor
     return to_device(out, like)
 
 
+def _cuda_device(keep) -> Optional[int]:
+    """The CUDA device of the first CUDA tensor among ``keep`` (nested tuples), else None."""
+    for x in keep:
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cuda":
+                return x.device.index
+        elif isinstance(x, (tuple, list)):
+            d = _cuda_device(x)
+            if d is not None:
+                return d
+    return None
+
+
 class _Entry:
-    __slots__ = ("handles", "keep", "finish")
+    __slots__ = ("handles", "keep", "finish", "device")
 
     def __init__(self, handles: List[int], keep: tuple, finish: Callable[[list], object]):
         self.handles, self.keep, self.finish = handles, keep, finish
+        self.device = _cuda_device(keep)  # CUDA work: synchronize orders the caller's stream
 
 
 class HandleTable:
@@ -172,10 +192,13 @@ class HandleTable:
             entry = self._entries.get(handle)
         if entry is None:
             return None
+        # On CUDA, the caller's current stream waits for the device work (torch's semantics);
+        # the host only waits for it to be queued. Host work is waited for.
+        stream = None if entry.device is None else torch.cuda.current_stream(entry.device).cuda_stream
         results, error = [], None
         for h in entry.handles:  # wait for all, so no tensor is released while the core uses it
             try:
-                results.append(engine.wait(h))
+                results.append(engine.wait(h, stream))
             except Exception as e:  # re-raised below, once the others have finished
                 results.append(None)
                 error = error or e

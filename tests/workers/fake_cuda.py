@@ -96,13 +96,14 @@ def staging(P):
 
 def solo():
     """One rank through the NCCL backend; outputs the core sizes come from a numpy allocator."""
-    engine.set_device_allocator(lambda device, nbytes: (lambda a: (a.ctypes.data, a))(np.empty(nbytes, np.uint8)))
+    engine.set_device_allocator(lambda device, nbytes, stream: (lambda a: (a.ctypes.data, a))(np.empty(nbytes, np.uint8)))
     checked = 0
     keep = []
 
     def run(kind, name, inp, out=None, **kw):
         keep.append((inp, out))
-        return engine.wait(engine.submit(kind, name, dev(inp), None if out is None else dev(out), **kw))
+        # stream 0: returns once queued on the (stand-in) device, the default stream ordered after it
+        return engine.wait(engine.submit(kind, name, dev(inp), None if out is None else dev(out), **kw), 0)
 
     x = np.arange(10, dtype=np.float32)
     o = np.zeros_like(x)
@@ -152,6 +153,8 @@ def main():
             out["checked"] = staging(P)
         elif case == "solo":
             out["checked"] = solo()
+            import ctypes
+            out["stream_waits"] = ctypes.CDLL(os.environ["FAKE_CUDART"]).fake_stream_waits()
         elif case == "nccl_fails":
             x = np.ones(10, dtype=np.float32)
             engine.wait(engine.submit(Kind.ALLREDUCE, "x", dev(x), dev(x), op=rt.Sum))

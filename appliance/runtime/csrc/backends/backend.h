@@ -30,6 +30,9 @@ class Pending {
   virtual ~Pending() = default;
   // True once the entry's work has finished; throws Error when it failed.
   virtual bool done() = 0;
+  // An event (cudaEvent_t) recorded after the entry's work on its stream, shared with the ops
+  // so callers can order their own stream after it; nullptr for host work.
+  virtual std::shared_ptr<void> ready_event() { return nullptr; }
 };
 
 class Backend {
@@ -46,7 +49,9 @@ struct DeviceBlock {
   uint64_t ptr = 0;
   std::shared_ptr<void> owner;  // keeps the memory alive; handed back to the adapter
 };
-using DeviceAllocator = std::function<DeviceBlock(int device, size_t bytes)>;
+// `stream`: the stream the memory is written on (the operation's), for the allocator's
+// bookkeeping (torch's caching allocator ties a block to a stream).
+using DeviceAllocator = std::function<DeviceBlock(int device, size_t bytes, uint64_t stream)>;
 
 // Bytes this rank sends to / receives from each peer in an alltoall entry, the rows it
 // receives from each (recv_splits) and the output shape; from the plan's P x P splits.

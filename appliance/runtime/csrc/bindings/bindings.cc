@@ -47,9 +47,10 @@ struct CoreResult {
   int64_t value = -1;
 };
 
-CoreResult to_result(OpState& op) {
+// `finished` false: the op's device work may still run (wait_on_stream); it has not failed.
+CoreResult to_result(OpState& op, bool finished = true) {
   CoreResult r;
-  r.ok = op.status.ok();
+  r.ok = !finished || op.status.ok();
   if (!r.ok) {
     r.code = code_name(op.status.code);
     r.origin_rank = op.status.origin_rank;
@@ -165,21 +166,24 @@ PYBIND11_MODULE(_core, m) {
              return d;
            })
       .def("wait",
-           [](Runtime& rt, int handle) {
+           [](Runtime& rt, int handle, int64_t stream) {
+             // stream >= 0: the caller's CUDA stream may wait for device work instead of the host.
              OpPtr op;
+             bool finished = true;
              {
                py::gil_scoped_release nogil;
-               op = rt.wait(handle);
+               op = stream < 0 ? rt.wait(handle) : rt.wait_on_stream(handle, static_cast<uint64_t>(stream), &finished);
              }
-             return to_result(*op);
-           })
+             return to_result(*op, finished);
+           },
+           py::arg("handle"), py::arg("stream") = -1)
       .def("set_device_allocator",
            [](Runtime& rt, py::object fn) {
-             // fn(device, nbytes) -> (data_ptr, owner): called on the background thread.
+             // fn(device, nbytes, stream) -> (data_ptr, owner): called on the background thread.
              auto shared = std::shared_ptr<py::object>(new py::object(std::move(fn)), gil_deleter);
-             rt.set_device_allocator([shared](int device, size_t bytes) {
+             rt.set_device_allocator([shared](int device, size_t bytes, uint64_t stream) {
                py::gil_scoped_acquire gil;
-               py::tuple t = (*shared)(device, bytes);
+               py::tuple t = (*shared)(device, bytes, stream);
                DeviceBlock b;
                b.ptr = t[0].cast<uint64_t>();
                b.owner = std::shared_ptr<void>(new py::object(t[1]), gil_deleter);

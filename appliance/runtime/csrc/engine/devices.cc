@@ -81,14 +81,14 @@ void Runtime::setup_cuda(int device) {
       if (v.size() != sizeof(id.internal)) throw Error(Code::kProtocol, "NCCL unique id of the wrong size", 0, host_of(0));
       std::copy(v.begin(), v.end(), id.internal);
     }
-    auto locked = [this](int dev, size_t bytes) {
+    auto locked = [this](int dev, size_t bytes, uint64_t stream) {
       DeviceAllocator a;
       {
         std::lock_guard<std::mutex> g(alloc_mu_);
         a = alloc_;
       }
       if (!a) throw Error(Code::kInternal, "no device allocator: CUDA outputs need the framework adapter");
-      return a(dev, bytes);
+      return a(dev, bytes, stream);
     };
     nccl_ = std::make_unique<NcclBackend>(nccl_api_, cuda_, cfg_.rank, cfg_.size, device, id, locked);
     if (cfg_.verbose && cfg_.rank == 0)
@@ -97,6 +97,11 @@ void Runtime::setup_cuda(int device) {
   std::lock_guard<std::mutex> g(alloc_mu_);
   cuda_decision_ = d;
   cuda_ready_ = true;
+}
+
+void Runtime::stream_wait(const OpState& op, uint64_t stream) {
+  cuda_.check(cuda_.StreamWaitEvent(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)), op.ready_event.get(), 0),
+              "cudaStreamWaitEvent");
 }
 
 void Runtime::poll_running() {

@@ -258,6 +258,12 @@ void Runtime::run_entry(const PlanEntry& e) {
   if (e.names.size() > 1) ++stats_.fused_entries;
   for (size_t i = 0; i < e.names.size(); ++i) cache_.put(e.names[i], e.sigs[i]);
   if (pending) {
+    std::shared_ptr<void> ev = pending->ready_event();
+    for (auto& op : ops)
+      if (op && ev) {
+        op->ready_event = ev;
+        handles_.mark_launched(op);
+      }
     running_.push_back(Running{std::move(pending), std::move(ops)});
     return;
   }

@@ -41,13 +41,24 @@ bool HandleTable::poll(int handle) {
   return it->second->done;
 }
 
-OpPtr HandleTable::wait(int handle) {
+void HandleTable::mark_launched(const OpPtr& op) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    op->launched = true;
+  }
+  cv_.notify_all();
+}
+
+OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
   std::unique_lock<std::mutex> g(mu_);
   auto it = ops_.find(handle);
   if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
   OpPtr op = it->second;
-  cv_.wait(g, [&] { return op->done; });
+  cv_.wait(g, [&] { return op->done || (until_launched && op->launched && op->ready_event); });
   ops_.erase(handle);
+  auto n = names_.find(op->req.name);
+  if (n != names_.end() && n->second == handle) names_.erase(n);
+  if (finished) *finished = op->done;
   return op;
 }
 

@@ -38,6 +38,10 @@ struct OpState {
   std::vector<int64_t> out_shape;
   std::vector<int64_t> recv_splits;
   std::shared_ptr<void> device_output;  // CUDA output from the adapter's allocator (NCCL path)
+  // Device work (NCCL path): an event recorded on the op's stream after it, set at launch.
+  // A caller may make its own stream wait on it instead of waiting for `done` on the host.
+  std::shared_ptr<void> ready_event;
+  bool launched = false;
   int64_t value = -1;
   bool done = false;
 
@@ -53,8 +57,12 @@ class HandleTable {
   int add(const OpPtr& op);
   void complete(const OpPtr& op, Status s);
   bool poll(int handle);
-  // Blocks until done, then forgets the handle. Throws std::invalid_argument on unknown handles.
-  OpPtr wait(int handle);
+  // Device work of op is on its stream (op->ready_event is set).
+  void mark_launched(const OpPtr& op);
+  // Blocks until done (or, with until_launched, until launched with a ready event), then
+  // forgets the handle and frees its name for reuse. *finished tells which. Throws
+  // std::invalid_argument on unknown handles.
+  OpPtr wait(int handle, bool until_launched = false, bool* finished = nullptr);
   // Completes every op not yet done with s (job failure, shutdown).
   void fail_all(const Status& s);
 

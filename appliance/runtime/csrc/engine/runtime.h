@@ -79,6 +79,14 @@ class Runtime {
   };
   const Stats& stats() const { return stats_; }
   OpPtr wait(int handle) { return handles_.wait(handle); }
+  // For a caller on a CUDA stream: returns once the op is done, or once its device work is on
+  // its stream and `stream` has been made to wait for it (*finished false); an error after
+  // that reaches the job as an abort. Host work is always waited for.
+  OpPtr wait_on_stream(int handle, uint64_t stream, bool* finished) {
+    OpPtr op = handles_.wait(handle, true, finished);
+    if (!*finished) stream_wait(*op, stream);
+    return op;
+  }
   void shutdown();
   // Where CUDA outputs of allgather/alltoall/reducescatter come from (set by the adapter before
   // its first CUDA operation; called on the background thread).
@@ -103,6 +111,7 @@ class Runtime {
   void setup_cuda(int device);
   void poll_running();
   void abort_backends();
+  void stream_wait(const OpState& op, uint64_t stream);
   void heartbeats();
   void stall_check();
   void send_control(int peer, FrameType type, const std::vector<uint8_t>& payload);

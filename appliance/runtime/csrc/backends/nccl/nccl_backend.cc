@@ -26,16 +26,14 @@ int nccl_type(DataType t) {
 
 class NcclPending final : public Pending {
  public:
-  NcclPending(const NcclApi& nccl, const CudaApi& cuda, ncclComm_t comm, cudaEvent_t ev)
-      : nccl_(nccl), cuda_(cuda), comm_(comm), ev_(ev) {}
-  ~NcclPending() override {
-    if (ev_) cuda_.EventDestroy(ev_);
-  }
+  NcclPending(const NcclApi& nccl, const CudaApi& cuda, ncclComm_t comm, std::shared_ptr<void> ev)
+      : nccl_(nccl), cuda_(cuda), comm_(comm), ev_(std::move(ev)) {}
+  std::shared_ptr<void> ready_event() override { return ev_; }
   bool done() override {
     int async = kNcclSuccess;
     nccl_.CommGetAsyncError(comm_, &async);
     if (async != kNcclSuccess && async != kNcclInProgress) nccl_.check(async, "asynchronous operation");
-    int rc = cuda_.EventQuery(ev_);
+    int rc = cuda_.EventQuery(ev_.get());
     if (rc == kCudaErrorNotReady) return false;
     cuda_.check(rc, "cudaEventQuery");
     return true;
@@ -45,7 +43,7 @@ class NcclPending final : public Pending {
   const NcclApi& nccl_;
   const CudaApi& cuda_;
   ncclComm_t comm_;
-  cudaEvent_t ev_;
+  std::shared_ptr<void> ev_;  // destroyed when neither this nor an op holds it
 };
 }  // namespace
 
@@ -73,6 +71,7 @@ std::unique_ptr<Pending> NcclBackend::launch(const PlanEntry& e, const std::vect
   cuda_.check(cuda_.SetDevice(device_), "cudaSetDevice");
   cudaStream_t st = nullptr;
   bool have = false;
+  stream_ = nullptr;
   for (OpState* op : ops) {
     if (!op) continue;
     if (op->in.device != device_)
@@ -81,6 +80,7 @@ std::unique_ptr<Pending> NcclBackend::launch(const PlanEntry& e, const std::vect
                                       ": use one GPU per rank (torch.cuda.set_device(hvd.local_rank()))");
     if (!have) st = stream_of(op->in), have = true;
   }
+  stream_ = st;
   switch (e.kind) {
     case OpKind::kAllreduce: allreduce(e, ops, st); break;
     case OpKind::kAllgather: allgather(e, *ops.at(0), st); break;
@@ -89,10 +89,13 @@ std::unique_ptr<Pending> NcclBackend::launch(const PlanEntry& e, const std::vect
     case OpKind::kReducescatter: reducescatter(e, *ops.at(0), st); break;
     default: APPLIANCE_ASSERT(false, std::string("NCCL backend asked to run ") + op_kind_name(e.kind));
   }
-  cudaEvent_t ev = nullptr;
-  cuda_.check(cuda_.EventCreateWithFlags(&ev, kCudaEventDisableTiming), "cudaEventCreate");
-  cuda_.check(cuda_.EventRecord(ev, st), "cudaEventRecord");
-  return std::make_unique<NcclPending>(nccl_, cuda_, comm_, ev);
+  cudaEvent_t raw = nullptr;
+  cuda_.check(cuda_.EventCreateWithFlags(&raw, kCudaEventDisableTiming), "cudaEventCreate");
+  const CudaApi* cuda = &cuda_;
+  std::shared_ptr<void> ev(raw, [cuda](void* e) { cuda->EventDestroy(e); });
+  cuda_.check(cuda_.EventRecord(raw, st), "cudaEventRecord");
+  stream_ = st;
+  return std::make_unique<NcclPending>(nccl_, cuda_, comm_, std::move(ev));
 }
 
 ncclRedOp_t NcclBackend::red_op(const Signature& s, bool* created) {
@@ -130,7 +133,7 @@ ncclRedOp_t NcclBackend::red_op(const Signature& s, bool* created) {
 
 uint8_t* NcclBackend::device_output(OpState& o, size_t bytes, std::vector<int64_t> shape) {
   if (!alloc_) throw Error(Code::kInternal, "no device allocator: CUDA outputs need the framework adapter");
-  DeviceBlock b = alloc_(device_, bytes ? bytes : 1);
+  DeviceBlock b = alloc_(device_, bytes ? bytes : 1, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(stream_)));
   o.device_output = b.owner;
   o.output_bytes = bytes;
   o.out_shape = std::move(shape);

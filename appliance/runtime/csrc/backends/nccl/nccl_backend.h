@@ -52,6 +52,7 @@ class NcclBackend final : public Backend {
   void* fusion_ = nullptr;
   size_t fusion_cap_ = 0;
   cudaEvent_t fusion_free_ = nullptr;  // recorded after the last use of the fusion buffer
+  cudaStream_t stream_ = nullptr;      // of the entry being launched
 };
 
 }  // namespace appliance
