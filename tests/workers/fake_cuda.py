@@ -153,8 +153,17 @@ def main():
             out["checked"] = staging(P)
         elif case == "solo":
             out["checked"] = solo()
+            out["cuda_path"] = list(engine.cuda_path())
             import ctypes
-            out["stream_waits"] = ctypes.CDLL(os.environ["FAKE_CUDART"]).fake_stream_waits()
+            fake = ctypes.CDLL(os.environ["FAKE_CUDART"])
+            out["stream_waits"] = fake.fake_stream_waits()
+            from appliance.runtime import api
+            out["fused_entries"] = api._runtime()._rt.stats()["fused_entries"]
+            # the last op returns as soon as it is queued; shutdown must let it finish first
+            x = np.ones(10, dtype=np.float32)
+            engine.wait(engine.submit(Kind.ALLREDUCE, "last", dev(x), dev(x), op=rt.Sum), 0)
+            rt.shutdown()
+            out["events_outstanding"] = fake.fake_events_outstanding()
         elif case == "nccl_fails":
             x = np.ones(10, dtype=np.float32)
             engine.wait(engine.submit(Kind.ALLREDUCE, "x", dev(x), dev(x), op=rt.Sum))
@@ -162,7 +171,8 @@ def main():
     except HorovodInternalError as e:
         out["error"] = str(e)
         out["error_after_s"] = time.monotonic() - t0
-    out["cuda_path"] = list(engine.cuda_path()) if case in ("staging", "solo") else None
+    if case == "staging":
+        out["cuda_path"] = list(engine.cuda_path())
     report(out)
     rt.shutdown()
 

@@ -48,6 +48,14 @@ void Runtime::loop() {
         return;
       }
     }
+    // Device work already launched (its callers may only have ordered their streams after
+    // it) finishes before the communicator is torn down; bounded, in case a peer is gone.
+    const auto drain_until = Clock::now() + std::chrono::milliseconds(
+                                                std::max<int64_t>(5000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000)));
+    while (!running_.empty() && Clock::now() < drain_until) {
+      poll_running();
+      if (!running_.empty()) usleep(50);
+    }
     for (int r = 0; r < cfg_.size; ++r) {
       if (!is_ctrl_peer(r)) continue;
       try {
