@@ -199,7 +199,7 @@ log="$CACHE/logs/build-${tag//[^A-Za-z0-9_.-]/_}.log"
 say "[3/4] docker build -t $tag (base $base; log $log)"
 t_build=$SECONDS
 set +e
-docker build "${build_opts[@]}" --build-arg BASE_IMAGE="$base" --label "appliance.variant=$variant" \
+docker build --force-rm "${build_opts[@]}" --build-arg BASE_IMAGE="$base" --label "appliance.variant=$variant" \
     --label "appliance.base=$base" -t "$tag" -f "$ROOT/Dockerfile" "$ROOT" 2>&1 \
     | tee "$log" \
     | if ((verbose)); then cat; else
