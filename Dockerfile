@@ -136,11 +136,16 @@ RUN set -eu; \
 # (pyproject's build-dir), so a later change to Python files finds the objects up to date.
 # README.md is a placeholder here (metadata needs one); the real one comes with the sources.
 # If the C++ build grows inputs outside these paths, add them here; until then the full build
-# below still works, it just compiles from scratch.
+# below still works, it just compiles from scratch. The C++ sources get one fixed old mtime before
+# both builds: COPY keeps the mtimes of the checkout, so a cached pre-build made from another
+# checkout (CI's fresh clone, a branch switch) would otherwise look older than the sources and
+# everything would recompile. Safe: the second COPY of csrc/ has the content the pre-build compiled
+# (both COPYs are keyed on content), and ninja's depfiles cover the headers.
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt ./
 COPY appliance/runtime/csrc/ appliance/runtime/csrc/
 RUN touch README.md; \
+    find appliance/runtime/csrc -exec touch -h -d @946684800 {} +; \
     /opt/buildenv/bin/pip wheel -q --no-deps --no-build-isolation -w /tmp/prebuild . \
     || echo "builder: the C++-only pre-build failed; the full build compiles from scratch" >&2; \
     rm -rf /tmp/prebuild
@@ -148,6 +153,7 @@ RUN touch README.md; \
 COPY README.md ./
 COPY appliance/ appliance/
 RUN set -eux; \
+    find appliance/runtime/csrc -exec touch -h -d @946684800 {} +; \
     /opt/buildenv/bin/pip wheel --no-deps --no-build-isolation -w /dist . ; \
     ls -l /dist
 
