@@ -1,23 +1,47 @@
 # The appliance image: OpenMPI + sshd + /opt/venv (torch, appliance with its C++ core).
 #
-# Build it with build.sh (it stages the wheelhouse and picks the base); plain `docker build .`
-# also works and then installs Python packages from the index. Classic builder only: no BuildKit
-# syntax, no RUN --mount (DOCKER_BUILDKIT unset or 0).
+# Build it with build.sh: it makes the base and the wheelhouse when missing and serves the
+# wheelhouse to the build (see "Wheelhouse" below). Plain `docker build .` also works once the
+# base exists (bash docker/bootstrap-base.sh) and then installs Python packages from the index.
+# Classic builder only: no BuildKit syntax, no RUN --mount (DOCKER_BUILDKIT unset or 0).
+#
+# Variants (one Dockerfile, the final stage picks): --target gpu (the default, last stage) and
+# --target cpu, with VARIANT=gpu|cpu choosing the requirements:
+#   gpu  PyPI's torch==2.13.0 (CUDA 13.0 build: the CUDA runtime, cuDNN, cuBLAS and NCCL arrive as
+#        nvidia-* wheels in /opt/venv, so any glibc >= 2.28 base works, no CUDA base needed) and
+#        torchvision==0.28.0; NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=compute,utility
+#        for the NVIDIA container toolkit (`docker run --gpus all`; the host driver must support
+#        CUDA 13, i.e. R580 or newer). The wheels' library dirs are in /etc/ld.so.conf.d, so
+#        libnccl.so.2 and libcudart.so.13 load by name. Without a GPU it runs on CPU tensors
+#        (torch.cuda.is_available() is False). ~5 GB.
+#   cpu  the same with a CPU-only torch (whatever the wheelhouse holds) and no torchvision. ~2 GB.
 #
 # Stages:  os       BASE_IMAGE + runtime packages (python3, OpenMPI, OpenSSH), shared by all
-#          deps     + compilers, cmake; /opt/venv with the dependencies (from the wheelhouse or index)
-#          builder  deps + our sources -> our wheel, the C++ core compiled here
-#          runtime  os + /opt/venv from deps + our wheel; no compilers added, no wheelhouse
-# Layer order follows change frequency: packages, dependency venv, then C++ sources (compiled once
-# in a layer of their own), then Python sources, so a .py change rebuilds in seconds.
+#          venv     os + /opt/venv with the dependencies (binary wheels only: no compilers needed)
+#          builder  os + compilers, cmake + our sources -> our wheel, the C++ core compiled here
+#                   (the same for both variants: the second build gets it from the cache)
+#          runtime  venv + config + our wheel; no compilers, no wheelhouse
+#          cpu|gpu  runtime + the variant's labels/env
+# The venv is installed once, in a stage the runtime builds on (not copied between stages), so
+# the big layer exists once on disk. Layer order follows change frequency: packages, dependency
+# venv, then C++ sources (compiled once in a layer of their own), then Python sources, so a .py
+# change rebuilds in seconds.
 #
-# Build args: BASE_IMAGE (default an NVIDIA CUDA devel image with NCCL; build.sh --cpu passes a
-# debootstrapped Debian), OPENMPI_MAJOR (the build fails if the distro's OpenMPI has another major),
-# PIP_NO_INDEX=1 (install only from the wheelhouse in .wheelhouse/), PIP_INDEX_URL and
-# PIP_EXTRA_INDEX_URL (index mode, e.g. PyTorch's CPU index for a smaller CPU image).
+# Wheelhouse: build.sh serves a host directory of wheels over HTTP on a loopback address of the
+# host and runs `docker build --network host --add-host appliance-wheelhouse:ADDR` with
+# WHEELHOUSE_URL=http://appliance-wheelhouse:PORT/, so pip in the build installs from there with
+# --no-index. The wheels never enter the build context (which stays ~1 MB) nor any layer.
+# WHEELHOUSE_ID (a digest of the wheel list) invalidates the venv layer when the wheels change;
+# the address does not touch the cache key. A remote or rootless engine cannot reach the host's
+# loopback: use index mode (no WHEELHOUSE_URL) there.
+#
+# Build args: BASE_IMAGE (default appliance-base:bookworm, made by docker/bootstrap-base.sh; an
+# Ubuntu/Debian image with apt, e.g. nvidia/cuda:13.0.0-base-ubuntu24.04, also works),
+# VARIANT (gpu|cpu), OPENMPI_MAJOR (the build fails if the distro's OpenMPI has another major),
+# WHEELHOUSE_ID / WHEELHOUSE_PYTHON / WHEELHOUSE_URL (set by build.sh), PIP_INDEX_URL and
+# PIP_EXTRA_INDEX_URL (index mode).
 
-ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
-
+ARG BASE_IMAGE=appliance-base:bookworm
 # ---------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS os
 ARG OPENMPI_MAJOR=4
@@ -44,44 +68,84 @@ RUN set -eux; \
     cat /etc/appliance/versions
 
 # ---------------------------------------------------------------------------------------------
-FROM os AS deps
-ARG DEBIAN_FRONTEND=noninteractive
-ARG PIP_NO_INDEX=0
+# Dependencies. docker/pip-install.sh VENV ARGS...: pip install into VENV from the wheelhouse (when
+# build.sh serves one) or the index; it checks the wheelhouse's Python tag and that it answers.
+# The nvidia-* wheels' library dirs (GPU variant) go into /etc/ld.so.conf.d, so libnccl.so.2 and
+# libcudart.so.13 load by name (a dlopen without torch's RPATH); never a driver library (libcuda,
+# libnvidia-ml): those come from the host through the NVIDIA container toolkit.
+FROM os AS venv
+ARG VARIANT=gpu
+ARG WHEELHOUSE_ID
+ARG WHEELHOUSE_PYTHON
+ARG WHEELHOUSE_URL
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_FIND_LINKS=/wheelhouse PIP_NO_CACHE_DIR=1
+COPY docker/pip-install.sh /usr/local/lib/appliance/pip-install
+COPY docker/requirements.txt docker/requirements-gpu.txt /tmp/req/
+RUN set -eu; \
+    case "$VARIANT" in \
+        cpu) req=/tmp/req/requirements.txt ;; \
+        gpu) req=/tmp/req/requirements-gpu.txt ;; \
+        *) echo "VARIANT=$VARIANT: expected cpu or gpu" >&2; exit 1 ;; \
+    esac; \
+    chmod 0755 /usr/local/lib/appliance/pip-install; \
+    python3 -m venv /opt/venv; \
+    /usr/local/lib/appliance/pip-install /opt/venv -r "$req"; \
+    rm -rf /tmp/req; \
+    /opt/venv/bin/pip check; \
+    dirs="$(find /opt/venv/lib/python3*/site-packages/nvidia -mindepth 2 -maxdepth 2 -type d -name lib 2>/dev/null | sort)"; \
+    if [ -n "$dirs" ]; then \
+        if find $dirs -name 'libcuda.so*' -o -name 'libnvidia-ml.so*' | grep -q .; then \
+            echo "a driver library in the nvidia wheels: refusing to put it on the loader path" >&2; exit 1; \
+        fi; \
+        echo "$dirs" > /etc/ld.so.conf.d/appliance-nvidia.conf; \
+        ldconfig; \
+        ldconfig -p | grep -q 'libnccl.so.2 ' || { echo "libnccl.so.2 not on the loader path" >&2; exit 1; }; \
+    fi; \
+    /opt/venv/bin/python -c 'import importlib.metadata as m, torch; \
+print("torch=" + torch.__version__); print("cuda=" + (torch.version.cuda or "none")); \
+v = [d.version for d in m.distributions() if (d.metadata["Name"] or "").startswith("nvidia-nccl")]; \
+print("nccl=" + (v[0] if v else "none")); \
+print("torchvision=" + next((d.version for d in m.distributions() if d.metadata["Name"] == "torchvision"), "none"))' \
+        >> /etc/appliance/versions; \
+    cat /etc/appliance/versions
+
+# ---------------------------------------------------------------------------------------------
+# Our wheel, in a stage of its own FROM os: it needs no dependency of /opt/venv, so a change of
+# requirements does not recompile the core, and the CPU and GPU variants share this whole stage
+# through the layer cache (the second variant's build skips it). Its build backend venv depends
+# on build-requirements.txt only (not WHEELHOUSE_ID, which differs between the variants).
+FROM os AS builder
+ARG DEBIAN_FRONTEND=noninteractive
+ARG WHEELHOUSE_PYTHON
+ARG WHEELHOUSE_URL
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
 RUN set -eux; \
     apt-get update; \
     apt-get install -y --no-install-recommends g++ make cmake ninja-build python3-dev; \
     rm -rf /var/lib/apt/lists/*
-
-# The wheelhouse (may be empty in index mode; the [e] glob keeps COPY happy when it is absent).
-COPY docker/requirements.txt docker/build-requirements.txt .wheelhous[e] /wheelhouse/
+COPY docker/pip-install.sh /usr/local/lib/appliance/pip-install
+COPY docker/build-requirements.txt /tmp/req/
 RUN set -eu; \
-    want="$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"; \
-    if [ -f /wheelhouse/PYTHON_TAG ] && [ "$(cat /wheelhouse/PYTHON_TAG)" != "$want" ]; then \
-        echo "the wheelhouse is for $(cat /wheelhouse/PYTHON_TAG) but this base has Python $want:" \
-             "remake it with build.sh --python" >&2; exit 1; \
-    fi; \
-    python3 -m venv /opt/venv; \
-    /opt/venv/bin/pip install -q -r /wheelhouse/requirements.txt; \
     python3 -m venv /opt/buildenv; \
-    /opt/buildenv/bin/pip install -q -r /wheelhouse/build-requirements.txt
-
-# ---------------------------------------------------------------------------------------------
-# Our sources in a stage of their own: the runtime copies /opt/venv from `deps`, whose image does
-# not change with our sources, so that big COPY stays a cache hit without re-hashing the venv.
-FROM deps AS builder
+    /usr/local/lib/appliance/pip-install /opt/buildenv -r /tmp/req/build-requirements.txt; \
+    rm -rf /tmp/req
 
 # C++ first: compile the core from the C++ inputs alone into the persistent build dir
 # (pyproject's build-dir), so a later change to Python files finds the objects up to date.
 # README.md is a placeholder here (metadata needs one); the real one comes with the sources.
 # If the C++ build grows inputs outside these paths, add them here; until then the full build
-# below still works, it just compiles from scratch.
+# below still works, it just compiles from scratch. The C++ sources get one fixed old mtime before
+# both builds: COPY keeps the mtimes of the checkout, so a cached pre-build made from another
+# checkout (CI's fresh clone, a branch switch) would otherwise look older than the sources and
+# everything would recompile. Safe: the second COPY of csrc/ has the content the pre-build compiled
+# (both COPYs are keyed on content), and ninja's depfiles cover the headers.
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt ./
 COPY appliance/runtime/csrc/ appliance/runtime/csrc/
 RUN touch README.md; \
+    find appliance/runtime/csrc -exec touch -h -d @946684800 {} +; \
     /opt/buildenv/bin/pip wheel -q --no-deps --no-build-isolation -w /tmp/prebuild . \
     || echo "builder: the C++-only pre-build failed; the full build compiles from scratch" >&2; \
     rm -rf /tmp/prebuild
@@ -89,14 +153,12 @@ RUN touch README.md; \
 COPY README.md ./
 COPY appliance/ appliance/
 RUN set -eux; \
+    find appliance/runtime/csrc -exec touch -h -d @946684800 {} +; \
     /opt/buildenv/bin/pip wheel --no-deps --no-build-isolation -w /dist . ; \
     ls -l /dist
 
 # ---------------------------------------------------------------------------------------------
-FROM os AS runtime
-# Dependencies first (a cache hit unless the wheelhouse or requirements changed).
-COPY --from=deps /opt/venv /opt/venv
-
+FROM venv AS runtime
 ENV PATH=/opt/venv/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     OMPI_ALLOW_RUN_AS_ROOT=1 \
@@ -146,3 +208,14 @@ HEALTHCHECK --interval=5s --timeout=4s --start-period=15s --retries=3 \
     CMD ["/usr/local/bin/appliance-healthcheck"]
 ENTRYPOINT ["/usr/local/bin/appliance-entrypoint"]
 CMD ["secondary"]
+
+# ---------------------------------------------------------------------------------------------
+FROM runtime AS cpu
+
+# ---------------------------------------------------------------------------------------------
+# The default (last) stage. The NVIDIA container toolkit reads these (`docker run --gpus all`, or
+# the nvidia runtime); on a host without it they do nothing and CUDA is simply unavailable.
+FROM runtime AS gpu
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+RUN appliance-entrypoint write-env

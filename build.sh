@@ -1,33 +1,45 @@
 #!/usr/bin/env bash
 # build.sh: build the appliance image (OpenMPI, sshd, /opt/venv with torch and appliance).
 #
-#   bash build.sh                      GPU image from the NVIDIA CUDA base, packages from the index
-#   bash build.sh --cpu                CPU image from a debootstrapped Debian base (made when missing),
-#                                      packages from a wheelhouse made on the host (cached)
+#   bash build.sh                      GPU image: PyPI's CUDA 13 torch 2.13.0 (+ CUDA runtime and
+#                                      NCCL as nvidia-* wheels) and torchvision 0.28.0, on the
+#                                      debootstrapped Debian base; runs on hosts without a GPU too
+#   bash build.sh --cpu                CPU image: the same with a CPU-only torch, no torchvision
+# Both start from appliance-base:bookworm (made with debootstrap when missing; no registry needed)
+# and install Python packages from a wheelhouse made on the host (cached per variant and Python:
+# APPLIANCE_CACHE_DIR/wheelhouse-{gpu,cpu}-cpXY; the GPU one is ~2.7 GB, fetched from PyPI with
+# pip --isolated, the CPU one uses the host's pip config). The wheelhouse is served to the build
+# over HTTP on a loopback address (docker build --network host), so it is never in the build
+# context or the image. First GPU build ~4 min (with the download), then cached: seconds.
 # Options:
 #   --gpu | --cpu                      which variant (default --gpu)
-#   --base IMAGE                       base image (default: CUDA devel for --gpu, appliance-base:bookworm
-#                                      for --cpu; that one is made by docker/bootstrap-base.sh)
+#   --base IMAGE                       base image (default appliance-base:bookworm, made by
+#                                      docker/bootstrap-base.sh); e.g. nvidia/cuda:13.0.0-base-ubuntu24.04
+#                                      where a registry is reachable (its Python is 3.12: the
+#                                      wheelhouse follows; Debian/Ubuntu bases with apt only)
 #   --wheelhouse DIR                   install Python packages only from DIR (air-gapped; checked first)
 #   --make-wheelhouse DIR              fill DIR with `pip download` on the host, then use it
 #   --index                            install Python packages from the index inside the build
+#                                      (also for a remote or rootless engine, which cannot reach the
+#                                      host's loopback)
 #   --python X.Y                       the base's Python, for the wheelhouse (default: detected)
 #   --tag NAME                         image name (default appliance:gpu / appliance:cpu, and
 #                                      appliance:latest is pointed at it)
 #   --no-cache                         docker build --no-cache
 #   -v | --verbose                     show the full docker build output (always in the log file)
 #
-# Env: APPLIANCE_CACHE_DIR (default ~/.cache/appliance: base rootfs, wheelhouses, build logs).
-# Uses the classic builder (DOCKER_BUILDKIT=0; BuildKit is not available everywhere). Failure
-# modes: Docker missing or its daemon down, a base that cannot be made, an incomplete wheelhouse,
-# a failing build: each is one "build.sh: ERROR: ..." line (a failing build also shows the end of
-# its log) and a non-zero exit.
+# Env: APPLIANCE_CACHE_DIR (default ~/.cache/appliance: base rootfs, wheelhouses, build logs),
+# APPLIANCE_WHEELHOUSE_PORT (default 47683: the port the wheelhouse is served on, on a random
+# 127.x.y.z address). Uses the classic builder (DOCKER_BUILDKIT=0; BuildKit is not available
+# everywhere). Failure modes: Docker missing or its daemon down, a base that cannot be made, an
+# incomplete wheelhouse, a failing build: each is one "build.sh: ERROR: ..." line (a failing build
+# also shows the end of its log) and a non-zero exit.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${APPLIANCE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/appliance}"
-GPU_BASE="nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
-CPU_BASE="appliance-base:bookworm"
+DEFAULT_BASE="appliance-base:bookworm"
+WH_PORT="${APPLIANCE_WHEELHOUSE_PORT:-47683}"
 
 variant=gpu base="" wheelhouse="" make_wheelhouse="" pkg_mode="" pyver="" tag="" verbose=0
 build_opts=()
@@ -47,7 +59,7 @@ while (($#)); do
         --tag) tag="${2:?--tag needs a name}"; shift 2 ;;
         --no-cache) build_opts+=(--no-cache); shift ;;
         -v|--verbose) verbose=1; shift ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see bash build.sh --help)" ;;
     esac
 done
@@ -62,9 +74,11 @@ if [[ "${DOCKER_BUILDKIT:-0}" != 0 ]]; then
 fi
 export DOCKER_BUILDKIT=0
 
-base="${base:-$([[ $variant == gpu ]] && echo "$GPU_BASE" || echo "$CPU_BASE")}"
+base="${base:-$DEFAULT_BASE}"
 tag="${tag:-appliance:$variant}"
-pkg_mode="${pkg_mode:-$([[ $variant == gpu ]] && echo index || echo wheelhouse)}"
+pkg_mode="${pkg_mode:-wheelhouse}"
+[[ "$WH_PORT" =~ ^[0-9]+$ ]] && ((WH_PORT > 0 && WH_PORT < 65536)) \
+    || die "APPLIANCE_WHEELHOUSE_PORT=$WH_PORT: expected a TCP port"
 mkdir -p "$CACHE/logs"
 t_start=$SECONDS
 
@@ -98,29 +112,83 @@ python_of_base() {
 }
 [[ "$base" == appliance-base:bookworm ]] && pyver="${pyver:-3.11}"
 
-# 2. Python packages: a wheelhouse staged into the build context, or none (index mode).
-stage="$ROOT/.wheelhouse"
-rm -rf "$stage"
-mkdir -p "$stage"
+# 2. Python packages: a wheelhouse served to the build, or none (index mode).
+build_opts+=(--build-arg "VARIANT=$variant" --target "$variant")
+server_pid=""
+stop_server() { [[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null || true; }
+trap stop_server EXIT
 if [[ $pkg_mode == wheelhouse ]]; then
+    if [[ -n "${DOCKER_HOST:-}" && "$DOCKER_HOST" != unix://* ]]; then
+        die "DOCKER_HOST=$DOCKER_HOST: a remote engine cannot reach the wheelhouse served here; use --index"
+    fi
     if [[ -z "$wheelhouse" ]]; then
         pyver="${pyver:-$(python_of_base)}" || die "cannot tell the Python of $base; pass --python X.Y"
-        wheelhouse="${make_wheelhouse:-$CACHE/wheelhouse-cp${pyver/./}}"
-        say "[2/4] wheelhouse: $wheelhouse (host pip, Python $pyver)"
-        bash "$ROOT/docker/make-wheelhouse.sh" "$wheelhouse" --python "$pyver" \
+        wheelhouse="${make_wheelhouse:-$CACHE/wheelhouse-$variant-cp${pyver/./}}"
+        say "[2/4] wheelhouse: $wheelhouse (host pip, $variant, Python $pyver)"
+        bash "$ROOT/docker/make-wheelhouse.sh" "$wheelhouse" "--$variant" --python "$pyver" \
             || die "could not make the wheelhouse $wheelhouse (see above)"
     else
         [[ -d "$wheelhouse" ]] || die "--wheelhouse $wheelhouse: no such directory"
         compgen -G "$wheelhouse/*.whl" >/dev/null || die "--wheelhouse $wheelhouse holds no wheels"
         say "[2/4] wheelhouse: $wheelhouse (given)"
     fi
-    if [[ $variant == gpu ]] && compgen -G "$wheelhouse/torch-*+cpu-*.whl" >/dev/null; then
+    wheelhouse="$(cd "$wheelhouse" && pwd)"
+    if [[ $variant == gpu ]] && compgen -G "$wheelhouse/torch-*+cpu*.whl" >/dev/null; then
         say "WARNING: the wheelhouse holds a CPU-only torch; the GPU image will not use CUDA"
     fi
-    # Hard links when the wheelhouse is on the same file system (instant), else a copy.
-    cp -al "$wheelhouse/." "$stage/" 2>/dev/null || cp -a "$wheelhouse/." "$stage/"
-    rm -f "$stage/.stamp"
-    build_opts+=(--build-arg PIP_NO_INDEX=1)
+    wh_variant="$(cat "$wheelhouse/VARIANT" 2>/dev/null || true)"
+    if [[ -n "$wh_variant" && "$wh_variant" != "$variant" ]]; then
+        say "WARNING: $wheelhouse was made for the $wh_variant variant, this is a $variant build"
+    fi
+    # Its identity for the layer cache: names and sizes of the wheels (a new wheel, a new build).
+    wh_id="$(find "$wheelhouse" -maxdepth 1 -name '*.whl' -printf '%f %s\n' | LC_ALL=C sort | sha256sum | cut -c1-16)"
+    wh_python="$(cat "$wheelhouse/PYTHON_TAG" 2>/dev/null || true)"
+    # Serve it read-only on a random 127.x.y.z (loopback: nothing outside this machine sees it)
+    # at a fixed port; the build reaches it as appliance-wheelhouse (--add-host), so neither the
+    # address nor anything else that varies between builds enters the layer cache key.
+    command -v python3 >/dev/null || die "python3 is needed on the host to serve the wheelhouse"
+    addr_file="$(mktemp "${TMPDIR:-/tmp}/appliance-wheelhouse.XXXXXX")"
+    python3 - "$wheelhouse" "$WH_PORT" "$addr_file" <<'PY' >>"$CACHE/logs/wheelhouse-server.log" 2>&1 &
+import errno, functools, http.server, random, sys
+
+root, port, addr_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_PUT(self):  # read-only
+        self.send_error(405)
+
+
+for _ in range(50):
+    addr = "127.%d.%d.%d" % (random.randint(1, 254), random.randint(0, 255), random.randint(1, 254))
+    try:
+        srv = http.server.ThreadingHTTPServer((addr, port), functools.partial(Handler, directory=root))
+        break
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+else:
+    sys.exit("port %d is in use on every loopback address tried (set APPLIANCE_WHEELHOUSE_PORT)" % port)
+srv.daemon_threads = True
+with open(addr_file, "w") as f:
+    f.write(addr)
+srv.serve_forever()
+PY
+    server_pid=$!
+    for _ in $(seq 1 100); do
+        [[ -s "$addr_file" ]] && break
+        kill -0 "$server_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    wh_addr="$(cat "$addr_file" 2>/dev/null || true)"
+    rm -f "$addr_file"
+    [[ -n "$wh_addr" ]] || die "could not serve $wheelhouse (log: $CACHE/logs/wheelhouse-server.log)"
+    build_opts+=(--network host --add-host "appliance-wheelhouse:$wh_addr"
+                 --build-arg "WHEELHOUSE_URL=http://appliance-wheelhouse:$WH_PORT/"
+                 --build-arg "WHEELHOUSE_ID=$wh_id" --build-arg "WHEELHOUSE_PYTHON=$wh_python")
 else
     say "[2/4] packages: from the index inside the build (no wheelhouse)"
 fi
@@ -131,7 +199,7 @@ log="$CACHE/logs/build-${tag//[^A-Za-z0-9_.-]/_}.log"
 say "[3/4] docker build -t $tag (base $base; log $log)"
 t_build=$SECONDS
 set +e
-docker build "${build_opts[@]}" --build-arg BASE_IMAGE="$base" --label "appliance.variant=$variant" \
+docker build --force-rm "${build_opts[@]}" --build-arg BASE_IMAGE="$base" --label "appliance.variant=$variant" \
     --label "appliance.base=$base" -t "$tag" -f "$ROOT/Dockerfile" "$ROOT" 2>&1 \
     | tee "$log" \
     | if ((verbose)); then cat; else
@@ -139,7 +207,7 @@ docker build "${build_opts[@]}" --build-arg BASE_IMAGE="$base" --label "applianc
       fi
 status=${PIPESTATUS[0]}
 set -e
-rm -rf "$stage"
+stop_server
 if ((status != 0)); then
     echo "----- last lines of $log -----" >&2
     tail -n 30 "$log" >&2

@@ -4,7 +4,9 @@
 #   bash docker/smoke.sh [IMAGE]      (default appliance:latest)
 #
 # Checks: our C++ core and torch import from /opt/venv; mpirun is OpenMPI 4; `sshd -t` passes;
-# no host keys, compilers or wheelhouse in the image; two secondaries on a user-defined bridge
+# no host keys, compilers or wheelhouse in the image; for the GPU variant: torch is a CUDA 13 build,
+# torchvision imports, libnccl.so.2 and libcudart.so.13 load by name, the NVIDIA toolkit env is
+# set, and without a GPU torch says CUDA is unavailable; two secondaries on a user-defined bridge
 # network become healthy and SSH into each other on port 12345 with a fresh ed25519 cluster key
 # (written to the share with loose modes on purpose: the entrypoint must fix them), a
 # non-interactive session sees /opt/venv/bin on PATH, and sshd offers no method but public keys.
@@ -44,9 +46,23 @@ check "no host keys in the image" bash -c \
     "! docker run --rm --entrypoint /bin/sh '$IMAGE' -c 'ls /etc/ssh/ssh_host_*' 2>/dev/null"
 check "no wheelhouse in the image" bash -c \
     "docker run --rm --entrypoint /bin/sh '$IMAGE' -c 'test ! -e /wheelhouse'"
-if [[ "$(docker image inspect -f '{{index .Config.Labels "appliance.variant"}}' "$IMAGE")" == cpu ]]; then
-    check "no compilers in the CPU image" bash -c \
+variant="$(docker image inspect -f '{{index .Config.Labels "appliance.variant"}}' "$IMAGE")"
+if [[ "$(docker image inspect -f '{{index .Config.Labels "appliance.base"}}' "$IMAGE")" == appliance-base:* ]]; then
+    check "no compilers in the image" bash -c \
         "docker run --rm --entrypoint /bin/sh '$IMAGE' -c '! command -v cc c++ gcc g++ cmake'"
+fi
+if [[ "$variant" == gpu ]]; then
+    check "torch is a CUDA 13 build, torchvision imports" \
+        in_image /opt/venv/bin/python -c "import torch, torchvision; assert torch.__version__.endswith('+cu130'), torch.__version__; assert torch.version.cuda.startswith('13.')"
+    check "libnccl.so.2, libcudart.so.13 load by name" \
+        in_image /opt/venv/bin/python -c "import ctypes; ctypes.CDLL('libnccl.so.2'); ctypes.CDLL('libcudart.so.13')"
+    check "NVIDIA toolkit env" bash -c \
+        "docker image inspect -f '{{json .Config.Env}}' '$IMAGE' | grep -q '\"NVIDIA_VISIBLE_DEVICES=all\"' &&
+         docker image inspect -f '{{json .Config.Env}}' '$IMAGE' | grep -q '\"NVIDIA_DRIVER_CAPABILITIES=compute,utility\"'"
+    if ! docker info --format '{{json .Runtimes}}' | grep -q '"nvidia"'; then
+        check "no GPU here: CUDA unavailable, CPU tensors work" \
+            in_image /opt/venv/bin/python -c "import torch; assert not torch.cuda.is_available(); assert (torch.ones(2) * 2).sum().item() == 4"
+    fi
 fi
 
 mkdir -p "$SHARE/ssh"

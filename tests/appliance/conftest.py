@@ -5,6 +5,10 @@
 - ``image`` (session): ``bash build.sh --cpu --tag appliance:test-<hash of this checkout>``, i.e. the
   debootstrapped base plus a wheelhouse made on the host; built once per run (Docker's layer cache
   makes later runs take seconds). ``APPLIANCE_TEST_IMAGE=NAME`` uses an existing image instead.
+- ``gpu_image`` (session): ``bash build.sh --tag appliance:test-gpu-<hash>``, the GPU variant (PyPI's
+  CUDA torch and torchvision, NCCL as a wheel) on the same base; it runs on this GPU-less machine
+  with CPU tensors. Built once per run, only by the tests that ask for it (first time ~6 min: a
+  2.7 GB wheelhouse, ~5.5 GB image). ``APPLIANCE_TEST_GPU_IMAGE=NAME`` uses an existing image.
 - ``Cluster`` (``cluster`` fixture, per test; ``shared_cluster`` per module): a fresh shared
   directory, a user-defined network ``appliance-t<id>-net`` and helpers that run the real CLI
   (``python -m appliance secondary|primary|status``) as subprocesses in their own sessions. On
@@ -49,19 +53,42 @@ def engine(pytestconfig):
         pytest.skip(msg)
 
 
+def _build(tag: str, *variant: str) -> str:
+    """build.sh in its own session: on timeout the whole group (docker client, wheelhouse server) dies."""
+    t0 = time.monotonic()
+    cmd = ["bash", str(ROOT / "build.sh"), *variant, "--tag", tag]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"{' '.join(cmd[1:])} did not finish within {BUILD_TIMEOUT_S} s:\n{out[-4000:]}")
+    if p.returncode != 0:
+        pytest.fail(f"{' '.join(cmd[1:])} failed (exit {p.returncode}):\n{out[-4000:]}")
+    print(f"\n[appliance tests] built {tag} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return tag
+
+
+def _checkout_hash() -> str:
+    return hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
+
+
 @pytest.fixture(scope="session")
 def image(engine, pytestconfig):
     given = os.environ.get("APPLIANCE_TEST_IMAGE")
     if given:
         return given
-    tag = "appliance:test-" + hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
-    t0 = time.monotonic()
-    proc = subprocess.run(["bash", str(ROOT / "build.sh"), "--cpu", "--tag", tag], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=BUILD_TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(f"build.sh --cpu failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
-    print(f"\n[appliance tests] built {tag} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    return tag
+    return _build("appliance:test-" + _checkout_hash(), "--cpu")
+
+
+@pytest.fixture(scope="session")
+def gpu_image(engine, pytestconfig):
+    given = os.environ.get("APPLIANCE_TEST_GPU_IMAGE")
+    if given:
+        return given
+    return _build("appliance:test-gpu-" + _checkout_hash())
 
 
 class Cluster:
