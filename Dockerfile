@@ -13,8 +13,8 @@
 #        for the NVIDIA container toolkit (`docker run --gpus all`; the host driver must support
 #        CUDA 13, i.e. R580 or newer). The wheels' library dirs are in /etc/ld.so.conf.d, so
 #        libnccl.so.2 and libcudart.so.13 load by name. Without a GPU it runs on CPU tensors
-#        (torch.cuda.is_available() is False). ~5 GB.
-#   cpu  the same with a CPU-only torch (whatever the wheelhouse holds) and no torchvision. ~2 GB.
+#        (torch.cuda.is_available() is False). ~5.5 GB.
+#   cpu  the same with a CPU-only torch (whatever the wheelhouse holds) and no torchvision. ~1.4 GB.
 #
 # Stages:  os       BASE_IMAGE + runtime packages (python3, OpenMPI, OpenSSH), shared by all
 #          venv     os + /opt/venv with the dependencies (binary wheels only: no compilers needed)
