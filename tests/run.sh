@@ -9,8 +9,10 @@
 # installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2), makes sure a
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
-# skipping them. The Docker tier (tests/appliance) builds its CPU image once per run with
-# build.sh --cpu (first time ~4 min, then cached); APPLIANCE_TEST_IMAGE=NAME uses a given image.
+# skipping them. The Docker tier (tests/appliance) builds its CPU image (build.sh --cpu, first time
+# ~4 min) and its GPU image (build.sh, ~6 min) once per run, then cached;
+# APPLIANCE_TEST_IMAGE / APPLIANCE_TEST_GPU_IMAGE=NAME use given images. tests/devices compiles
+# stand-in CUDA/NCCL libraries with cc; tests/gpu runs only where torch sees a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

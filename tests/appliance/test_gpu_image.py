@@ -86,8 +86,13 @@ def test_capabilities_report_the_nccl_wheel(job):
     rc, out, reports = job
     assert rc == 0 and sorted(reports) == [0, 1], out[-4000:]
     for r, rep in reports.items():
-        version = rep["caps"].get("nccl_version")
-        assert isinstance(version, int) and version > 0, f"rank {r}: capabilities() = {rep['caps']}"
+        caps = rep["caps"]
+        version = caps.get("nccl_version")
+        assert isinstance(version, int) and version > 0, f"rank {r}: capabilities() = {caps}"
+        # found as the wheel next to torch, first in the search order
+        assert caps["nccl_library"].endswith("/site-packages/nvidia/nccl/lib/libnccl.so.2"), caps
+        # loaded is not runnable: without a GPU nothing runs through NCCL, and it says why
+        assert caps["nccl"] is False and "no device" in caps["why"], caps
 
 
 def test_cuda_simply_unavailable_without_a_gpu(engine, job):
