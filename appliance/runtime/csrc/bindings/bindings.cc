@@ -221,8 +221,7 @@ PYBIND11_MODULE(_core, m) {
     else if (!cuda.usable() && !nccl.usable()) why = cuda.why + "; " + nccl.why;
     d["why"] = why;
     return d;
-  }, py::arg("nccl_library") = "", py::arg("nccl_candidates") = std::vector<std::string>{"libnccl.so.2"},
-     py::arg("cudart_candidates") = std::vector<std::string>{"libcudart.so.13", "libcudart.so.12", "libcudart.so"});
+  }, py::arg("nccl_library"), py::arg("nccl_candidates"), py::arg("cudart_candidates"));  // lists: runtime/devices.py
 
   auto testing = m.def_submodule("_testing", "Hooks for the test-suite; not an API.");
   bind_testing_dataplane(testing);

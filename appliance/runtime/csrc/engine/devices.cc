@@ -19,12 +19,12 @@ std::string machine_id() {
 }  // namespace
 
 void Runtime::set_device_allocator(DeviceAllocator a) {
-  std::lock_guard<std::mutex> g(alloc_mu_);
+  std::lock_guard<std::mutex> g(cuda_mu_);
   alloc_ = std::move(a);
 }
 
 std::string Runtime::cuda_path(std::string* why) const {
-  std::lock_guard<std::mutex> g(alloc_mu_);
+  std::lock_guard<std::mutex> g(cuda_mu_);
   if (!cuda_ready_) return "";
   if (why) *why = cuda_decision_.reason;
   return cuda_decision_.path == CudaPath::kNccl ? "nccl" : "staging";
@@ -84,7 +84,7 @@ void Runtime::setup_cuda(int device) {
     auto locked = [this](int dev, size_t bytes, uint64_t stream) {
       DeviceAllocator a;
       {
-        std::lock_guard<std::mutex> g(alloc_mu_);
+        std::lock_guard<std::mutex> g(cuda_mu_);
         a = alloc_;
       }
       if (!a) throw Error(Code::kInternal, "no device allocator: CUDA outputs need the framework adapter");
@@ -94,7 +94,7 @@ void Runtime::setup_cuda(int device) {
     if (cfg_.verbose && cfg_.rank == 0)
       log_line(cfg_.rank, "CUDA collectives through NCCL " + nccl_version_string(nccl_api_.version) + " (" + nccl_api_.library + ")");
   }
-  std::lock_guard<std::mutex> g(alloc_mu_);
+  std::lock_guard<std::mutex> g(cuda_mu_);
   cuda_decision_ = d;
   cuda_ready_ = true;
 }

@@ -150,7 +150,7 @@ class Runtime {
   bool cuda_ready_ = false;
   CudaDecision cuda_decision_;
   std::set<std::string> warned_;
-  mutable std::mutex alloc_mu_;
+  mutable std::mutex cuda_mu_;  // guards alloc_ and the CUDA decision, which callers read
   DeviceAllocator alloc_;
   std::atomic<int> join_device_{-1};  // device a joined rank contributes zeros on
   struct Running {                    // launched entries whose backend has not finished

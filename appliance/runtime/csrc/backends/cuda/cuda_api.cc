@@ -57,7 +57,6 @@ CudaApi load_cuda_api(const std::vector<std::string>& candidates) {
   best.why = "no CUDA runtime library found (tried: " ;
   for (size_t i = 0; i < candidates.size(); ++i) best.why += (i ? ", " : "") + candidates[i];
   best.why += ")";
-  std::string tried;
   for (const std::string& c : candidates) {
     // Never dlclose'd: CUDA libraries do not support being unloaded while in use.
     void* lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
