@@ -128,8 +128,8 @@ class Stub:
                 pass
 
     def group_alive(self) -> bool:
-        from .workers import _pgid_alive
-        return bool(self.pgid) and _pgid_alive(self.pgid)
+        from .reaper import pgid_alive
+        return bool(self.pgid) and pgid_alive(self.pgid)
 
     def stop_group(self) -> None:
         """TERM, grace, KILL; returns when the group is gone (bounded)."""

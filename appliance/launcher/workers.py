@@ -9,13 +9,18 @@ What it owns:
 - ``relay()``: reads a byte stream line by line (a partial last line is still delivered, bytes
   that are not UTF-8 are replaced, very long lines are split) and feeds the sink. It works on
   any object with ``readline(limit)``, so SSH channels reuse it.
-- ``Worker``: the interface every started rank offers (local now, SSH later): ``wait()``,
-  ``signal(sig)`` to its whole process group, ``group_alive()``, ``drain(timeout)``.
-- ``LocalWorker``: a subprocess started from an argv list in its own session, stdin closed.
+- ``Worker``: the interface every started rank offers (local or SSH): ``wait()``,
+  ``signal(sig)`` to its whole process group, ``group_alive()``, ``drain(timeout)``, and
+  ``fault``, the rank's fault report (one JSON object, written by the runtime to
+  ``APPLIANCE_FAULT_FILE`` when it fails the job; ``None`` when there is none).
+- ``LocalWorker``: a subprocess started from an argv list in its own session, stdin closed; its
+  ``fault`` is read from its ``APPLIANCE_FAULT_FILE`` once it has exited.
 - ``WorkerGroup``: a context manager over started workers. It reports exits in the order they
   happen and on exit always stops everything it holds: SIGTERM to every process group
   (including groups whose leader already exited, for stray grandchildren), a grace period, then
-  SIGKILL, then it waits, every wait bounded.
+  SIGKILL, then it waits, every wait bounded. Given a ``reaper.Reaper``, it registers every
+  local rank's process group there (and unregisters it once gone), so the ranks also die when
+  the launcher itself is killed.
 
 Env vars: none read here (the grace period comes from ``LaunchConfig.stop_grace_s``).
 Failure modes: a command that cannot be executed raises ``SpawnError`` naming rank and command;
@@ -24,6 +29,7 @@ signalling a vanished group is not an error; nothing here blocks without a bound
 from __future__ import annotations
 
 import io
+import json
 import os
 import queue
 import signal
@@ -32,6 +38,8 @@ import sys
 import threading
 import time
 from typing import IO, Any, Mapping, Protocol, Sequence
+
+from .reaper import Reaper, pgid_alive
 
 MAX_LINE = 1 << 16  # longer lines are delivered in pieces of this many bytes
 
@@ -163,31 +171,21 @@ class Worker(Protocol):
     def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the rank's output to be relayed completely."""
 
+    @property
+    def fault(self) -> dict | None:
+        """The rank's fault report (the ``APPLIANCE_FAULT_FILE`` contract) once it exited, else None."""
 
-def _pgid_alive(pgid: int) -> bool:
+
+def read_fault(path: str | None) -> dict | None:
+    """The fault report at ``path`` (one JSON object), or None when absent or unreadable."""
+    if not path:
+        return None
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Something has that group id; zombies waiting for a parent's reap still count for kill(),
-    # so look for a live member.
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class LocalWorker:
@@ -208,6 +206,8 @@ class LocalWorker:
         except OSError as e:
             raise SpawnError(rank, host, f"cannot start {argv[0]!r}: {e.strerror}", 126) from None
         self.pid = self._proc.pid  # == its process group id (own session)
+        self._fault_file = env.get("APPLIANCE_FAULT_FILE") or None
+        self._fault: dict | None = None
         self._relays = [
             threading.Thread(target=relay, args=(pipe, rank, name, sink), name=f"relay-{rank}-{name}", daemon=True)
             for pipe, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))
@@ -225,7 +225,13 @@ class LocalWorker:
             pass
 
     def group_alive(self) -> bool:
-        return self._proc.poll() is None or _pgid_alive(self.pid)
+        return self._proc.poll() is None or pgid_alive(self.pid)
+
+    @property
+    def fault(self) -> dict | None:
+        if self._fault is None and self._proc.poll() is not None:
+            self._fault = read_fault(self._fault_file)
+        return self._fault
 
     def drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -236,16 +242,28 @@ class LocalWorker:
 class WorkerGroup:
     """The started ranks of one job; ``with WorkerGroup(grace) as g:`` stops them all on exit."""
 
-    def __init__(self, grace_s: float = 3.0, kill_wait_s: float = 5.0):
+    def __init__(self, grace_s: float = 3.0, kill_wait_s: float = 5.0, reaper: Reaper | None = None):
         self.grace_s, self.kill_wait_s = grace_s, kill_wait_s
         self.workers: list[Worker] = []
         self.returncodes: dict[int, int] = {}  # rank -> return code, for ranks that exited
         self._exits: queue.Queue[tuple[Worker, int]] = queue.Queue()
         self._stopped = False
+        self._reaper = reaper
+        self._watched: set[int] = set()  # process groups of local ranks the reaper still guards
 
     def add(self, worker: Worker) -> None:
         self.workers.append(worker)
+        if self._reaper is not None and isinstance(worker, LocalWorker):
+            self._reaper.watch(worker.pid)
+            self._watched.add(worker.pid)
         threading.Thread(target=self._wait, args=(worker,), name=f"wait-{worker.rank}", daemon=True).start()
+
+    def _forget_gone(self, workers: Sequence[Worker]) -> None:
+        for w in workers:
+            if w.pid in self._watched and isinstance(w, LocalWorker) and not w.group_alive():
+                self._watched.discard(w.pid)
+                if self._reaper is not None:
+                    self._reaper.forget(w.pid)
 
     def _wait(self, worker: Worker) -> None:
         try:
@@ -261,6 +279,7 @@ class WorkerGroup:
         except queue.Empty:
             return None
         self.returncodes[worker.rank] = code
+        self._forget_gone([worker])
         return worker, code
 
     def running(self) -> list[Worker]:
@@ -293,6 +312,7 @@ class WorkerGroup:
         deadline = time.monotonic() + 2.0
         for w in self.workers:
             w.drain(max(0.0, deadline - time.monotonic()))
+        self._forget_gone(self.workers)
 
     def __enter__(self) -> "WorkerGroup":
         return self
