@@ -17,7 +17,7 @@ import time
 from typing import IO
 
 from ..config import CheckConfig
-from .executors import _is_local
+from .executors import is_local, merge_same_machines
 from .hosts import assign_ranks, hosts_from
 from .preflight import Preflight, run_preflight
 
@@ -47,11 +47,13 @@ def _table(pf: Preflight, hosts: list[str], port: str, out: IO[str]) -> None:
 
 def check(config: CheckConfig, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    hosts = hosts_from(config.hosts, config.hostfile, config.slurm, config.np)
+    hosts, merges = merge_same_machines(hosts_from(config.hosts, config.hostfile, config.slurm, config.np))
+    for line in merges:
+        print(f"appliance check: {line}", file=err)
     if config.np is not None:
         assign_ranks(hosts, config.np)  # -np above the slots is a HostsError, as for launch
     names = [h.name for h in hosts]
-    local = {h for h in names if _is_local(h)}
+    local = {h for h in names if is_local(h)}
     start = time.monotonic()
     with run_preflight(names, local, config.remote, config.start_timeout_s) as pf:
         _table(pf, names, str(config.remote.port or 22), out)

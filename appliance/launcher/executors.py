@@ -3,8 +3,10 @@
 What it owns: the ``Executor`` interface (one per host of the job: the address its ranks listen
 on and its interface, free ports there, the base environment of its workers, starting a worker,
 closing), the ``LocalExecutor`` for this machine, the ``SSHExecutor`` for any other host,
-``is_local_host()``, and ``open_executors()``/``job_addresses()``, the only places that decide
-local versus remote. ``run.py`` talks to executors only.
+``is_local_host()``/``is_local()``, ``merge_same_machines()`` (one machine named twice, e.g.
+``localhost`` and ``127.0.0.1``, is one host: merged, with a line saying so), and
+``open_executors()``/``job_addresses()``, the only places that decide local versus remote.
+``run.py`` talks to executors only.
 
 ``open_executors()``: a job on this machine alone uses loopback and needs no checks. As soon as
 one host is remote, the preflight (``preflight.py``: reachability, SSH, remote Python and
@@ -37,6 +39,7 @@ import time
 from typing import Iterator, Mapping, Protocol, Sequence
 
 from ..config import ConfigError, LaunchConfig, interface_address
+from .hosts import Host, merge_hosts
 from .workers import LocalWorker, OutputSink, Worker
 
 # Ports for the store and MASTER_PORT are drawn below Linux's ephemeral range (32768-60999), so
@@ -91,17 +94,69 @@ def _local_addresses() -> set[str]:
     return addrs
 
 
+def _resolve(name: str) -> set[str]:
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise LaunchError(f"host {name!r} does not resolve: {getattr(e, 'strerror', None) or e}") from None
+    return {info[4][0].split("%")[0] for info in infos}
+
+
+def _is_this_machine(name: str, resolved: set[str], local: set[str]) -> bool:
+    return name in LOCAL_NAMES or name == socket.gethostname() or all(
+        a in local or a.startswith("127.") for a in resolved)
+
+
 def is_local_host(name: str) -> bool:
     """Whether ``name`` (from -H) is this machine: a loopback name, its hostname, or its addresses."""
     if name in LOCAL_NAMES or name == socket.gethostname():
         return True
+    return _is_this_machine(name, _resolve(name), _local_addresses())
+
+
+def is_local(host: str) -> bool:
+    """``is_local_host``, with a name that does not resolve counted as another host (the preflight
+    then reports it with the other findings)."""
     try:
-        infos = socket.getaddrinfo(name, None)
-    except socket.gaierror as e:
-        raise LaunchError(f"host {name!r} does not resolve: {e.strerror}") from None
-    resolved = {info[4][0].split("%")[0] for info in infos}
+        return is_local_host(host)
+    except LaunchError:
+        return False
+
+
+THIS_MACHINE = "this machine"
+
+
+def merge_same_machines(hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
+    """One machine named twice is one host: every name of this machine (``localhost``, its hostname,
+    its addresses) merges into the first of them, and other names that resolve to the same
+    address (the IPv4 ones when a name has any) merge likewise; slots are summed, the first name
+    and its place are kept. Returns the hosts and one line per merge saying so. A name that does
+    not resolve is left alone (the preflight reports it)."""
     local = _local_addresses()
-    return all(a in local or a.startswith("127.") for a in resolved)
+
+    def machine(name: str) -> object | None:
+        if name in LOCAL_NAMES or name == socket.gethostname():
+            return THIS_MACHINE
+        try:
+            resolved = _resolve(name)
+        except LaunchError:
+            return None
+        if _is_this_machine(name, resolved, local):
+            return THIS_MACHINE
+        v4 = sorted(a for a in resolved if ":" not in a)
+        return tuple(v4 or sorted(resolved))
+
+    keys = {h.name: machine(h.name) for h in hosts}
+    merged, groups = merge_hosts(hosts, keys.__getitem__)
+    slots = {h.name: h.slots for h in merged}
+    notes = []
+    for names in groups:
+        key = keys[names[0]]
+        what = ("name this machine" if key == THIS_MACHINE else
+                f"resolve to the same address ({', '.join(key)})")  # type: ignore[arg-type]
+        notes.append(f"{', '.join(names[:-1])} and {names[-1]} {what}: one host, {names[0]}, "
+                     f"with {slots[names[0]]} slots")
+    return merged, notes
 
 
 def pick_free_ports(address: str, count: int, rng: random.Random | None = None) -> list[int]:
@@ -204,18 +259,11 @@ class SSHExecutor:
         self._conn.close()
 
 
-def _is_local(host: str) -> bool:
-    try:
-        return is_local_host(host)
-    except LaunchError:
-        return False  # does not resolve: the preflight reports it with the other findings
-
-
 @contextlib.contextmanager
 def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[str, Executor]]:
     """One executor per host that received ranks; all closed on exit."""
     executors: dict[str, Executor] = {}
-    local = {h for h in hosts if _is_local(h)}
+    local = {h for h in hosts if is_local(h)}
     try:
         if len(local) == len(hosts) and config.remote.network_interface is None:
             for host in hosts:

@@ -5,7 +5,9 @@ comments), and assigning ranks to slots the way horovodrun does: hosts in the or
 host's slots filled before the next host's, ``local_rank`` counting within a host and
 ``cross_rank``/``cross_size`` counting the hosts that hold the same ``local_rank`` (Horovod's
 definition; for the usual layout with equal ranks per host that is simply the host's index and
-the number of hosts).
+the number of hosts). ``merge_hosts`` folds entries that a caller-given key says are one machine
+into one host (first name and place kept, slots summed); deciding that (name resolution) is
+``executors.merge_same_machines``'s part.
 
 Inside a Slurm allocation, with neither ``-H`` nor a hostfile, the hosts are Slurm's:
 ``SLURM_JOB_NODELIST`` in its compressed form (``node[01-03,07],gpu-a[1-2]-x``) and the slots
@@ -21,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 
 class HostsError(ValueError):
@@ -295,6 +297,24 @@ def assign_ranks(hosts: Sequence[Host], np: int) -> list[Slot]:
              cross_rank=holders[local_rank].index(host), cross_size=len(holders[local_rank]), host=host)
         for rank, (host, local_rank) in enumerate(placed)
     ]
+
+
+def merge_hosts(hosts: Sequence[Host], key: Callable[[str], object]) -> tuple[list[Host], list[list[str]]]:
+    """Hosts whose ``key`` is equal (and not None) become one: the first one's name and place,
+    slots summed. Returns the hosts and the groups of names that were merged (first name first)."""
+    merged: dict[str, Host] = {}
+    groups: dict[str, list[str]] = {}
+    first_of: dict[object, str] = {}
+    for h in hosts:
+        k = key(h.name)
+        head = first_of.setdefault(k, h.name) if k is not None else h.name
+        if head in merged:
+            merged[head] = Host(head, merged[head].slots + h.slots)
+            groups[head].append(h.name)
+        else:
+            merged[head] = h
+            groups[head] = [h.name]
+    return list(merged.values()), [g for g in groups.values() if len(g) > 1]
 
 
 def used_hosts(slots: Sequence[Slot]) -> list[str]:
