@@ -104,6 +104,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
     # Launcher.
     Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
+    Knob("APPLIANCE_FAILURE_GRACE", _nonneg_float, 5.0, "seconds the surviving ranks get to finish their error handlers after the first rank fails, before SIGTERM"),
     Knob("APPLIANCE_SSH_PORT", _port, None, "SSH port of the other hosts (launch/check: -p; default: ~/.ssh/config, else 22)"),
     Knob("APPLIANCE_SSH_KEY", str, "", "private key for SSH (launch/check: -i; default: SHARED/ssh/id_ed25519 if present, else ~/.ssh/config and ~/.ssh/id_*)"),
     Knob("APPLIANCE_SSH_USER", str, "", "user on the other hosts (default: ~/.ssh/config, else the launcher's user)"),
@@ -366,11 +367,13 @@ class LaunchConfig:
     verbose: bool = False
     timeout_s: float | None = None
     stop_grace_s: float = 3.0
+    failure_grace_s: float = 5.0
     cwd: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
     remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+    ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
@@ -410,11 +413,13 @@ class LaunchConfig:
             verbose=read("APPLIANCE_VERBOSE", merged) if verbose is None else bool(verbose),
             timeout_s=None if timeout is None else float(timeout),
             stop_grace_s=read("APPLIANCE_STOP_GRACE", merged),
+            failure_grace_s=read("APPLIANCE_FAILURE_GRACE", merged),
             cwd=None if cwd is None else os.fspath(cwd),
             env=explicit,
             environ=environ,
             remote=RemoteConfig.create(environ=merged, **remote),
             slurm=SlurmAllocation.from_env(environ),
+            ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
         )
 
 

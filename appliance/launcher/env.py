@@ -8,7 +8,9 @@ contract, so renaming one breaks the runtime.
 
 Per rank: HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK,
 HOROVOD_CROSS_SIZE, HOROVOD_HOSTNAME (the name given in -H), RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, APPLIANCE_DATA_ADDR. Per job: MASTER_ADDR, MASTER_PORT, APPLIANCE_STORE_ADDR
+LOCAL_WORLD_SIZE, APPLIANCE_DATA_ADDR, APPLIANCE_FAULT_FILE (where the rank's runtime writes its
+fault report, once, when it fails the job: ``FAULT_DIR/rank.N.json`` in a launcher-private
+directory; on another host the remote stub replaces it with a path of its own). Per job: MASTER_ADDR, MASTER_PORT, APPLIANCE_STORE_ADDR
 (host:port, rank 0 listens there), APPLIANCE_JOB_SECRET (hex; only ever in an environment, never
 on a command line or in a log), APPLIANCE_JOB_ID, HOROVOD_START_TIMEOUT, PYTHONUNBUFFERED=1 and,
 with --verbose, APPLIANCE_VERBOSE=1. Layering: base environment (from the executor), then the
@@ -19,6 +21,7 @@ Failure modes: an explicit variable that would override a contract name raises `
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 from typing import Mapping
 
@@ -31,6 +34,7 @@ CONTRACT_NAMES = (
     "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "APPLIANCE_STORE_ADDR", "APPLIANCE_JOB_SECRET", "APPLIANCE_JOB_ID", "APPLIANCE_DATA_ADDR",
+    "APPLIANCE_FAULT_FILE",
 )
 
 
@@ -44,6 +48,7 @@ class JobPlan:
     data_addrs: Mapping[str, str]  # host name from -H -> address its ranks listen on
     start_timeout_s: float
     verbose: bool = False
+    fault_dir: str = ""        # launcher-private directory of the ranks' fault reports ("" : none)
 
 
 def new_job_id() -> str:
@@ -86,6 +91,12 @@ def worker_env(slot: Slot, plan: JobPlan, base: Mapping[str, str], explicit: Map
         "HOROVOD_START_TIMEOUT": repr(float(plan.start_timeout_s)),
         "PYTHONUNBUFFERED": "1",
     })
+    env["APPLIANCE_FAULT_FILE"] = fault_file(plan.fault_dir, slot.rank) if plan.fault_dir else ""
     if plan.verbose:
         env["APPLIANCE_VERBOSE"] = "1"
     return env
+
+
+def fault_file(fault_dir: str, rank: int) -> str:
+    """Where rank ``rank`` reports its fault (the contract's ``APPLIANCE_FAULT_FILE``)."""
+    return os.path.join(fault_dir, f"rank.{rank}.json")

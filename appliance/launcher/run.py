@@ -1,12 +1,16 @@
 """Orchestration of one job: hosts -> ranks -> plan -> workers -> first failure -> result.
 
-What it owns: ``run(config)``, which lays out the ranks, opens one executor per host, decides
-the job plan (job id, secret, free ports on rank 0's host), starts every rank with its
-environment, then waits. The first rank to exit non-zero (or be killed by a signal) stops all
-the others; SIGINT/SIGTERM/SIGHUP to the launcher and the optional overall timeout do the same.
+What it owns: ``run(config)``, which merges the names of one machine into one host, lays out
+the ranks, opens one executor per host, decides the job plan (job id, secret, free ports on rank
+0's host, a private directory for the ranks' fault reports), starts the reaper (``reaper.py``:
+local ranks die with a killed launcher) and every rank with its environment, then waits
+(``failures.wait_for_end``). The first rank to exit non-zero (or be killed by a signal) ends the
+job: the others get ``APPLIANCE_FAILURE_GRACE`` seconds to exit by themselves, then are stopped;
+SIGINT/SIGTERM/SIGHUP to the launcher and the optional overall timeout stop them at once.
 The result is a ``LaunchResult``: exit code (the failed rank's code, 128+signal for a signal,
 130/143/129 when the launcher was interrupted, 124 on timeout, 127/126 when a command cannot be
-started), the failed rank and host, a one-line reason, and the captured lines.
+started), the blamed rank and host (the origin named in the failed rank's fault report, if any),
+a one-line reason, and the captured lines.
 
 Env vars: none read directly (``LaunchConfig`` carries them). Failure modes: bad hosts or
 arguments raise ``HostsError``/``ConfigError`` before anything starts; an unusable host raises
@@ -17,17 +21,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import tempfile
 import threading
 import time
 from typing import Sequence
 
 from ..config import LaunchConfig
 from . import env as envmod
-from .executors import LocalExecutor, job_addresses, open_executors
+from .executors import LocalExecutor, job_addresses, merge_same_machines, open_executors
+from .failures import EXIT_TIMEOUT, Outcome, describe_exit, exit_code, wait_for_end  # noqa: F401 - re-exported
 from .hosts import Host, Slot, assign_ranks, hosts_from, used_hosts
+from .reaper import Reaper
 from .workers import OutputSink, SpawnError, WorkerGroup
-
-EXIT_TIMEOUT = 124
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,24 +61,6 @@ def hosts_of(config: LaunchConfig) -> list[Host]:
     return hosts_from(config.hosts, config.hostfile, config.slurm, config.np)
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def exit_code(returncode: int) -> int:
-    """A rank's return code as a shell would report it (128+N for signal N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by signal {-returncode} ({_signal_name(-returncode)})"
-    return f"exited with code {returncode}"
-
-
 class _SignalTrap:
     """Records SIGINT/SIGTERM/SIGHUP while a job runs (main thread only, ignored signals stay
     ignored); restores the previous handlers after."""
@@ -100,14 +87,14 @@ class _SignalTrap:
             signal.signal(s, h)  # type: ignore[arg-type]
 
 
-def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig) -> envmod.JobPlan:
+def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig, fault_dir: str = "") -> envmod.JobPlan:
     addrs = job_addresses(executors)
     rank0_host = slots[0].host
     store_port, master_port = executors[rank0_host].free_ports(addrs[rank0_host], 2)
     return envmod.JobPlan(
         job_id=envmod.new_job_id(), secret=envmod.new_secret(),
         store_addr=f"{addrs[rank0_host]}:{store_port}", master_addr=addrs[rank0_host], master_port=master_port,
-        data_addrs=addrs, start_timeout_s=config.start_timeout_s, verbose=config.verbose)
+        data_addrs=addrs, start_timeout_s=config.start_timeout_s, verbose=config.verbose, fault_dir=fault_dir)
 
 
 def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan, executors: dict) -> None:
@@ -123,50 +110,31 @@ def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan,
                      f"cross_rank {s.cross_rank}/{s.cross_size} listen {plan.data_addrs[s.host]}")
 
 
-@dataclasses.dataclass
-class _Outcome:
-    returncode: int = 0
-    rank: int | None = None
-    host: str | None = None
-    reason: str = ""
-    timed_out: bool = False
-    interrupted: int | None = None
-
-
-def _wait(group: WorkerGroup, trap: _SignalTrap, deadline: float | None, timeout_s: float | None) -> _Outcome:
-    while True:
-        if trap.received:
-            sig = trap.received[0]
-            return _Outcome(128 + sig, reason=f"interrupted by {_signal_name(sig)}", interrupted=sig)
-        if deadline is not None and time.monotonic() >= deadline:
-            return _Outcome(EXIT_TIMEOUT, reason=f"timed out after {timeout_s:g} s", timed_out=True)
-        event = group.next_exit(0.1)
-        if event is not None:
-            worker, code = event
-            if code != 0:
-                cause = getattr(worker, "cause", None)  # set by remote workers: lost connection...
-                return _Outcome(exit_code(code), worker.rank, worker.host,
-                                f"rank {worker.rank} (host {worker.host}) {cause or describe_exit(code)}")
-        if not group.running():
-            return _Outcome(0)
-
-
 def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
         handle_signals: bool = True, stdout=None, stderr=None) -> LaunchResult:
     """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind."""
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     envmod.check_explicit(config.env)
-    slots = assign_ranks(hosts_of(config), config.np)
+    hosts, merges = merge_same_machines(hosts_of(config))
+    slots = assign_ranks(hosts, config.np)
     with contextlib.ExitStack() as stack:
         trap = stack.enter_context(_SignalTrap(handle_signals))
         executors = stack.enter_context(open_executors(used_hosts(slots), config))
-        plan = plan_job(slots, executors, config)
+        fault_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
+        plan = plan_job(slots, executors, config, fault_dir)
         sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
                                               stdout=stdout, stderr=stderr))
+        for line in merges:
+            sink.message(f"appliance launch: {line}")
+        if config.ssh_flags and all(isinstance(ex, LocalExecutor) for ex in executors.values()):
+            sink.message(f"appliance launch: {' and '.join(config.ssh_flags)} unused: every host is this machine")
         if config.verbose:
             _verbose_plan(sink, slots, plan, executors)
-        group = stack.enter_context(WorkerGroup(config.stop_grace_s))
+        reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[fault_dir]))
+        if reaper.error:
+            sink.message(f"appliance launch: warning: {reaper.error}")
+        group = stack.enter_context(WorkerGroup(config.stop_grace_s, reaper=reaper))
         outcome = None
         for slot in slots:
             if trap.received:
@@ -176,10 +144,10 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
             try:
                 group.add(ex.spawn(slot.rank, config.command, env, config.cwd, sink))
             except SpawnError as e:
-                outcome = _Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
+                outcome = Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
                 break
         if outcome is None:
-            outcome = _wait(group, trap, deadline, config.timeout_s)
+            outcome = wait_for_end(group, trap, deadline, config.timeout_s, config.failure_grace_s)
         others = len(group.running())
         group.stop()
         summary = outcome.reason

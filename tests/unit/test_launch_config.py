@@ -53,7 +53,8 @@ def test_launch_config_errors(kwargs, words):
 def test_worker_env_contract():
     slots = assign_ranks([Host("localhost", 2), Host("other", 2)], 3)
     plan = JobPlan(job_id="j1", secret="s" * 32, store_addr="10.0.0.1:20001", master_addr="10.0.0.1",
-                   master_port=20002, data_addrs={"localhost": "10.0.0.1", "other": "10.0.0.2"}, start_timeout_s=5)
+                   master_port=20002, data_addrs={"localhost": "10.0.0.1", "other": "10.0.0.2"}, start_timeout_s=5,
+                   fault_dir="/tmp/faults")
     assert "s" * 32 not in repr(plan)
     base = {"PATH": "/bin", "HOROVOD_RANK": "99", "KEEP": "k", "X": "base"}
     env = worker_env(slots[2], plan, base, {"X": "explicit"})
@@ -64,8 +65,12 @@ def test_worker_env_contract():
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "20002", "APPLIANCE_STORE_ADDR": "10.0.0.1:20001",
         "APPLIANCE_JOB_SECRET": "s" * 32, "APPLIANCE_JOB_ID": "j1", "APPLIANCE_DATA_ADDR": "10.0.0.2",
         "HOROVOD_START_TIMEOUT": "5.0", "PYTHONUNBUFFERED": "1", "PATH": "/bin", "KEEP": "k", "X": "explicit",
+        "APPLIANCE_FAULT_FILE": "/tmp/faults/rank.2.json",
     }
     assert env == expect
+    # without a fault directory the variable is empty (a stale value in the base never leaks through)
+    assert worker_env(slots[2], dataclasses_replace(plan, fault_dir=""), {"APPLIANCE_FAULT_FILE": "/x"},
+                      {})["APPLIANCE_FAULT_FILE"] == ""
     assert set(CONTRACT_NAMES) <= set(env)
     env1 = worker_env(slots[1], dataclasses_replace(plan, verbose=True), {}, {})
     assert env1["HOROVOD_LOCAL_RANK"] == "1" and env1["HOROVOD_CROSS_SIZE"] == "1" and env1["APPLIANCE_VERBOSE"] == "1"
