@@ -148,9 +148,11 @@ class SSHCluster:
         os.makedirs(self.home, exist_ok=True)
 
     def env(self, **extra) -> dict:
-        """Environment for launcher processes: the share, fast stops, a private HOME (a first-use host
-        key must never land in the real ~/.ssh/known_hosts)."""
-        return {"APPLIANCE_SHARED": self.shared, "APPLIANCE_STOP_GRACE": "1", "HOME": self.home, **extra}
+        """Environment for launcher processes: the share, fast stops (a short grace for survivors of a
+        failure, which here are sleeping scripts), a private HOME (a first-use host key must never
+        land in the real ~/.ssh/known_hosts)."""
+        return {"APPLIANCE_SHARED": self.shared, "APPLIANCE_STOP_GRACE": "1", "APPLIANCE_FAILURE_GRACE": "0.5",
+                "HOME": self.home, **extra}
 
     def leftovers(self) -> dict:
         """Processes other than sshd in each host's namespace (should be none between jobs)."""

@@ -95,7 +95,7 @@ def test_x_forwards_and_console_script(job):
 @pytest.mark.timeout(60)
 def test_killed_rank_stops_the_job_and_is_named(job):
     body = 'if RANK == 0:\n    grandchild()\ntime.sleep(60)\n'
-    p = job.cli("-np", "3", "-H", "localhost:3", *job.argv(body))
+    p = job.cli("-np", "3", "-H", "localhost:3", *job.argv(body), env={"APPLIANCE_FAILURE_GRACE": "0.5"})
     pids = job.wait_files("pid", 3)
     job.wait_files("grandchild", 1)
     os.kill(int(pids[2]), signal.SIGKILL)

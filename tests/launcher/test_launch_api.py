@@ -19,7 +19,8 @@ def test_env_contract_seen_by_each_rank(job, monkeypatch, tmp_path):
     assert r.returncode == 0, r
     assert r.failed_rank is None and not r.timed_out
     envs = {rank: job.env(rank) for rank in range(3)}
-    layout = {0: ("localhost", 0, 2, 0, 2), 1: ("localhost", 1, 2, 0, 1), 2: ("127.0.0.1", 0, 1, 1, 2)}
+    # localhost and 127.0.0.1 are one machine: one host with 4 slots, named as first given
+    layout = {0: ("localhost", 0, 3, 0, 1), 1: ("localhost", 1, 3, 0, 1), 2: ("localhost", 2, 3, 0, 1)}
     secret, job_id, store = envs[0]["APPLIANCE_JOB_SECRET"], envs[0]["APPLIANCE_JOB_ID"], envs[0]["APPLIANCE_STORE_ADDR"]
     assert re.fullmatch(r"[0-9a-f]{32}", secret) and re.fullmatch(r"[0-9a-f]{8}", job_id) and job_id == r.job_id
     host, _, port = store.rpartition(":")
@@ -61,7 +62,7 @@ if RANK == 1:
 time.sleep(60)
 '''
     start = time.monotonic()
-    r = launch(job.argv(body), np=3, timeout=40, env={"APPLIANCE_STOP_GRACE": "1"})
+    r = launch(job.argv(body), np=3, timeout=40, env={"APPLIANCE_STOP_GRACE": "1", "APPLIANCE_FAILURE_GRACE": "0.5"})
     elapsed = time.monotonic() - start
     assert (r.returncode, r.failed_rank, r.failed_host) == (7, 1, "localhost"), r
     assert "rank 1" in r.reason and "code 7" in r.reason and "localhost" in r.reason
