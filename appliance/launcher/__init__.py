@@ -31,16 +31,21 @@ forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None
 job_id, elapsed_s)``; ``lines`` are ``(rank, "stdout"|"stderr", text)`` in arrival order;
 ``result.output(rank, stream)`` joins them. ``returncode`` is 0 when every rank exited 0, else the
 first failing rank's code (128+N when killed by signal N), 124 on timeout, 127 when the command
-does not exist. Bad arguments raise ``ConfigError``/``HostsError`` (both ``ValueError``) and an
-unusable host ``LaunchError`` before anything starts. Called from the main thread, a SIGINT
-stops every rank and is then re-raised as ``KeyboardInterrupt``; SIGTERM/SIGHUP stop every rank
-and return ``interrupted`` set. Whatever happens, no worker process outlives the call (each
-rank runs in its own session; stopping signals its whole process group: TERM, grace of
-``APPLIANCE_STOP_GRACE`` seconds, KILL).
+does not exist. ``failed_rank``/``failed_host`` name the culprit: the first failing rank, or the
+rank its fault report names as the origin (a silent or stopped peer). After the first failure
+the other ranks get ``APPLIANCE_FAILURE_GRACE`` seconds to exit by themselves (their error
+handlers run) before they are stopped. Bad arguments raise ``ConfigError``/``HostsError`` (both
+``ValueError``) and an unusable host ``LaunchError`` before anything starts. Called from the main
+thread, a SIGINT stops every rank and is then re-raised as ``KeyboardInterrupt``; SIGTERM/SIGHUP
+stop every rank and return ``interrupted`` set. Whatever happens, no worker process outlives the
+call (each rank runs in its own session; stopping signals its whole process group: TERM, grace
+of ``APPLIANCE_STOP_GRACE`` seconds, KILL), nor, by more than 2 s, a launcher killed outright
+(``reaper``).
 
 Modules: ``hosts`` (parsing, Slurm, rank layout), ``env`` (the worker environment contract),
-``workers`` (processes, output relay, ``WorkerGroup``), ``executors`` (local and SSH hosts),
-``run`` (orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
+``workers`` (processes, output relay, ``WorkerGroup``), ``reaper`` (local ranks die with a killed
+launcher), ``executors`` (local and SSH hosts, one machine named twice), ``failures`` (first
+failure, survivors' grace, blame), ``run`` (orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
 ``probe`` (what ``appliance check`` verifies), ``network`` (address choice), ``sshworker`` and
 ``remote`` (the stub on the far side), ``keys`` (``appliance keys``), ``check``.
 """

@@ -79,10 +79,6 @@ class Reaper:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
     def start(self) -> "Reaper":
         argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), repr(self.grace_s),
                 *self.cleanup]
@@ -122,17 +118,22 @@ class Reaper:
                 proc.stdin.close()
         except OSError:
             pass
-        try:
-            proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # It exits by itself at once; reap it in the background instead of waiting for its teardown.
+        threading.Thread(target=_reap_child, args=(proc,), name="reaper-exit", daemon=True).start()
 
     def __enter__(self) -> "Reaper":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reap_child(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # --- the reaper process --------------------------------------------------------------------------

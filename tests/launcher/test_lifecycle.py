@@ -71,7 +71,8 @@ time.sleep(60)
 def test_reaper_signals_nothing_after_a_normal_end(job):
     r = launch(job.argv('print("ok")'), np=2, timeout=30)
     assert r.returncode == 0, r
-    assert reapers_of(os.getpid()) == []
+    assert job.wait_dead(reapers_of(os.getpid()), 2.0) == []
+    assert job.files("pid") and all(not job.alive(int(pid)) for pid in job.files("pid").values())
 
 
 # --- fault 2: one machine named twice --------------------------------------------------------------
