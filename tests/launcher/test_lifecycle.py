@@ -243,3 +243,25 @@ def test_real_runtime_report_blames_the_stopped_rank(tmp_path):
     assert (r.failed_rank, r.failed_host) == (1, "localhost"), r
     assert r.reason.startswith("rank 1 (host localhost) was lost") and "reported by rank 0" in r.reason, r.reason
     assert r.returncode == 1
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(90)
+def test_two_names_of_one_remote_host_are_one_host(ssh_cluster, job):
+    """``ADDR`` and the same IPv4 address written as one number (inet_aton's form) are one host."""
+    from _netns import PORT
+
+    h1, _ = ssh_cluster.hosts
+    alias = str(int.from_bytes(socket.inet_aton(h1.address), "big"))
+    body = DUMP_ENV + 'import socket\nmark("where", socket.gethostname())\n'
+    p = job.cli("-np", "3", "-H", f"localhost:1,{h1.address}:1,{alias}:1", "-p", str(PORT), "--", *job.argv(body),
+                env=ssh_cluster.env())
+    rc, _, err = finish(p, 60)
+    assert rc == 0, err
+    envs = [job.env(r) for r in range(3)]
+    assert [job.read("where", r) for r in (1, 2)] == [h1.hostname] * 2
+    assert [(e["HOROVOD_HOSTNAME"], e["LOCAL_RANK"], e["HOROVOD_LOCAL_SIZE"]) for e in envs[1:]] == [
+        (h1.address, "0", "2"), (h1.address, "1", "2")]
+    assert [e["HOROVOD_CROSS_SIZE"] for e in envs] == ["2", "2", "1"]
+    assert err.count("resolve to the same address") == 1, err
+    assert ssh_cluster.wait_clean() == {}
