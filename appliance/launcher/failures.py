@@ -71,12 +71,13 @@ def _interrupted(sig: int) -> Outcome:
 
 
 def blame(worker: Any, code: int, fault: dict | None, hosts: dict[int, str]) -> Outcome:
-    """The outcome of a job whose first failed rank is ``worker`` (exited ``code``)."""
+    """The outcome of a job whose first failed rank is ``worker`` (exited ``code``); ``hosts``: rank -> host
+    of every rank of the job (a report naming a rank outside it is not believed)."""
     own = f"rank {worker.rank} (host {worker.host}) {getattr(worker, 'cause', None) or describe_exit(code)}"
     origin = fault.get("origin_rank") if fault else None
-    if not isinstance(origin, int) or isinstance(origin, bool) or origin == worker.rank:
+    if not isinstance(origin, int) or isinstance(origin, bool) or origin == worker.rank or origin not in hosts:
         return Outcome(exit_code(code), worker.rank, worker.host, own)
-    host = hosts.get(origin) or str(fault.get("origin_host") or "?")  # type: ignore[union-attr]
+    host = hosts[origin]
     what = _KINDS.get(str(fault.get("kind")), "failed")  # type: ignore[union-attr]
     message = str(fault.get("message") or "").strip()  # type: ignore[union-attr]
     reason = f"rank {origin} (host {host}) {what}{': ' + message if message else ''}; reported by rank {worker.rank}"
