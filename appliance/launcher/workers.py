@@ -16,8 +16,9 @@ What it owns:
 - ``LocalWorker``: a subprocess started from an argv list in its own session, stdin closed; its
   ``fault`` is read from its ``APPLIANCE_FAULT_FILE`` once it has exited.
 - ``WorkerGroup``: a context manager over started workers. It reports exits in the order they
-  happen and on exit always stops everything it holds: SIGTERM to every process group
-  (including groups whose leader already exited, for stray grandchildren), a grace period, then
+  happen and on exit always stops everything it holds: SIGTERM then SIGCONT (a stopped rank
+  handles it at once) to every process group (including groups whose leader already exited, for
+  stray grandchildren), a grace period, then
   SIGKILL, then it waits, every wait bounded. Given a ``reaper.Reaper``, it registers every
   local rank's process group there (and unregisters it once gone), so the ranks also die when
   the launcher itself is killed.
@@ -290,12 +291,14 @@ class WorkerGroup:
             self.next_exit(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def stop(self) -> None:
-        """TERM every group, wait up to the grace period, KILL what is left, wait (bounded)."""
+        """TERM (and CONT, so a stopped rank acts on it now rather than at the KILL) every group, wait
+        up to the grace period, KILL what is left, wait (bounded)."""
         if self._stopped:
             return
         self._stopped = True
         for w in self.workers:
             w.signal(signal.SIGTERM)
+            w.signal(signal.SIGCONT)
         deadline = time.monotonic() + self.grace_s
         while True:
             self._collect(min(deadline, time.monotonic() + 0.05))

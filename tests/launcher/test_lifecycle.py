@@ -222,6 +222,27 @@ time.sleep(60)
 
 
 @pytest.mark.timeout(60)
+def test_a_stopped_rank_is_stopped_without_waiting_for_sigkill(job):
+    """A SIGSTOPped rank holds SIGTERM pending; the launcher continues it so it acts on it at once."""
+    body = '''
+signal.signal(signal.SIGTERM, lambda *a: (mark("termed"), sys.exit(143)))
+if RANK == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+if RANK == 0:
+    wait_for("pid.1")
+    time.sleep(0.2)
+    sys.exit(1)
+time.sleep(60)
+'''
+    start = time.monotonic()
+    r = launch(job.argv(body), np=2, timeout=40, env={"APPLIANCE_FAILURE_GRACE": "0", "APPLIANCE_STOP_GRACE": "20"})
+    elapsed = time.monotonic() - start
+    assert (r.returncode, r.failed_rank) == (1, 0), r
+    assert set(job.files("termed")) == {1}  # it ran its SIGTERM handler: it was not SIGKILLed after 20 s
+    assert elapsed < 10, elapsed
+
+
+@pytest.mark.timeout(60)
 def test_report_about_the_failed_rank_itself_or_without_origin_blames_it(job):
     body = REPORT + '''
 if RANK == 1:
