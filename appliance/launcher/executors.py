@@ -132,7 +132,7 @@ def merge_same_machines(hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
     address (the IPv4 ones when a name has any) merge likewise; slots are summed, the first name
     and its place are kept. Returns the hosts and one line per merge saying so. A name that does
     not resolve is left alone (the preflight reports it)."""
-    local = _local_addresses()
+    local: list[set[str]] = []  # this machine's addresses, looked up once if a name needs them
 
     def machine(name: str) -> object | None:
         if name in LOCAL_NAMES or name == socket.gethostname():
@@ -141,7 +141,9 @@ def merge_same_machines(hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
             resolved = _resolve(name)
         except LaunchError:
             return None
-        if _is_this_machine(name, resolved, local):
+        if not local:
+            local.append(_local_addresses())
+        if _is_this_machine(name, resolved, local[0]):
             return THIS_MACHINE
         v4 = sorted(a for a in resolved if ":" not in a)
         return tuple(v4 or sorted(resolved))
