@@ -129,11 +129,7 @@ class Reaper:
 
 
 def _reap_child(proc: subprocess.Popen) -> None:
-    try:
-        proc.wait(5.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    proc.wait()  # no timeout: a blocking waitpid holds no GIL (a timed wait polls with it)
 
 
 # --- the reaper process --------------------------------------------------------------------------
