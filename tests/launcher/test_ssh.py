@@ -383,3 +383,35 @@ def test_ssh_config_alias_port_user_and_key(ssh_cluster, tmp_path):
     rc, out, err, _ = appliance("check", "-H", "worker-one:2", env=env)
     assert rc == 0, err
     assert "worker-one:12345" in out and h1.hostname in out
+
+
+@pytest.mark.timeout(90)
+def test_host_behind_a_bastion_through_proxyjump_in_ssh_config(ssh_cluster, job, tmp_path):
+    """Host 2's sshd refuses the primary (a firewall in its namespace) but not host 1: with
+    ``ProxyJump`` to host 1 in ``~/.ssh/config`` (a temporary HOME), check and launch go through it."""
+    h1, h2 = ssh_cluster.hosts
+    rule = ["-p", "tcp", "--dport", str(PORT), "-s", ssh_cluster.c.primary_addr, "-j", "REJECT",
+            "--reject-with", "tcp-reset"]
+    subprocess.run(["ip", "netns", "exec", h2.ns, "iptables", "-I", "INPUT", *rule], check=True, timeout=10)
+    try:
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "config").write_text(
+            f"Host bastion\n  HostName {h1.address}\n  Port {PORT}\n  User root\n  IdentityFile {ssh_cluster.key}\n"
+            f"Host hostb\n  HostName {h2.address}\n  Port {PORT}\n  User root\n  ProxyJump bastion\n")
+        env = ssh_cluster.env(HOME=str(home))
+        rc, _, err, _ = appliance("check", "-H", h2.address, "-p", str(PORT), "--start-timeout", "5", env=env)
+        assert rc == 1 and "refused the connection" in err, err  # no direct way in
+        with open(h2.log, errors="replace") as f:
+            before = f.read().count(f"Accepted publickey for root from {h1.address}")
+        p = job.cli("-np", "2", "-H", "localhost:1,hostb:1", "--", *job.argv(DUMP), env=env)
+        rc, _, err = finish(p, 60)
+        assert rc == 0, err
+        e1, where1 = json.loads(job.read("env", 1)), json.loads(job.read("where", 1))
+        assert where1["host"] == h2.hostname and e1["HOROVOD_HOSTNAME"] == "hostb"
+        assert e1["APPLIANCE_DATA_ADDR"] == h2.address
+        with open(h2.log, errors="replace") as f:  # host 2 saw the SSH logins coming from the bastion
+            assert f.read().count(f"Accepted publickey for root from {h1.address}") > before
+    finally:
+        subprocess.run(["ip", "netns", "exec", h2.ns, "iptables", "-D", "INPUT", *rule], timeout=10)
+    assert ssh_cluster.wait_clean() == {}
