@@ -233,7 +233,7 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[
                 if not pf.ok:
                     n = sum(1 for r in pf.reports.values() if r.failures)
                     raise LaunchError(f"preflight failed ({n} host{'s' if n != 1 else ''}; `appliance check` "
-                                      "shows every check):\n  " + "\n  ".join(pf.failures))
+                                      "shows every check):\n  " + "\n  ".join(pf.failures)) from pf.error()
                 for host in hosts:
                     r = pf.reports[host]
                     executors[host] = (LocalExecutor(host, r.address, r.iface) if r.local else

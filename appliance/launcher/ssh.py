@@ -97,7 +97,7 @@ def _config_keys(ssh_config) -> list[str]:
 
 
 def _agent_allowed(ssh_config) -> bool:
-    return "SSH_AUTH_SOCK" in os.environ and ssh_config.get("identityagent", "").lower() != "none"
+    return bool(os.environ.get("SSH_AUTH_SOCK")) and ssh_config.get("identityagent", "").lower() != "none"
 
 
 def _hops(conn: fabric.Connection) -> list[fabric.Connection]:

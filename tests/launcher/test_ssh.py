@@ -412,6 +412,34 @@ def test_host_behind_a_bastion_through_proxyjump_in_ssh_config(ssh_cluster, job,
         assert e1["APPLIANCE_DATA_ADDR"] == h2.address
         with open(h2.log, errors="replace") as f:  # host 2 saw the SSH logins coming from the bastion
             assert f.read().count(f"Accepted publickey for root from {h1.address}") > before
+        # Host keys are as strict through the bastion: a cluster known_hosts that lists another key
+        # refuses the bastion itself.
+        other = tmp_path / "other"
+        assert appliance("keys", "--shared", str(other), env=env)[0] == 0
+        rc, _, err, _ = appliance("check", "-H", "hostb", "--shared", str(other), env=env)
+        assert rc == 1 and "through the jump host bastion" in err and "is not in the cluster's" in err, err
     finally:
         subprocess.run(["ip", "netns", "exec", h2.ns, "iptables", "-D", "INPUT", *rule], timeout=10)
     assert ssh_cluster.wait_clean() == {}
+
+
+@pytest.mark.timeout(60)
+def test_agent_keys_are_offered(ssh_cluster, tmp_path):
+    """No key file anywhere, only an ssh-agent holding the cluster key: the login uses the agent."""
+    h1, _ = ssh_cluster.hosts
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        env = {"HOME": str(tmp_path / "home"), "APPLIANCE_SHARED": str(tmp_path / "none"), "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", ssh_cluster.key], env={**os.environ, **env}, check=True, capture_output=True,
+                       timeout=10)
+        rc, _, err, _ = appliance("check", "-H", h1.address, "-p", str(PORT), env=env)
+        assert rc == 0, err
+        rc, _, err, _ = appliance("check", "-H", h1.address, "-p", str(PORT), env={**env, "SSH_AUTH_SOCK": ""})
+        assert rc == 1 and "no SSH key to offer" in err, err
+    finally:
+        agent.kill()
+        agent.wait(5)
