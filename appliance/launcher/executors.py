@@ -197,7 +197,8 @@ class SSHExecutor:
         root = self._config.remote.job_dir
         spec = {"rank": rank, "argv": remote_argv(argv, self.python), "env": dict(env),
                 "cwd": cwd or os.getcwd(), "job_id": job_id,
-                "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s}
+                "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s,
+                "ssh_timeout": self._config.remote.ssh_timeout_s}
         return SSHWorker(rank, self.host, self._conn, [self.python, "-m", "appliance.launcher.remote"], spec, sink)
 
     def close(self) -> None:
