@@ -59,3 +59,21 @@ def test_preflight_results_are_a_group_result_and_its_error_carries_them():
     assert isinstance(err, GroupException) and err.result.succeeded == {"a": good}
     assert err.lines == ["b:22 refused the connection", "b: something else"]
     assert Preflight({"a": good}, [], []).error() is None
+
+
+@pytest.mark.timeout(30)
+def test_unresolvable_name_fails_the_preflight_at_once(home):
+    """A name that does not resolve is a finding at once, never waited for or retried."""
+    import time
+
+    from appliance.launcher.preflight import run_preflight
+
+    (home / ".ssh" / "config").write_text("Host alias-of-nothing\n  HostName nothing-here.invalid\n")
+    start = time.monotonic()
+    pf = run_preflight(["no-such-host.invalid", "alias-of-nothing"], set(), RemoteConfig(shared_dir=str(home)), 20.0)
+    elapsed = time.monotonic() - start
+    with pf:
+        assert not pf.ok and set(pf.results.failed) == {"no-such-host.invalid", "alias-of-nothing"}
+        assert all(r.steps.get("tcp") == "unresolved" for r in pf.reports.values())
+        assert "does not resolve" in str(pf.error())
+    assert elapsed < 3.0, elapsed
