@@ -24,8 +24,10 @@ What it owns:
 
 What fabric does not do here, and why: its ``Connection`` trusts unknown host keys
 (``AutoAddPolicy``) and does not close jump connections; both are replaced/added below. Its
-``run()`` (invoke's runner) has no byte-exact stdin-then-EOF with a deadline, so ``exec`` drives
-the channel itself. ``IdentityAgent PATH`` is not supported (paramiko only reads $SSH_AUTH_SOCK).
+``run()`` (invoke's runner) feeds stdin from a thread, and when the command exits without reading
+all of it (a remote Python that does not exist: exit 127) the whole call fails with a
+``ThreadException`` ("Socket is closed") instead of returning the status, so ``exec`` drives the
+channel itself (tried and measured: the preflight's "Python not found there" became a traceback). ``IdentityAgent PATH`` is not supported (paramiko only reads $SSH_AUTH_SOCK).
 
 Env vars: none read directly (``RemoteConfig`` carries the knobs; ``HOME`` locates ``~/.ssh``,
 ``SSH_AUTH_SOCK`` the agent). Failure modes: ``SSHFailure`` as above; nothing waits without a
