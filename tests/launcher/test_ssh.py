@@ -402,6 +402,8 @@ def test_host_behind_a_bastion_through_proxyjump_in_ssh_config(ssh_cluster, job,
         env = ssh_cluster.env(HOME=str(home))
         rc, _, err, _ = appliance("check", "-H", h2.address, "-p", str(PORT), "--start-timeout", "5", env=env)
         assert rc == 1 and "refused the connection" in err, err  # no direct way in
+        rc, out, err, _ = appliance("check", "-H", "hostb", env=env)
+        assert rc == 0 and f"hostb:{PORT} via root@bastion:{PORT}" in out, out + err
         with open(h2.log, errors="replace") as f:
             before = f.read().count(f"Accepted publickey for root from {h1.address}")
         p = job.cli("-np", "2", "-H", "localhost:1,hostb:1", "--", *job.argv(DUMP), env=env)
