@@ -87,7 +87,11 @@ class Target:
 
 def _fabric_config() -> fabric.Config:
     """fabric's configuration: ``/etc/ssh/ssh_config`` and ``~/.ssh/config`` (read now, from $HOME)."""
-    return fabric.Config(user_ssh_path=os.path.expanduser("~/.ssh/config"))
+    config = fabric.Config(user_ssh_path=os.path.expanduser("~/.ssh/config"))
+    # fabric's optional auth strategy (a fabric.yaml may name one) may prompt for passphrases:
+    # never in a launcher. Authentication is always the connect kwargs below (keys, agent).
+    config.authentication.strategy_class = None
+    return config
 
 
 def _default_keys() -> list[str]:
