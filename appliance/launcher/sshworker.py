@@ -177,6 +177,11 @@ class SSHWorker:
                 return False
 
     def _check_silence(self) -> None:
+        try:  # bytes waiting in the channel: the stub is there, only our reader is slow (a blocked stdout)
+            if self._chan.recv_ready() or self._chan.recv_stderr_ready():
+                self._heard = time.monotonic()
+        except Exception:  # noqa: BLE001 - a closed channel: the reader thread reports that
+            pass
         limit = self._timeout if self._framed else max(self._timeout, FIRST_FRAME_S)
         silent_s = time.monotonic() - self._heard
         if silent_s > limit and not self._exited.is_set():

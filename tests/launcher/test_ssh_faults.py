@@ -102,3 +102,23 @@ def test_remote_fault_report_reaches_the_ssh_worker(ssh_cluster, job, monkeypatc
     path = job.read("fault_path", 0)
     assert path != env["APPLIANCE_FAULT_FILE"] and not os.path.exists(path)
     assert ssh_cluster.wait_clean() == {}
+
+
+@pytest.mark.timeout(60)
+def test_blocked_launcher_output_is_not_silence(ssh_cluster, job):
+    """The launcher's own stdout blocks (a pager, Ctrl-S) while a remote rank prints: its channel
+    still delivers heartbeats, so after twice the SSH timeout the job is still fine and succeeds."""
+    h1, _ = ssh_cluster.hosts
+    body = '''
+sys.stdout.write(("x" * 1023 + "\\n") * 512)  # 512 KiB: far more than the launcher's stdout pipe holds
+sys.stdout.flush()
+mark("printed")
+time.sleep(7)
+'''
+    p = job.cli("-np", "1", "-H", f"{h1.address}:1", "-p", str(PORT), "--", *job.argv(body),
+                env=ssh_cluster.env(APPLIANCE_SSH_TIMEOUT="2"))
+    job.wait_files("printed", 1, limit=30)
+    time.sleep(5.0)  # nobody reads the launcher's stdout meanwhile
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err.decode(errors="replace")[-2000:]
+    assert out.count(b"\n") == 512
