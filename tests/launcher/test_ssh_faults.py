@@ -62,7 +62,7 @@ def test_network_cut_names_the_unreachable_host_and_leaves_nothing(ssh_cluster, 
         assert (r.failed_rank, r.failed_host) == (1, h2.address), r.reason
         assert f"host {h2.address} unreachable: no reply over SSH" in r.reason
         assert ended < 12.0, ended
-        assert ssh_cluster.wait_clean(8.0) == {}  # rank, stub and the sshd session on host 2
+        assert ssh_cluster.wait_clean(10.0) == {}  # rank, stub and the sshd session on host 2 (~3-4 s)
         assert job.wait_dead(job.pids(), 3.0) == []
         print(f"\nnetwork cut: job ended {ended:.2f} s after the cut")
     finally:
