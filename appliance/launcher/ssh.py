@@ -190,11 +190,14 @@ def _fabric_connection(target: Target, policy: HostKeyPolicy, remaining: float) 
 
 
 def _close_fabric(conn: fabric.Connection) -> None:
+    """Close ``conn`` and its jump connections, also half-open ones (fabric closes only connected ones)."""
     for c in [conn, *_hops(conn)]:
-        try:
-            c.close()
-        except Exception:  # noqa: BLE001 - closing a broken transport must not mask the real error
-            pass
+        for close in (c.close, c.client.close, getattr(c.connect_kwargs.get("sock"), "close", None)):
+            try:
+                if close is not None:
+                    close()
+            except Exception:  # noqa: BLE001 - closing a broken transport must not mask the real error
+                pass
 
 
 def _classify(e: BaseException, host: str, shown: str, port: int, keys: Sequence[str], allow_agent: bool,
@@ -236,9 +239,23 @@ def _open_jumps(conn: fabric.Connection, target: Target) -> None:
     hops = _hops(conn)
     if not hops:
         return
-    hop = hops[0]  # opening the nearest hop opens the ones before it (fabric chains them)
+    hop, outer = hops[0], hops[-1]  # opening the nearest hop opens the ones before it (fabric chains them)
     try:
+        if not outer.gateway:  # the first hop is reached directly: TCP first, as for any host
+            name = outer.original_host
+            try:
+                address = resolve_address(outer.host, int(outer.port))
+            except (socket.gaierror, UnicodeError) as e:
+                raise SSHFailure(name, "resolve", f"{name} does not resolve ({getattr(e, 'strerror', None) or e}): "
+                                 "fix DNS or /etc/hosts, or its HostName in ~/.ssh/config") from None
+            remaining = outer.connect_kwargs.get("timeout") or 10.0
+            outer.connect_kwargs["sock"] = _tcp(Target(host=name, hostname=outer.host, port=int(outer.port),
+                                                       user=outer.user, keys=(), allow_agent=False, address=address),
+                                                remaining)
         hop.open()
+    except SSHFailure as e:
+        raise SSHFailure(target.host, e.step, f"{target.host}: through the jump host {e.host} ({target.via}): "
+                         f"{e}") from None
     except _HANDSHAKE_ERRORS as e:
         shown = f"{hop.user}@{hop.original_host}:{hop.port}"
         f = _classify(e, target.host, shown, int(hop.port), hop.connect_kwargs.get("key_filename") or [],

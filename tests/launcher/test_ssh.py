@@ -414,6 +414,10 @@ def test_host_behind_a_bastion_through_proxyjump_in_ssh_config(ssh_cluster, job,
         assert e1["APPLIANCE_DATA_ADDR"] == h2.address
         with open(h2.log, errors="replace") as f:  # host 2 saw the SSH logins coming from the bastion
             assert f.read().count(f"Accepted publickey for root from {h1.address}") > before
+        (home / ".ssh" / "config").write_text((home / ".ssh" / "config").read_text() + (
+            f"Host hostc\n  HostName {h2.address}\n  Port {PORT}\n  ProxyJump root@{h1.address}:{PORT + 1}\n"))
+        rc, _, err, _ = appliance("check", "-H", "hostc", env=env)
+        assert rc == 1 and f"hostc: through the jump host {h1.address} " in err and "refused the connection" in err, err
         # Host keys are as strict through the bastion: a cluster known_hosts that lists another key
         # refuses the bastion itself.
         other = tmp_path / "other"
