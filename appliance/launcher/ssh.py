@@ -115,6 +115,17 @@ def _hops(conn: fabric.Connection) -> list[fabric.Connection]:
     return hops
 
 
+def _fabric_connection_to(host: str, user: str | None, port: int | None, config: fabric.Config) -> fabric.Connection:
+    """``fabric.Connection`` with OpenSSH's ``ProxyJump none``/``ProxyCommand none`` meaning "direct"
+    (fabric would take ``none`` for a jump host's name)."""
+    conn = fabric.Connection(host, user=user, port=port, config=config)
+    for c in [conn, *_hops(conn)]:
+        if (str(c.ssh_config.get("proxyjump", "")).lower() == "none"
+                or (isinstance(c.gateway, str) and c.gateway.lower() == "none")):
+            c.gateway = None
+    return conn
+
+
 def _describe_via(conn: fabric.Connection) -> str:
     if isinstance(conn.gateway, str):
         return f"ProxyCommand {conn.gateway}"
@@ -123,7 +134,7 @@ def _describe_via(conn: fabric.Connection) -> str:
 
 def resolve_target(host: str, remote: RemoteConfig) -> Target:
     config = _fabric_config()
-    conn = fabric.Connection(host, user=remote.user or None, port=remote.port or None, config=config)
+    conn = _fabric_connection_to(host, remote.user or None, remote.port or None, config)
     shared_key = os.path.join(remote.shared_dir, "ssh", "id_ed25519")
     if remote.key:
         keys: list[str] = [os.path.expanduser(remote.key)]
@@ -174,7 +185,7 @@ def _connect_kwargs(keys: Sequence[str], allow_agent: bool, remaining: float) ->
 def _fabric_connection(target: Target, policy: HostKeyPolicy, remaining: float) -> fabric.Connection:
     """A ``fabric.Connection`` to ``target`` (not yet open), with our keys, deadlines and host key policy on
     it and on each of its jump hosts."""
-    conn = fabric.Connection(target.host, user=target.user, port=target.port, config=target.config or _fabric_config())
+    conn = _fabric_connection_to(target.host, target.user, target.port, target.config or _fabric_config())
     conn.connect_timeout = None  # the deadline goes in connect_kwargs (fabric refuses both)
     conn.connect_kwargs = _connect_kwargs(target.keys, target.allow_agent, remaining)
     conn.client.set_missing_host_key_policy(policy.bound(target.host, target.port, target.address))

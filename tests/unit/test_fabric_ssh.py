@@ -24,7 +24,9 @@ def test_ssh_config_gives_hostname_port_user_keys_and_jump_hosts(home, monkeypat
     (home / ".ssh" / "config").write_text(
         f"Host gw\n  HostName 192.0.2.1\n  User jumper\n  Port 2222\n"
         f"Host inner\n  HostName 10.1.2.3\n  Port 2200\n  User alice\n  IdentityFile {key}\n  ProxyJump gw\n"
-        f"Host plain\n  IdentityAgent none\n")
+        f"Host plain\n  IdentityAgent none\n  ProxyJump none\n"
+        f"Host gw2\n  ProxyJump none\n"
+        f"Host viagw2\n  ProxyJump gw2\n")
     t = resolve_target("inner", RemoteConfig(shared_dir=str(home / "none")))
     assert (t.hostname, t.port, t.user, t.keys) == ("10.1.2.3", 2200, "alice", (str(key),))
     assert t.via == "jumper@gw:2222" and not t.allow_agent  # no $SSH_AUTH_SOCK
@@ -35,6 +37,9 @@ def test_ssh_config_gives_hostname_port_user_keys_and_jump_hosts(home, monkeypat
     t = resolve_target("inner", RemoteConfig(port=12345, user="root", key=str(home / "k2"), shared_dir=str(home)))
     assert (t.port, t.user, t.keys, t.allow_agent) == (12345, "root", (str(home / "k2"),), False)
     assert resolve_target("10.9.9.9", RemoteConfig(shared_dir=str(home))).via == ""
+    # OpenSSH's "none": no jump host (fabric alone would jump through a host named "none").
+    assert resolve_target("plain", RemoteConfig(shared_dir=str(home))).via == ""
+    assert resolve_target("viagw2", RemoteConfig(shared_dir=str(home))).via.endswith("@gw2:22")
 
 
 def test_shared_key_before_config_keys(home):
