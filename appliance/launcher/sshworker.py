@@ -184,9 +184,9 @@ class SSHWorker:
             pass
         limit = self._timeout if self._framed else max(self._timeout, FIRST_FRAME_S)
         silent_s = time.monotonic() - self._heard
-        if silent_s > limit and not self._exited.is_set():
-            self._silent.set()
-            self._finish(LOST, f"host {self.host} unreachable: no reply over SSH for {self._timeout:.1f} s")
+        if silent_s > limit:
+            self._finish(LOST, f"host {self.host} unreachable: no reply over SSH for {self._timeout:.1f} s",
+                         silent=True)
 
     def _lost_reason(self) -> str:
         for t in self._threads[1:2]:
@@ -198,12 +198,16 @@ class SSHWorker:
         tail = "; ".join(x for x in self._stderr.tail if x)
         return f"ended without a report from its remote stub (status {status})" + (f": {tail}" if tail else "")
 
-    def _finish(self, code: int, cause: str | None) -> None:
+    def _finish(self, code: int, cause: str | None, silent: bool = False) -> bool:
+        """Record the rank's end (the first report wins); True when this one was recorded."""
         with self._lock:
             if self._exited.is_set():
-                return
+                return False
+            if silent:
+                self._silent.set()  # before the waiters wake: from now on nothing touches the channel
             self._code, self.cause = code, cause
             self._exited.set()
+            return True
 
     # -- Worker ---------------------------------------------------------------------------
     def wait(self) -> int:
