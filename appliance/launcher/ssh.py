@@ -128,7 +128,7 @@ def _fabric_connection_to(host: str, user: str | None, port: int | None, config:
 
 def _describe_via(conn: fabric.Connection) -> str:
     if isinstance(conn.gateway, str):
-        return f"ProxyCommand {conn.gateway}"
+        return f"ProxyCommand {(conn.gateway.split() or [''])[0]}"  # the program only: tables stay narrow
     return ",".join(f"{h.user}@{h.original_host}:{h.port}" for h in reversed(_hops(conn)))
 
 
