@@ -266,7 +266,7 @@ class Stub:
             done.set()
 
     def _run(self, argv: list[str], cwd: str | None, env: dict[str, str], host: str, stdin: "_LineReader") -> int:
-        if FAULT_VAR in env:  # the launcher asks for a report: the rank writes it here, we pass it on
+        if env.get(FAULT_VAR):  # the launcher asks for a report: the rank writes it here, we pass it on
             self.fault_file = self._fault_path()
             env[FAULT_VAR] = self.fault_file
         if cwd is not None and not os.path.isdir(cwd):

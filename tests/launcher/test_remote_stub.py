@@ -212,5 +212,6 @@ def test_fault_report_passes_through_the_exit_frame(stub, tmp_path):
     path = (tmp_path / "fault_path").read_text()
     assert path != "/launcher/side/path.json" and not os.path.exists(path)  # the stub's own file, removed
     assert s.p.wait(5) == 0
-    s2 = stub(mode="exit")  # no variable from the launcher: none given to the rank, no fault
+    s2 = stub(mode="exit", APPLIANCE_FAULT_FILE="")  # empty (the contract's "off"): no file, no fault
     assert s2.wait_frame(EXITED) == {"returncode": 3, "fault": None}
+    assert not [n for n in os.listdir(tmp_path / "jobs" / "j1") if n.startswith("fault.")]
