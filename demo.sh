@@ -40,7 +40,7 @@ while (($#)); do
 done
 
 PY=${PYTHON:-python3}
-extras="" need="import appliance.cli, docker, rich, paramiko"
+extras="" need="import appliance.cli, docker, rich, fabric, paramiko"
 if ((local_mode)); then extras="[train]" need="import appliance.runtime._core, torch, sklearn"; fi
 if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "$need" 2>/dev/null; then
   say "installing the project into .venv (first run only; compiles the C++ core)"

@@ -110,6 +110,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_SSH_USER", str, "", "user on the other hosts (default: ~/.ssh/config, else the launcher's user)"),
     Knob("APPLIANCE_SHARED", str, "/mnt/share", "directory mounted at the same path on every host; keys live in its ssh/ (check/keys: --shared)"),
     Knob("APPLIANCE_REMOTE_PYTHON", str, "", "absolute path of Python on the other hosts (launch: --remote-python; default: the launcher's own)"),
+    Knob("APPLIANCE_SSH_TIMEOUT", _nonneg_float, 5.0, "seconds of silence on a remote rank's SSH channel after which its host is declared unreachable (and the stub there stops the rank; 0 disables)"),
     Knob("APPLIANCE_JOB_DIR", str, "", "where remote ranks record their pid/pgid, per host (default: $TMPDIR/appliance-UID/jobs)"),
     Knob("APPLIANCE_MIN_SHM", _size, 64 << 20, "free bytes /dev/shm must have on every host (appliance check)"),
     Knob("SLURM_JOB_NODELIST", str, None, "set by Slurm: the allocation's nodes, used as hosts when neither -H nor --hostfile is given"),
@@ -280,6 +281,7 @@ class RemoteConfig:
     network_interface: str | None = None
     job_dir: str | None = None
     min_shm: int = 64 << 20
+    ssh_timeout_s: float = 5.0          # silence on a remote rank's channel -> its host is unreachable
 
     @classmethod
     def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
@@ -305,6 +307,7 @@ class RemoteConfig:
             network_interface=iface,
             job_dir=read("APPLIANCE_JOB_DIR", env) or None,
             min_shm=read("APPLIANCE_MIN_SHM", env),
+            ssh_timeout_s=read("APPLIANCE_SSH_TIMEOUT", env),
         )
 
 

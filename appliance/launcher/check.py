@@ -37,6 +37,8 @@ def _table(pf: Preflight, hosts: list[str], port: str, out: IO[str]) -> None:
     for h in hosts:
         r = pf.reports[h]
         where = "local" if r.local else f"{h}:{r.target.port if r.target else port}"
+        if r.target is not None and r.target.via:
+            where += f" via {r.target.via}"  # ProxyJump / ProxyCommand of ~/.ssh/config
         cells = [r.steps.get(key, "-") for key, _ in COLUMNS]
         table.add_row(where, *cells, "[red]FAIL[/red]" if r.failures else "[green]ok[/green]")
     console = Console(file=out, highlight=False)

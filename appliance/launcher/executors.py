@@ -254,7 +254,8 @@ class SSHExecutor:
         root = self._config.remote.job_dir
         spec = {"rank": rank, "argv": remote_argv(argv, self.python), "env": dict(env),
                 "cwd": cwd or os.getcwd(), "job_id": job_id,
-                "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s}
+                "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s,
+                "ssh_timeout": self._config.remote.ssh_timeout_s}
         return SSHWorker(rank, self.host, self._conn, [self.python, "-m", "appliance.launcher.remote"], spec, sink)
 
     def close(self) -> None:
@@ -283,7 +284,7 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[
                 if not pf.ok:
                     n = sum(1 for r in pf.reports.values() if r.failures)
                     raise LaunchError(f"preflight failed ({n} host{'s' if n != 1 else ''}; `appliance check` "
-                                      "shows every check):\n  " + "\n  ".join(pf.failures))
+                                      "shows every check):\n  " + "\n  ".join(pf.failures)) from pf.error()
                 for host in hosts:
                     r = pf.reports[host]
                     executors[host] = (LocalExecutor(host, r.address, r.iface) if r.local else

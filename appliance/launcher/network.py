@@ -46,7 +46,7 @@ def reference_targets(order: Sequence[str], local: set[str], connect_addr: Mappi
         if peer in local:
             if primary_addr:
                 targets[host] = primary_addr
-        else:
+        elif peer in connect_addr:  # an unresolved peer is a preflight failure of its own
             targets[host] = connect_addr[peer]
     return targets
 

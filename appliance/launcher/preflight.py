@@ -10,6 +10,13 @@ hostnames are unique and every host gets its address (``network.py``). The resul
 ``Preflight`` that owns the open connections (the launch reuses them for its ranks) and lists
 one actionable line per failure, prefixed with the host.
 
+Per-host results use fabric's shapes: ``Preflight.results`` is a ``fabric.GroupResult`` (host
+name -> its ``HostReport``, or a ``HostFailed`` carrying the report) with ``.succeeded`` and
+``.failed``; ``Preflight.error()`` is a ``PreflightFailed`` (a ``fabric.exceptions.GroupException``)
+carrying those partial results. The fan-out itself is one thread per host rather than
+``fabric.ThreadingGroup``: a group runs one identical command on every host, while each host here
+gets its own probe parameters and connect deadline, and its connection is kept for the launch.
+
 Env vars: none read (``RemoteConfig``). Failure modes: none raised for host problems (they are
 report lines); a host that does not finish in time is reported with the step it was stuck at.
 """
@@ -23,6 +30,9 @@ import sys
 import threading
 import time
 from typing import Sequence
+
+from fabric import GroupResult
+from fabric.exceptions import GroupException
 
 from ..config import RemoteConfig
 from . import network, probe
@@ -49,6 +59,25 @@ class HostReport:
         self.failures.append(message if named else f"{self.host}: {message}")
 
 
+class HostFailed(RuntimeError):
+    """One host's checks failed; ``report`` holds everything that was found, ``str()`` its failure lines."""
+
+    def __init__(self, report: HostReport):
+        super().__init__("\n".join(report.failures))
+        self.report = report
+
+
+class PreflightFailed(GroupException):
+    """Some hosts failed; ``result`` is the whole ``GroupResult`` (``.succeeded`` too), ``str()`` the lines."""
+
+    def __init__(self, result: GroupResult):
+        super().__init__(result)
+        self.lines = [line for e in result.failed.values() for line in str(e).splitlines()]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
 class Preflight:
     """Per-host reports and the connections they opened; ``with`` closes what the launch did not take."""
 
@@ -62,6 +91,15 @@ class Preflight:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @property
+    def results(self) -> GroupResult:
+        """Host name -> ``HostReport`` (passed) or ``HostFailed`` (failed), in job order."""
+        return GroupResult((h, HostFailed(r) if r.failures else r) for h, r in self.reports.items())
+
+    def error(self) -> PreflightFailed | None:
+        """The failure carrying every host's result, or None when all passed."""
+        return None if self.ok else PreflightFailed(self.results)
 
     def take(self, host: str) -> Connection:
         """Hand the host's connection to a caller that will close it."""

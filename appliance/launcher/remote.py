@@ -4,20 +4,27 @@ Started by the launcher as ``PYTHON -m appliance.launcher.remote`` over an SSH c
 arguments, so nothing secret is ever on a command line). What it owns:
 
 - Reading one JSON line from stdin, the *spec* (``argv``, ``env``, ``cwd``, ``rank``,
-  ``job_id``, ``job_dir``, ``grace``), and starting the worker from it in its own session
+  ``job_id``, ``job_dir``, ``grace``, ``ssh_timeout``), and starting the worker from it in its own session
   (process group) with exactly that environment on top of the SSH session's, stdin closed. The
   job secret travels only inside that spec, on the encrypted channel.
 - Recording ``{pid, pgid, stub_pid, host}`` in ``JOB_DIR/rank.N.json`` on this host while the
   rank's process group lives (default job dir ``$TMPDIR/appliance-UID/jobs/JOB_ID``).
 - Relaying the worker's stdout and stderr, and nothing else, as frames on its own stdout:
   ``kind (1 byte) + length (4 bytes, big endian) + payload``, kinds ``O`` (stdout bytes),
-  ``E`` (stderr bytes), ``P`` (started: JSON ``{pid, pgid, host}``) and ``X`` (exited: JSON
-  ``{returncode}`` with a negative code for a signal, or ``{returncode, error}`` when the
-  worker could not start). ``FrameDecoder`` is the launcher's half.
-- Control lines on stdin after the spec: ``signal N`` sends N to the worker's process group.
-  End of stdin (the launcher died, the connection dropped, the channel was closed) or SIGTERM,
-  SIGHUP, SIGINT to the stub stop the group: SIGTERM, the spec's grace period, SIGKILL. The
-  worker also gets SIGKILL if the stub itself is killed (``PR_SET_PDEATHSIG``).
+  ``E`` (stderr bytes), ``P`` (started: JSON ``{pid, pgid, host}``), ``H`` (heartbeat, empty,
+  every ``HEARTBEAT_S``) and ``X`` (exited: JSON ``{returncode, fault}`` with a negative code for
+  a signal, or ``{returncode, error}`` when the worker could not start). ``FrameDecoder`` is the
+  launcher's half.
+- The fault report passthrough: the worker gets ``APPLIANCE_FAULT_FILE`` pointing at a file of
+  the stub's own on this host (the launcher's path means nothing here); after the worker exits
+  the stub reads it (one JSON object, see the contract in ``runtime``), removes it and sends it as
+  ``fault`` in the ``X`` frame (``null`` when the rank wrote none).
+- Control lines on stdin after the spec: ``signal N`` sends N to the worker's process group;
+  ``ping`` (the launcher's heartbeat, every ~1 s) only proves the launcher is there.
+  End of stdin (the launcher died, the connection dropped, the channel was closed), silence on
+  stdin for the spec's ``ssh_timeout`` seconds (a network cut: nothing closes anything), or
+  SIGTERM, SIGHUP, SIGINT to the stub stop the group: SIGTERM, the spec's grace period, SIGKILL.
+  The worker also gets SIGKILL if the stub itself is killed (``PR_SET_PDEATHSIG``).
 - The stub exits only when the worker has exited and no process of its group is left, so the
   launcher can take "the channel closed" as "nothing of this rank runs on that host".
 
@@ -44,9 +51,11 @@ import time
 from typing import IO, Any
 
 HEADER = struct.Struct(">cI")
-STDOUT, STDERR, STARTED, EXITED = b"O", b"E", b"P", b"X"
-KINDS = frozenset({STDOUT, STDERR, STARTED, EXITED})
+STDOUT, STDERR, STARTED, EXITED, HEARTBEAT = b"O", b"E", b"P", b"X", b"H"
+KINDS = frozenset({STDOUT, STDERR, STARTED, EXITED, HEARTBEAT})
 MAX_PAYLOAD = 1 << 16
+HEARTBEAT_S = 1.0  # both ways: the stub's H frames, the launcher's ping lines
+FAULT_VAR = "APPLIANCE_FAULT_FILE"
 
 
 def encode(kind: bytes, payload: bytes) -> bytes:
@@ -115,9 +124,13 @@ class Stub:
     def __init__(self, spec: dict[str, Any], out: _Out):
         self.spec, self.out = spec, out
         self.grace = float(spec.get("grace", 3.0))
+        self.timeout = float(spec.get("ssh_timeout") or 0.0)  # 0: no silence watchdog
         self.lost = threading.Event()          # the launcher is gone: stop the group
+        self.silent = threading.Event()        # ... and it went silent (its channel may be dead)
+        self.heard = time.monotonic()          # last line from the launcher
         self.pgid = 0
         self.record = ""
+        self.fault_file = ""
 
     # -- the group ----------------------------------------------------------------------
     def killpg(self, sig: int) -> None:
@@ -151,12 +164,26 @@ class Stub:
     def control(self, stdin: "_LineReader") -> None:
         while True:
             line = stdin.readline()
+            self.heard = time.monotonic()
             if not line:
                 self._launcher_gone()
                 return
             words = line.split()
             if len(words) == 2 and words[0] == b"signal" and words[1].isdigit():
                 self.killpg(int(words[1]))
+
+    def heartbeat(self, done: threading.Event) -> None:
+        """``H`` frames to the launcher (may block on a dead channel: the watchdog is another thread)."""
+        while not done.wait(HEARTBEAT_S):
+            self.out.send(HEARTBEAT, b"")
+
+    def watchdog(self, done: threading.Event) -> None:
+        """When the launcher has been silent for ``timeout`` seconds, stop the group."""
+        while not done.wait(0.1):
+            if time.monotonic() - self.heard > self.timeout:
+                self.silent.set()
+                self._launcher_gone()
+                return
 
     def pump(self, fd: int, kind: bytes) -> None:
         while True:
@@ -194,10 +221,54 @@ class Stub:
             except OSError:
                 pass
 
+    def _fault_path(self) -> str:
+        """A fresh path for this rank's fault report on this host (its job directory, else a temp dir)."""
+        job_dir = self.spec.get("job_dir") or default_job_dir(str(self.spec.get("job_id") or "job"))
+        for d in (job_dir, tempfile.gettempdir()):
+            try:
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            except OSError:
+                continue
+            path = os.path.join(d, f"fault.{int(self.spec['rank'])}.{os.getpid()}.json")
+            try:
+                os.unlink(path)  # a stale one of a recycled pid; the rank writes it only when it fails
+            except OSError:
+                pass
+            return path
+        return ""
+
+    def _read_fault(self) -> dict | None:
+        if not self.fault_file:
+            return None
+        try:
+            with open(self.fault_file, encoding="utf-8") as f:
+                fault = json.load(f)
+        except (OSError, ValueError):
+            return None
+        finally:
+            try:
+                os.unlink(self.fault_file)
+            except OSError:
+                pass
+        return fault if isinstance(fault, dict) else None
+
     def run(self, stdin: "_LineReader") -> int:
         argv, cwd = [str(a) for a in self.spec["argv"]], self.spec.get("cwd") or None
         env = {**os.environ, **{str(k): str(v) for k, v in self.spec.get("env", {}).items()}}
         host = socket.gethostname()
+        done = threading.Event()
+        threading.Thread(target=self.heartbeat, args=(done,), name="heartbeat", daemon=True).start()
+        if self.timeout > 0:
+            threading.Thread(target=self.watchdog, args=(done,), name="watchdog", daemon=True).start()
+        try:
+            return self._run(argv, cwd, env, host, stdin)
+        finally:
+            done.set()
+
+    def _run(self, argv: list[str], cwd: str | None, env: dict[str, str], host: str, stdin: "_LineReader") -> int:
+        if env.get(FAULT_VAR):  # the launcher asks for a report: the rank writes it here, we pass it on
+            self.fault_file = self._fault_path()
+            env[FAULT_VAR] = self.fault_file
         if cwd is not None and not os.path.isdir(cwd):
             self.out.json(EXITED, {"returncode": 1, "error": f"working directory {cwd!r} does not exist on {host}"})
             return 0
@@ -221,7 +292,9 @@ class Stub:
             t.start()
         threading.Thread(target=self.control, args=(stdin,), name="control", daemon=True).start()
         code = proc.wait()
-        self.out.json(EXITED, {"returncode": code})
+        fault = self._read_fault()
+        if not self.silent.is_set():  # a silent launcher's channel may be dead: never block on it
+            self.out.json(EXITED, {"returncode": code, "fault": fault})
         # Stray members of the group (grandchildren) keep the rank alive until the launcher
         # stops them or goes away; only then does the stub exit.
         while self.group_alive():

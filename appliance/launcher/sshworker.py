@@ -12,24 +12,36 @@ missing there), as the rank's stderr.
 ``signal(sig)`` writes ``signal N`` to the stub, which signals the rank's process group on its
 host: stopping works without a pty. ``group_alive()`` is true until the stub has exited, which it
 does only once nothing of the group is left. Closing the channel or losing the connection makes
-the stub stop the group by itself.
+the stub stop the group by itself. ``fault`` is the rank's fault report from the exited frame
+(a dict, see ``remote.py``), or None.
+
+Heartbeats both ways: the stub sends an ``H`` frame every ~1 s and a third thread here writes
+``ping`` every ~1 s. When nothing at all has come from the stub for the spec's ``ssh_timeout``
+seconds (``APPLIANCE_SSH_TIMEOUT``; before its first frame at least ``FIRST_FRAME_S``, for an
+interpreter starting on a loaded host), the rank is lost: ``wait()`` returns 255 with ``cause``
+"host H unreachable: no reply over SSH for T s", and from then on ``signal()``,
+``group_alive()`` and ``drain()`` no longer touch the (probably dead) channel. The stub, hearing
+no ``ping`` for as long, stops the rank on its side.
 
 Env vars: none. Failure modes: a channel that cannot be opened raises ``SpawnError``; a stub
-that ends without an exit frame or a lost connection makes ``wait()`` return 255 with ``cause``
-naming the host and the reason; a command that cannot start returns 127/126 with ``cause``.
+that ends without an exit frame, a lost connection or a silent one makes ``wait()`` return 255
+with ``cause`` naming the host and the reason; a command that cannot start returns 127/126 with
+``cause``.
 """
 from __future__ import annotations
 
 import json
 import shlex
 import threading
+import time
 from typing import Mapping, Sequence
 
-from .remote import EXITED, STARTED, STDERR, STDOUT, FrameDecoder
+from .remote import EXITED, HEARTBEAT_S, STARTED, STDERR, STDOUT, FrameDecoder
 from .ssh import Connection, SSHFailure
 from .workers import MAX_LINE, OutputSink, SpawnError, relay
 
 LOST = 255
+FIRST_FRAME_S = 30.0
 
 
 class _Lines:
@@ -80,9 +92,15 @@ class SSHWorker:
                  spec: Mapping[str, object], sink: OutputSink):
         self.rank, self.host, self.pid = rank, host, -1
         self.cause: str | None = None
+        self.fault: dict | None = None
         self.remote_host: str = ""
         sink.open_rank(rank)
         self._conn = conn
+        self._timeout = float(spec.get("ssh_timeout") or 0.0)  # 0: no silence watchdog
+        self._heard = time.monotonic()
+        self._framed = False  # a first frame arrived
+        self._silent = threading.Event()
+        self._send_lock = threading.Lock()
         try:
             self._chan, self._token = conn.open_session()
         except SSHFailure as e:
@@ -103,6 +121,7 @@ class SSHWorker:
             threading.Thread(target=self._read, args=(sink,), name=f"ssh-{rank}", daemon=True),
             threading.Thread(target=relay, args=(self._stderr, rank, "stderr", sink), name=f"ssh-err-{rank}",
                              daemon=True),
+            threading.Thread(target=self._ping, name=f"ssh-ping-{rank}", daemon=True),
         ]
         for t in self._threads:
             t.start()
@@ -118,6 +137,7 @@ class SSHWorker:
                     data = b""
                 if not data:
                     break
+                self._heard, self._framed = time.monotonic(), True
                 try:
                     frames = decoder.feed(data)
                 except ValueError as e:
@@ -132,6 +152,7 @@ class SSHWorker:
                     elif kind == EXITED:
                         info = json.loads(payload)
                         error = info.get("error")
+                        self.fault = info["fault"] if isinstance(info.get("fault"), dict) else None
                         self._finish(int(info["returncode"]), f"could not start: {error}" if error else None)
         finally:
             for ln in lines.values():
@@ -142,8 +163,33 @@ class SSHWorker:
             self._chan.close()
             self._conn.release(self._token)
 
+    def _ping(self) -> None:
+        while not self._done.wait(HEARTBEAT_S) and not self._silent.is_set():
+            if not self._send(b"ping\n"):
+                return
+
+    def _send(self, data: bytes) -> bool:
+        with self._send_lock:
+            try:
+                self._chan.sendall(data)
+                return True
+            except Exception:  # noqa: BLE001 - a closed channel: the stub stops the group by itself
+                return False
+
+    def _check_silence(self) -> None:
+        try:  # bytes waiting in the channel: the stub is there, only our reader is slow (a blocked stdout)
+            if self._chan.recv_ready() or self._chan.recv_stderr_ready():
+                self._heard = time.monotonic()
+        except Exception:  # noqa: BLE001 - a closed channel: the reader thread reports that
+            pass
+        limit = self._timeout if self._framed else max(self._timeout, FIRST_FRAME_S)
+        silent_s = time.monotonic() - self._heard
+        if silent_s > limit:
+            self._finish(LOST, f"host {self.host} unreachable: no reply over SSH for {self._timeout:.1f} s",
+                         silent=True)
+
     def _lost_reason(self) -> str:
-        for t in self._threads[1:]:
+        for t in self._threads[1:2]:
             t.join(1.0)  # the stub's last words, if any
         self._chan.status_event.wait(1.0)  # exit-status may trail the end of output a little
         status = self._chan.exit_status if self._chan.exit_status_ready() else None
@@ -152,31 +198,37 @@ class SSHWorker:
         tail = "; ".join(x for x in self._stderr.tail if x)
         return f"ended without a report from its remote stub (status {status})" + (f": {tail}" if tail else "")
 
-    def _finish(self, code: int, cause: str | None) -> None:
+    def _finish(self, code: int, cause: str | None, silent: bool = False) -> bool:
+        """Record the rank's end (the first report wins); True when this one was recorded."""
         with self._lock:
             if self._exited.is_set():
-                return
+                return False
+            if silent:
+                self._silent.set()  # before the waiters wake: from now on nothing touches the channel
             self._code, self.cause = code, cause
             self._exited.set()
+            return True
 
     # -- Worker ---------------------------------------------------------------------------
     def wait(self) -> int:
-        self._exited.wait()
+        while not self._exited.wait(0.1):
+            if self._timeout > 0:
+                self._check_silence()
         assert self._code is not None
         return self._code
 
     def signal(self, sig: int) -> None:
-        if self._done.is_set():
+        if self._done.is_set() or self._silent.is_set():
             return
-        try:
-            self._chan.sendall(f"signal {int(sig)}\n".encode())
-        except Exception:  # noqa: BLE001 - a closed channel: the stub stops the group by itself
-            pass
+        self._send(f"signal {int(sig)}\n".encode())
 
     def group_alive(self) -> bool:
-        return not self._done.is_set()
+        # Silent: the stub stops the group on its side; nothing here can reach it any more.
+        return not self._done.is_set() and not self._silent.is_set()
 
     def drain(self, timeout: float) -> None:
+        if self._silent.is_set():
+            return
         self._done.wait(timeout)
         for t in self._threads:
             t.join(0.5 if self._done.is_set() else 0.0)

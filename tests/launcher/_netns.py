@@ -185,6 +185,8 @@ PermitRootLogin prohibit-password
 UsePAM no
 StrictModes yes
 MaxStartups 64:30:128
+ClientAliveInterval 1
+ClientAliveCountMax 3
 LogLevel VERBOSE
 """)
         sh(SSHD, "-t", "-f", conf)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from appliance.launcher.remote import EXITED, STARTED, STDERR, STDOUT, FrameDecoder
+from appliance.launcher.remote import EXITED, HEARTBEAT, STARTED, STDERR, STDOUT, FrameDecoder
 
 WORKER = r'''
 import os, signal, subprocess, sys, time
@@ -86,10 +86,10 @@ def wait_dead(pids, limit=5.0):
 def stub(tmp_path):
     started = []
 
-    def start(mode="sleep", **env):
-        spec = {"rank": 4, "argv": [sys.executable, "-c", WORKER, str(tmp_path)], "cwd": str(tmp_path),
+    def start(mode="sleep", ssh_timeout=0.0, worker=WORKER, **env):
+        spec = {"rank": 4, "argv": [sys.executable, "-c", worker, str(tmp_path)], "cwd": str(tmp_path),
                 "env": {"WHO": "rank4", "MODE": mode, "APPLIANCE_JOB_SECRET": "s3cr3t", **env},
-                "job_id": "j1", "job_dir": str(tmp_path / "jobs" / "j1"), "grace": 0.5}
+                "job_id": "j1", "job_dir": str(tmp_path / "jobs" / "j1"), "grace": 0.5, "ssh_timeout": ssh_timeout}
         s = Stub(spec)
         started.append(s)
         return s
@@ -119,7 +119,7 @@ def test_frames_record_and_exit_code(stub, tmp_path):
     started = s.wait_frame(STARTED)
     record = tmp_path / "jobs" / "j1" / "rank.4.json"
     exited = s.wait_frame(EXITED)
-    assert exited == {"returncode": 3}
+    assert exited == {"returncode": 3, "fault": None}
     child = _child(tmp_path)
     assert alive(child)  # a stray of the group keeps the rank (and the stub) alive...
     rec = json.loads(record.read_text())
@@ -169,3 +169,49 @@ def test_start_failures_are_reported_in_the_exit_frame(tmp_path):
             s.kill()
     p = subprocess.run([sys.executable, "-m", "appliance.launcher.remote"], input=b"not json\n", capture_output=True)
     assert p.returncode == 2 and b"bad spec" in p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_silent_launcher_makes_the_stub_stop_the_rank_pings_keep_it(stub, tmp_path):
+    """A network cut closes nothing: the stub only notices the launcher's pings stopping."""
+    s = stub(ssh_timeout=1.5, IGNORE_TERM="1")
+    pid = s.wait_frame(STARTED)["pid"]
+    child = _child(tmp_path)
+    for _ in range(10):  # 3 s of pings, twice the timeout: still running
+        s.p.stdin.write(b"ping\n")
+        s.p.stdin.flush()
+        time.sleep(0.3)
+    assert s.p.poll() is None and alive(pid)
+    assert sum(1 for k, _ in s.frames if k == HEARTBEAT) >= 2  # the stub's own heartbeat, ~1 s
+    start = time.monotonic()  # now silence (stdin stays open)
+    assert s.p.wait(10) == 0
+    assert wait_dead([pid, child], 1.0) == []
+    assert time.monotonic() - start < 1.5 + 0.5 + 1.5  # timeout + grace (TERM ignored) + slack
+    assert not (tmp_path / "jobs" / "j1").exists()
+
+
+FAULT_WORKER = r'''
+import json, os, sys, time
+path = os.environ["APPLIANCE_FAULT_FILE"]
+with open(path + ".tmp", "w") as f:
+    json.dump({"rank": 4, "host": "h", "origin_rank": 2, "origin_host": "b", "kind": "peer_lost",
+               "message": "rank 2 lost", "time": time.time()}, f)
+os.replace(path + ".tmp", path)
+with open(os.path.join(sys.argv[1], "fault_path"), "w") as f:
+    f.write(path)
+sys.exit(1)
+'''
+
+
+@pytest.mark.timeout(30)
+def test_fault_report_passes_through_the_exit_frame(stub, tmp_path):
+    s = stub(worker=FAULT_WORKER, APPLIANCE_FAULT_FILE="/launcher/side/path.json")
+    exited = s.wait_frame(EXITED)
+    assert exited["returncode"] == 1
+    assert exited["fault"]["origin_rank"] == 2 and exited["fault"]["kind"] == "peer_lost"
+    path = (tmp_path / "fault_path").read_text()
+    assert path != "/launcher/side/path.json" and not os.path.exists(path)  # the stub's own file, removed
+    assert s.p.wait(5) == 0
+    s2 = stub(mode="exit", APPLIANCE_FAULT_FILE="")  # empty (the contract's "off"): no file, no fault
+    assert s2.wait_frame(EXITED) == {"returncode": 3, "fault": None}
+    assert not [n for n in os.listdir(tmp_path / "jobs" / "j1") if n.startswith("fault.")]

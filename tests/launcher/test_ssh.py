@@ -383,3 +383,69 @@ def test_ssh_config_alias_port_user_and_key(ssh_cluster, tmp_path):
     rc, out, err, _ = appliance("check", "-H", "worker-one:2", env=env)
     assert rc == 0, err
     assert "worker-one:12345" in out and h1.hostname in out
+
+
+@pytest.mark.timeout(90)
+def test_host_behind_a_bastion_through_proxyjump_in_ssh_config(ssh_cluster, job, tmp_path):
+    """Host 2's sshd refuses the primary (a firewall in its namespace) but not host 1: with
+    ``ProxyJump`` to host 1 in ``~/.ssh/config`` (a temporary HOME), check and launch go through it."""
+    h1, h2 = ssh_cluster.hosts
+    rule = ["-p", "tcp", "--dport", str(PORT), "-s", ssh_cluster.c.primary_addr, "-j", "REJECT",
+            "--reject-with", "tcp-reset"]
+    subprocess.run(["ip", "netns", "exec", h2.ns, "iptables", "-I", "INPUT", *rule], check=True, timeout=10)
+    try:
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "config").write_text(
+            f"Host bastion\n  HostName {h1.address}\n  Port {PORT}\n  User root\n  IdentityFile {ssh_cluster.key}\n"
+            f"Host hostb\n  HostName {h2.address}\n  Port {PORT}\n  User root\n  ProxyJump bastion\n")
+        env = ssh_cluster.env(HOME=str(home))
+        rc, _, err, _ = appliance("check", "-H", h2.address, "-p", str(PORT), "--start-timeout", "5", env=env)
+        assert rc == 1 and "refused the connection" in err, err  # no direct way in
+        rc, out, err, _ = appliance("check", "-H", "hostb", env=env)
+        assert rc == 0 and f"hostb:{PORT} via root@bastion:{PORT}" in out, out + err
+        with open(h2.log, errors="replace") as f:
+            before = f.read().count(f"Accepted publickey for root from {h1.address}")
+        p = job.cli("-np", "2", "-H", "localhost:1,hostb:1", "--", *job.argv(DUMP), env=env)
+        rc, _, err = finish(p, 60)
+        assert rc == 0, err
+        e1, where1 = json.loads(job.read("env", 1)), json.loads(job.read("where", 1))
+        assert where1["host"] == h2.hostname and e1["HOROVOD_HOSTNAME"] == "hostb"
+        assert e1["APPLIANCE_DATA_ADDR"] == h2.address
+        with open(h2.log, errors="replace") as f:  # host 2 saw the SSH logins coming from the bastion
+            assert f.read().count(f"Accepted publickey for root from {h1.address}") > before
+        (home / ".ssh" / "config").write_text((home / ".ssh" / "config").read_text() + (
+            f"Host hostc\n  HostName {h2.address}\n  Port {PORT}\n  ProxyJump root@{h1.address}:{PORT + 1}\n"))
+        rc, _, err, _ = appliance("check", "-H", "hostc", env=env)
+        assert rc == 1 and f"hostc: through the jump host {h1.address} " in err and "refused the connection" in err, err
+        # Host keys are as strict through the bastion: a cluster known_hosts that lists another key
+        # refuses the bastion itself.
+        other = tmp_path / "other"
+        assert appliance("keys", "--shared", str(other), env=env)[0] == 0
+        rc, _, err, _ = appliance("check", "-H", "hostb", "--shared", str(other), env=env)
+        assert rc == 1 and "through the jump host bastion" in err and "is not in the cluster's" in err, err
+    finally:
+        subprocess.run(["ip", "netns", "exec", h2.ns, "iptables", "-D", "INPUT", *rule], timeout=10)
+    assert ssh_cluster.wait_clean() == {}
+
+
+@pytest.mark.timeout(60)
+def test_agent_keys_are_offered(ssh_cluster, tmp_path):
+    """No key file anywhere, only an ssh-agent holding the cluster key: the login uses the agent."""
+    h1, _ = ssh_cluster.hosts
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        env = {"HOME": str(tmp_path / "home"), "APPLIANCE_SHARED": str(tmp_path / "none"), "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", ssh_cluster.key], env={**os.environ, **env}, check=True, capture_output=True,
+                       timeout=10)
+        rc, _, err, _ = appliance("check", "-H", h1.address, "-p", str(PORT), env=env)
+        assert rc == 0, err
+        rc, _, err, _ = appliance("check", "-H", h1.address, "-p", str(PORT), env={**env, "SSH_AUTH_SOCK": ""})
+        assert rc == 1 and "no SSH key to offer" in err, err
+    finally:
+        agent.kill()
+        agent.wait(5)
