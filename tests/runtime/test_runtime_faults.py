@@ -2,8 +2,8 @@
 
 Covers: a deadlock (one rank skips an allreduce) is reported on every rank and fails every rank
 after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, which is on by default; the fault report
-(APPLIANCE_FAULT_FILE) after a killed rank, a stopped rank (heartbeats) and a stall; the store
-listens on the job's address only; a flood of bad connections to the store costs a bounded
+(APPLIANCE_FAULT_FILE) after a killed rank, a stopped rank (heartbeats), a stall and a rank that
+never arrives; the store and data-plane listeners listen on the job's address only; a flood of bad connections to the store costs a bounded
 number of log lines and the job goes on. Ranks are started directly (rank_group.RankGroup), so
 nothing but the runtime decides when a rank fails.
 """
@@ -97,6 +97,17 @@ def test_stopped_rank_is_named_after_the_heartbeat_timeout(tmp_path, victim):
             if r != victim:
                 took = g.fault(r)["time"] - t_stop
                 assert took >= 1.5, f"rank {r} blamed rank {victim} after {took:.2f} s, before the heartbeat timeout"
+
+
+def test_rank_that_never_arrives_is_in_the_fault_report(tmp_path):
+    with RankGroup(3, "hold", out=tmp_path, env={"HOROVOD_START_TIMEOUT": "2"}, only=[0, 1]) as g:
+        assert g.wait(timeout=30) == [1, 1], g.all_stderr()
+        fault = g.fault(0)
+        assert fault and fault["rank"] == 0 and fault["origin_rank"] == 2, fault
+        assert fault["kind"] == "error" and "rank(s) 2" in fault["message"], fault
+        # rank 1 times out the same way, or first sees the store (on rank 0) go away
+        fault = g.fault(1)
+        assert fault and fault["rank"] == 1 and fault["origin_rank"] in (2, 0), fault
 
 
 @pytest.mark.parametrize("addr", ["127.0.0.1", "127.0.0.2"])

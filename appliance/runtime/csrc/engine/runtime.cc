@@ -67,7 +67,11 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
       log_line(cfg_.rank, line);
     }
   } catch (const Error& e) {
-    record_fault(e.status());  // could not join: the report names the rank that never came
+    // Could not join: the report names the rank that never came; a lost store (the only
+    // connection without a rank) means rank 0, which hosts it, is gone.
+    Status s = e.status();
+    if (s.origin_rank < 0 && s.code == Code::kPeerLost && cfg_.rank != 0) s.origin_rank = 0;
+    record_fault(s);
     throw;
   }
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
