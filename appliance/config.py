@@ -90,6 +90,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_JOB_ID", str, "", "job identifier, part of every handshake"),
     Knob("APPLIANCE_DATA_ADDR", str, "", "address this rank listens on for peers (the launcher picks it)"),
     Knob("HOROVOD_GLOO_IFACE", str, "", "network interface whose address this rank listens on"),
+    Knob("APPLIANCE_FAULT_FILE", str, "", "where the runtime writes its fault report (JSON) when the job first fails (the launcher sets it; empty = none)"),
     Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init (launch: --start-timeout)"),
     # Engine.
     Knob("HOROVOD_FUSION_THRESHOLD", _size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)"),
@@ -97,7 +98,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)"),
     Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor"),
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks"),
-    Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 0.0, "abort the job when a tensor waits this long (0 = never)"),
+    Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)"),
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
     Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)"),
@@ -170,12 +171,13 @@ class RuntimeConfig:
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     stall_check_s: float = 60.0
-    stall_shutdown_s: float = 0.0
+    stall_shutdown_s: float = 300.0
     chunk_bytes: int = 1 << 20
     heartbeat_timeout_s: float = 10.0
     shm: bool = True
     verbose: bool = False
     nccl_library: str = ""
+    fault_file: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RuntimeConfig":
@@ -240,6 +242,7 @@ class RuntimeConfig:
             heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
             verbose=read("APPLIANCE_VERBOSE", env),
             nccl_library=read("APPLIANCE_NCCL_LIBRARY", env),
+            fault_file=read("APPLIANCE_FAULT_FILE", env),
         )
 
 

@@ -1,9 +1,23 @@
-"""The process's collective engine, as framework adapters see it.
+"""The process's collective engine: its one ``_core.Runtime`` and the calls adapters make on it.
 
-One ``_core.Runtime`` per initialised process (owned by the module-level ``_state`` of
-``appliance.runtime.api``; this module is stateless). Adapters describe tensors as ``Buffer``
-(data pointer, dtype code, shape, device, CUDA stream) and keep the tensors alive themselves
-until ``wait`` returns: the core reads and writes those pointers from its background thread.
+Owns the process state: the ``Engine`` (created by ``start()``, destroyed by ``stop()``;
+start -> stop -> start works), which ``current()`` returns. ``appliance.runtime.api`` (the numpy
+API and ``init``/``shutdown``) and the framework adapters (``appliance.torch``) build on this
+module; it imports neither. Config comes from ``appliance.config.RuntimeConfig`` (the caller
+reads the environment: HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET,
+APPLIANCE_FAULT_FILE...).
+
+Adapters describe tensors as ``Buffer`` (data pointer, dtype code, shape, device, CUDA
+stream); the core reads and writes those pointers from its background thread, so the memory
+must stay alive until the core is done. ``submit(..., keep=objs)`` makes the engine's handle
+table hold ``objs`` until then: until ``wait`` returns, or, for a handle its caller
+abandoned (``abandon``), until the core has completed it. Adapters that keep their tensors
+themselves pass nothing.
+
+Failure modes: ``start`` raises HorovodInternalError when the rendezvous fails (it names the
+ranks that never arrived); ``current()`` raises ValueError before ``start``, as Horovod does;
+``wait`` raises HorovodInternalError (job failed: origin rank and host), MismatchError or
+ValueError.
 
 Outputs whose size is known only after negotiation (allgather, alltoall, reducescatter) are
 allocated by the core and returned as a flat ``uint8`` numpy array in ``Result.output``, with
@@ -13,9 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional, Sequence
+import threading
+from typing import Any, Optional, Sequence
 
 import numpy as np
+
+from appliance.config import RuntimeConfig
+from appliance.runtime import devices
+from appliance.runtime.errors import HorovodInternalError, MismatchError
 
 
 class Kind(enum.IntEnum):
@@ -96,26 +115,170 @@ class Result:
     value: Optional[int] = None          # join: the last rank that joined
 
 
+_ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
+
+
+class Engine:
+    """Thin Python face of ``_core.Runtime``: names, result conversion, errors, and the table of
+    objects the core may still be using (``keep``)."""
+
+    def __init__(self, cfg: RuntimeConfig, generation: int):
+        from appliance.runtime import _core
+
+        core_cfg = _core.RuntimeConfig()
+        for field in ("rank", "size", "host", "store_host", "store_port", "data_addr",
+                      "fusion_threshold", "cycle_time_ms", "cache_capacity", "stall_check_s",
+                      "stall_shutdown_s", "chunk_bytes", "heartbeat_timeout_s", "shm", "verbose",
+                      "start_timeout_s", "fault_file"):
+            setattr(core_cfg, field, getattr(cfg, field))
+        core_cfg.secret = cfg.secret
+        core_cfg.nccl_library = cfg.nccl_library
+        core_cfg.nccl_candidates = devices.nccl_candidates()
+        core_cfg.cudart_candidates = devices.cudart_candidates()
+        core_cfg.job_id = f"{cfg.job_id}#{generation}"
+        self.config = cfg
+        try:
+            self.core = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
+        except _core.CoreError as e:
+            raise HorovodInternalError(f"rank {cfg.rank} of {cfg.size} could not join the job: {e}") from None
+        self._auto_names = 0
+        self._groups = 0
+        self._mu = threading.Lock()
+        self._keep: dict[int, Any] = {}     # handle -> objects whose memory the core may use
+        self._abandoned: set[int] = set()   # handles nobody will wait for
+
+    def submit(self, kind, name, inp, out, *, op, prescale, postscale, root, splits, group, keep=None) -> int:
+        if self._abandoned:
+            self.reap()
+        if name is None:
+            name = f"{Kind(kind).name.lower()}.noname.{self._auto_names}"
+            self._auto_names += 1
+        def desc(b: Optional[Buffer]):
+            if b is None:
+                return (0, 0, [], -1, 0)
+            return (int(b.ptr), int(b.dtype), [int(d) for d in b.shape], int(b.device), int(b.stream))
+        h = self.core.enqueue(int(kind), str(name), desc(inp), desc(out), int(op), float(prescale),
+                              float(postscale), int(root), [int(s) for s in (splits or [])],
+                              int(group[0]), int(group[1]))
+        if keep is not None:
+            with self._mu:
+                self._keep[h] = keep
+        return h
+
+    def poll(self, handle: int) -> bool:
+        return self.core.poll(handle)
+
+    def wait(self, handle: int, stream: Optional[int] = None) -> Result:
+        try:
+            r = self.core.wait(handle, -1 if stream is None else int(stream))
+        finally:
+            with self._mu:  # the core is done with the handle's memory (or never knew it)
+                self._keep.pop(handle, None)
+        if not r.ok:
+            exc = _ERROR_KINDS.get(r.code)
+            if exc is not None:
+                raise exc(r.message)
+            raise HorovodInternalError(r.message, r.origin_rank, r.origin_host, r.code)
+        return Result(output=r.output, shape=tuple(r.shape), splits=list(r.splits) if r.has_splits else None,
+                      value=r.value if r.has_value else None)
+
+    def abandon(self, handle: int) -> None:
+        """Nobody will wait for ``handle``: release what it keeps once the core completes it.
+        Safe from finalizers (only records the handle)."""
+        self._abandoned.add(handle)
+
+    def reap(self) -> None:
+        """Forget abandoned handles the core has completed, releasing their memory."""
+        for h in list(self._abandoned):
+            if self.core.poll(h):
+                self._abandoned.discard(h)
+                try:
+                    self.core.wait(h, -1)  # done: returns at once; frees the handle and its name
+                except Exception:  # noqa: BLE001  (nobody wants this result)
+                    pass
+                with self._mu:
+                    self._keep.pop(h, None)
+
+    def kept(self) -> int:
+        """Handles whose objects the table still holds (for tests and diagnostics)."""
+        with self._mu:
+            return len(self._keep)
+
+    def set_device_allocator(self, fn) -> None:
+        self.core.set_device_allocator(fn)
+
+    def cuda_path(self) -> tuple:
+        return tuple(self.core.cuda_path())
+
+    def new_group_id(self) -> int:
+        self._groups += 1
+        return self._groups
+
+    def shutdown(self) -> None:
+        self.core.shutdown()  # every pending handle completes (fails): the core uses no memory now
+        with self._mu:
+            self._keep.clear()
+        self._abandoned.clear()
+
+
+# --- process state ---------------------------------------------------------------------------
+_lock = threading.Lock()
+_engine: Optional[Engine] = None
+_generation = 0  # starts so far in this process; part of the job id so a restart never meets the old store
+
+
+def start(cfg: RuntimeConfig) -> bool:
+    """Create the process's engine from ``cfg`` unless one exists; True when it was created."""
+    global _engine, _generation
+    with _lock:
+        if _engine is not None:
+            return False
+        _generation += 1
+        _engine = Engine(cfg, _generation)
+        return True
+
+
+def stop() -> None:
+    """Destroy the process's engine (pending operations fail). Idempotent."""
+    global _engine
+    with _lock:
+        e, _engine = _engine, None
+    if e is not None:
+        e.shutdown()
+
+
+def is_started() -> bool:
+    return _engine is not None
+
+
+def current() -> Engine:
+    """The process's engine; ValueError before ``start`` (``hvd.init()``)."""
+    e = _engine
+    if e is None:
+        raise ValueError("the collective runtime has not been initialized; call hvd.init() first")
+    return e
+
+
+# --- the calls adapters make ------------------------------------------------------------------
 def submit(kind: Kind, name: Optional[str], inp: Optional[Buffer] = None, out: Optional[Buffer] = None, *,
            op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-           splits: Optional[Sequence[int]] = None, group: tuple = (0, 0)) -> int:
+           splits: Optional[Sequence[int]] = None, group: tuple = (0, 0), keep: Any = None) -> int:
     """Enqueue one operation; return its handle. ``name`` None gets an automatic name.
 
     allreduce: ``out`` (same dtype/shape as ``inp``, may be ``inp``) receives the reduction.
     broadcast: ``out`` (may be ``inp``) receives root's data. allgather/alltoall/reducescatter:
     ``out`` is None; see ``Result``. ``group`` = (group id, number of members) makes the core
-    schedule the members together (grouped_allreduce). Raises ValueError when ``name`` is in
+    schedule the members together (grouped_allreduce). ``keep``: objects (host memory) the
+    engine holds until the core is done with the handle. Raises ValueError when ``name`` is in
     flight, HorovodInternalError when the job has failed.
     """
-    from appliance.runtime import api
-    return api._runtime().submit(kind, name, inp, out, op=op, prescale=prescale, postscale=postscale,
-                                  root=root, splits=splits, group=group)
+    return current().submit(kind, name, inp, out, op=op, prescale=prescale, postscale=postscale,
+                            root=root, splits=splits, group=group, keep=keep)
 
 
 def poll(handle: int) -> bool:
     """True when ``handle`` has completed (successfully or not); never blocks."""
-    from appliance.runtime import api
-    return api._runtime().poll(handle)
+    return current().poll(handle)
 
 
 def wait(handle: int, stream: Optional[int] = None) -> Result:
@@ -125,19 +288,16 @@ def wait(handle: int, stream: Optional[int] = None) -> Result:
     as it is queued on its stream and ``stream`` has been made to wait for it (torch's
     ``Work.synchronize`` semantics), instead of blocking the host until it finished; an error
     of that work then reaches the job as an abort. Host work is always waited for."""
-    from appliance.runtime import api
-    return api._runtime().wait(handle, stream)
+    return current().wait(handle, stream)
 
 
 def new_group_id() -> int:
     """A fresh id for ``submit(group=...)``; the same sequence on every rank."""
-    from appliance.runtime import api
-    return api._runtime().new_group_id()
+    return current().new_group_id()
 
 
 def capabilities() -> dict:
     """What executes here: see ``appliance.runtime.devices`` (cuda, nccl, nccl_version, why...)."""
-    from appliance.runtime import devices
     return devices.capabilities()
 
 
@@ -145,11 +305,9 @@ def set_device_allocator(fn) -> None:
     """``fn(device, nbytes, stream) -> (data_ptr, owner)`` supplies CUDA memory for outputs the core
     sizes after negotiation (NCCL path); ``owner`` comes back as ``Result.output``. Called on
     the core's background thread."""
-    from appliance.runtime import api
-    api._runtime().set_device_allocator(fn)
+    current().set_device_allocator(fn)
 
 
 def cuda_path() -> tuple:
     """("nccl" | "staging" | "", why): how this job moves CUDA tensors ("" before the first)."""
-    from appliance.runtime import api
-    return api._runtime().cuda_path()
+    return current().cuda_path()

@@ -70,8 +70,7 @@ def _device_allocator(device: int, nbytes: int, stream: int):
 
 def _give_allocator() -> None:
     global _allocator_of
-    from appliance.runtime import api
-    rt = api._runtime()
+    rt = engine.current()
     if _allocator_of is None or _allocator_of() is not rt:
         engine.set_device_allocator(_device_allocator)
         _allocator_of = weakref.ref(rt)

@@ -117,10 +117,10 @@ def case_ops():
     vals = data(r, np.float32, 65)
     bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
     out = np.empty_like(bits)
-    h = rt.api._runtime().submit(engine.Kind.ALLREDUCE, "bf16", engine.Buffer(bits.ctypes.data, engine.DType.BFLOAT16, bits.shape),
+    h = engine.current().submit(engine.Kind.ALLREDUCE, "bf16", engine.Buffer(bits.ctypes.data, engine.DType.BFLOAT16, bits.shape),
                                  engine.Buffer(out.ctypes.data, engine.DType.BFLOAT16, out.shape), op=rt.Sum, prescale=1.0,
                                  postscale=1.0, root=0, splits=None, group=(0, 0))
-    rt.api._runtime().wait(h)
+    engine.current().wait(h)
     got = (out.astype(np.uint32) << 16).view(np.float32)
     check("bfloat16 allreduce", got, sum(data(k, np.float32, 65) for k in range(P)), np.float32)
     # grouped allreduce
@@ -277,15 +277,15 @@ def case_stats(n):
     """n small allreduces submitted at once, then the same again: fusion and cache counters."""
     n = int(n)
     rt.init()
-    e = rt.api._runtime()
+    e = engine.current()
     def step():
         hs = [rt.allreduce_async(np.full(10, i, np.float32), op=rt.Sum, name=f"g{i}") for i in range(n)]
         for i, h in enumerate(hs):
             check(f"g{i}", rt.synchronize(h), np.full(10, i * rt.size(), np.float32), np.float32)
     step()
-    first = dict(e._rt.stats())
+    first = dict(e.core.stats())
     step()
-    second = dict(e._rt.stats())
+    second = dict(e.core.stats())
     report({"first": first, "second": second})
 
 

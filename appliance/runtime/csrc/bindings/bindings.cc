@@ -110,7 +110,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("verbose", &RuntimeConfig::verbose)
       .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
       .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)
-      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates);
+      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates)
+      .def_readwrite("fault_file", &RuntimeConfig::fault_file);
 
   py::class_<CoreResult>(m, "Result")
       .def_readonly("ok", &CoreResult::ok)

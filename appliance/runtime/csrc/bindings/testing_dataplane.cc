@@ -371,7 +371,7 @@ void bind_testing_dataplane(py::module_& m) {
   for (int i = 0; i < kNumDataTypes; ++i) dtypes[dtype_name(static_cast<DataType>(i))] = i;
   for (int i = 0; i <= static_cast<int>(ReduceOp::kProduct); ++i) ops[reduce_op_name(static_cast<ReduceOp>(i))] = i;
   for (int i = 1; i <= static_cast<int>(FrameType::kBye); ++i) frames[frame_type_name(static_cast<FrameType>(i))] = i;
-  for (int i = 0; i <= static_cast<int>(Code::kShutdown); ++i) codes[code_name(static_cast<Code>(i))] = i;
+  for (int i = 0; i <= static_cast<int>(Code::kStalled); ++i) codes[code_name(static_cast<Code>(i))] = i;
   m.attr("DTYPES") = dtypes;
   m.attr("OPS") = ops;
   m.attr("FRAME_TYPES") = frames;

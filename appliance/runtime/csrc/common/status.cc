@@ -16,6 +16,7 @@ const char* code_name(Code c) {
     case Code::kAborted: return "aborted";
     case Code::kInternal: return "internal error";
     case Code::kShutdown: return "shut down";
+    case Code::kStalled: return "stalled";
   }
   return "unknown";
 }

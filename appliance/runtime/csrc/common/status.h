@@ -25,6 +25,7 @@ enum class Code : uint8_t {
   kAborted = 7,      // the job is being torn down because of another failure
   kInternal = 8,     // everything else
   kShutdown = 9,     // the runtime was shut down while the operation was pending
+  kStalled = 10,     // a tensor waited on some ranks past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
 };
 
 const char* code_name(Code c);

@@ -191,30 +191,77 @@ Coordinator::Time Coordinator::next_deadline() const {
 }
 
 std::vector<std::string> Coordinator::stall_warnings(Time now, Status* abort) {
-  std::vector<std::string> lines;
+  // One report at most every warning period: every tensor that has waited at least the
+  // warning time, oldest first, each with the ranks it waits for.
+  struct Stalled {
+    Pending* p;
+    double waited;
+    std::vector<int> have, missing;
+  };
+  std::vector<Stalled> stalled, over;
+  bool due = false;
   for (auto& kv : pending_) {
     Pending& p = kv.second;
-    double waited = std::chrono::duration<double>(now - p.first_seen).count();
-    std::vector<int> have, missing;
+    const double waited = std::chrono::duration<double>(now - p.first_seen).count();
+    Stalled st{&p, waited, {}, {}};
     for (int r = 0; r < o_.size; ++r) {
-      if (p.reqs[r]) have.push_back(r);
-      else if (!joined_[r]) missing.push_back(r);
+      if (p.reqs[r]) st.have.push_back(r);
+      else if (!joined_[r] && !left_[r]) st.missing.push_back(r);
     }
-    std::ostringstream os;
-    os << op_kind_name(p.kind) << " '" << p.name << "' has waited " << static_cast<int>(waited) << " s: submitted by rank(s) "
-       << rank_list(have) << ", still missing on rank(s) " << rank_list(missing);
-    if (o_.stall_shutdown_s > 0 && waited >= o_.stall_shutdown_s && abort && abort->ok()) {
-      *abort = Status{Code::kAborted, missing.empty() ? -1 : missing[0], "",
-                      "stalled: " + os.str() + " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
-                          std::to_string(static_cast<int>(o_.stall_shutdown_s)) + ")"};
-    }
+    if (o_.stall_shutdown_s > 0 && waited >= o_.stall_shutdown_s) over.push_back(st);
     if (o_.stall_check_s <= 0 || waited < o_.stall_check_s) continue;
-    if (p.warned && std::chrono::duration<double>(now - p.last_warned).count() < o_.stall_check_s) continue;
-    p.warned = true;
-    p.last_warned = now;
-    lines.push_back("stall: " + os.str());
+    due = !reported_ || std::chrono::duration<double>(now - last_report_).count() >= o_.stall_check_s;
+    stalled.push_back(std::move(st));
+  }
+  auto oldest_first = [](const Stalled& a, const Stalled& b) {
+    return a.p->first_seen != b.p->first_seen ? a.p->first_seen < b.p->first_seen : a.p->name < b.p->name;
+  };
+  auto describe = [](const Stalled& st) {
+    std::ostringstream os;
+    os << op_kind_name(st.p->kind) << " '" << st.p->name << "' waited " << static_cast<int>(st.waited)
+       << " s for rank(s) " << rank_list(st.missing) << " (submitted by " << rank_list(st.have) << ")";
+    return os.str();
+  };
+  constexpr size_t kMaxListed = 8;
+  std::vector<std::string> lines;
+  if (due && !stalled.empty()) {
+    std::sort(stalled.begin(), stalled.end(), oldest_first);
+    reported_ = true;
+    last_report_ = now;
+    std::ostringstream head;
+    head << "stall: " << stalled.size() << " tensor(s) waiting for other ranks; the oldest waits for rank(s) "
+         << rank_list(stalled[0].missing) << ", which skipped a collective or is slow or stuck";
+    if (o_.stall_shutdown_s > 0)
+      head << "; the job stops after " << o_.stall_shutdown_s << " s of waiting (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)";
+    lines.push_back(head.str());
+    for (size_t i = 0; i < stalled.size() && i < kMaxListed; ++i) lines.push_back("stall:   " + describe(stalled[i]));
+    if (stalled.size() > kMaxListed) lines.push_back("stall:   ... and " + std::to_string(stalled.size() - kMaxListed) + " more");
+  }
+  if (!over.empty() && abort && abort->ok()) {
+    std::sort(over.begin(), over.end(), oldest_first);
+    std::ostringstream os;
+    os << "stalled for " << o_.stall_shutdown_s << " s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): ";
+    for (size_t i = 0; i < over.size() && i < kMaxListed; ++i) os << (i ? "; " : "") << describe(over[i]);
+    if (over.size() > kMaxListed) os << "; and " << over.size() - kMaxListed << " more";
+    const int origin = over[0].missing.empty() ? -1 : over[0].missing[0];
+    *abort = Status{Code::kStalled, origin, "", os.str()};
   }
   return lines;
+}
+
+Coordinator::Time Coordinator::next_stall_event() const {
+  Time t = Time::max();
+  auto after = [](Time from, double s) {
+    return from + std::chrono::duration_cast<Time::duration>(std::chrono::duration<double>(s));
+  };
+  Time warn = Time::max();
+  for (const auto& kv : pending_) {
+    const Pending& p = kv.second;
+    if (o_.stall_shutdown_s > 0) t = std::min(t, after(p.first_seen, o_.stall_shutdown_s));
+    if (o_.stall_check_s > 0) warn = std::min(warn, after(p.first_seen, o_.stall_check_s));
+  }
+  if (warn != Time::max() && reported_) warn = std::max(warn, after(last_report_, o_.stall_check_s));
+  return std::min(t, warn);
 }
 
 }  // namespace appliance

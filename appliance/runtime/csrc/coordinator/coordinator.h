@@ -9,8 +9,9 @@
 //
 // Joined ranks (hvd.join) count as ready for allreduces and contribute zeros; other kinds
 // fail while a rank is joined. A rank that left (shutdown) fails every name it never submitted.
-// Stall check: names waiting on some ranks for too long are reported (and, when configured,
-// abort the job), naming the missing ranks.
+// Stall check: names waiting on some ranks for too long are reported, at most one report per
+// warning period listing every stalled name (oldest first) with its missing ranks; past the shutdown time
+// the job aborts with Code::kStalled, blaming the lowest missing rank of the oldest name.
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,7 @@ struct CoordinatorOptions {
   size_t fusion_threshold = 128u << 20;  // bytes; 0 disables fusion
   double cycle_time_ms = 1.0;
   double stall_check_s = 60.0;           // 0 disables the warning
-  double stall_shutdown_s = 0.0;         // 0 = never abort
+  double stall_shutdown_s = 300.0;       // 0 = never abort
 };
 
 class Coordinator {
@@ -49,9 +50,12 @@ class Coordinator {
   // When take_plan() should be called again at the latest (Time::max() when idle).
   Time next_deadline() const;
 
-  // Stall check: warning lines due now. Returns an error status when a stall passed the
-  // shutdown time.
+  // Stall check: the report lines due now (empty when none is due). Sets *abort (when ok) to
+  // a kStalled status naming the ranks and names when a stall passed the shutdown time.
   std::vector<std::string> stall_warnings(Time now, Status* abort);
+  // When stall_warnings() has something new to say at the earliest (Time::max() when nothing
+  // waits), so the check can run on time rather than on a coarse tick.
+  Time next_stall_event() const;
 
   bool idle() const { return pending_.empty() && ready_.empty(); }
 
@@ -61,8 +65,7 @@ class Coordinator {
     OpKind kind = OpKind::kAllreduce;
     std::vector<std::optional<Request>> reqs;  // per rank
     int count = 0;
-    Time first_seen{}, last_warned{};
-    bool warned = false;
+    Time first_seen{};
   };
 
   bool complete(const Pending& p) const;
@@ -78,6 +81,8 @@ class Coordinator {
   std::vector<uint8_t> joined_, left_;
   int joined_count_ = 0;
   int last_joined_ = -1;
+  bool reported_ = false;  // a stall report was made, at last_report_
+  Time last_report_{};
 };
 
 }  // namespace appliance

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "engine/fault_report.h"
 #include "engine/runtime.h"
 
 namespace appliance {
@@ -44,7 +45,14 @@ void Runtime::loop() {
       }
       step();
       if (coordinator_gone_) {
-        finish(Status{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"});
+        Status gone{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"};
+        bool had_work = !inflight_.empty() || !running_.empty();
+        {
+          std::lock_guard<std::mutex> g(qmu_);
+          had_work = had_work || !queue_.empty();
+        }
+        if (had_work) record_fault(gone);  // an orderly end of rank 0 is a fault only for work it leaves behind
+        finish(gone);
         return;
       }
     }
@@ -73,7 +81,7 @@ void Runtime::loop() {
     }
     // A lost peer we noticed ourselves may only have given up because of someone else; a
     // status that came in an ABORT already names the origin.
-    if (s.code == Code::kPeerLost && abort_from_ < 0) s = await_better_cause(s);
+    if (s.code == Code::kPeerLost && abort_from_ < 0 && !silence_seen_) s = await_better_cause(s);
     abort_job(s, abort_from_);
   } catch (const std::exception& e) {
     abort_job(Status{Code::kInternal, cfg_.rank, cfg_.host, e.what()}, -1);
@@ -184,6 +192,9 @@ void Runtime::dispatch_inbox() {
     if (type == CtrlType::kReady && coord_) on_ready(m.from, m.payload);
     else if (type == CtrlType::kPlan && !coord_) run_plan(plan);
     else if (type == CtrlType::kResend && !coord_) on_resend(m.payload);
+    else if (type == CtrlType::kNotice && !coord_) {
+      for (const std::string& line : decode_notice(m.payload, from)) log_line(cfg_.rank, line);
+    }
     else throw Error(Code::kProtocol, "unexpected control message", m.from, host_of(m.from));
   }
 }
@@ -283,24 +294,42 @@ void Runtime::heartbeats() {
   if (cfg_.size < 2 || cfg_.heartbeat_timeout_s <= 0) return;
   auto now = Clock::now();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000));
+  int silent = -1;  // of the peers silent for too long, the one silent the longest
   for (int r = 0; r < cfg_.size; ++r) {
     if (!is_ctrl_peer(r)) continue;
     CtrlPeer& c = ctrl_[r];
-    if (now - c.last_recv > timeout)
-      throw Error(Code::kPeerLost,
-                  "no sign of life for " + std::to_string(static_cast<int>(cfg_.heartbeat_timeout_s)) +
-                      " s (host down, network cut or process stopped; APPLIANCE_HEARTBEAT_TIMEOUT)",
-                  r, host_of(r));
-    if (now - c.last_send >= std::chrono::milliseconds(hb_interval_ms_)) send_control(r, FrameType::kHeartbeat, {});
+    if (now - c.last_recv > timeout && (silent < 0 || c.last_recv < ctrl_[silent].last_recv)) silent = r;
+  }
+  if (silent >= 0) {
+    // Silence is seen first-hand (unlike a closed link, which may be a peer giving up because of
+    // someone else): the loop reports it at once, without waiting for a better cause.
+    silence_seen_ = true;
+    throw Error(Code::kPeerLost,
+                "no sign of life for " + std::to_string(static_cast<int>(cfg_.heartbeat_timeout_s)) +
+                    " s (host down, network cut or process stopped; APPLIANCE_HEARTBEAT_TIMEOUT)",
+                silent, host_of(silent));
+  }
+  for (int r = 0; r < cfg_.size; ++r) {
+    if (!is_ctrl_peer(r)) continue;
+    if (now - ctrl_[r].last_send >= std::chrono::milliseconds(hb_interval_ms_)) send_control(r, FrameType::kHeartbeat, {});
   }
 }
 
 void Runtime::stall_check() {
   auto now = Clock::now();
   if (now < next_stall_check_) return;
-  next_stall_check_ = now + std::chrono::seconds(1);
   Status abort;
-  for (const std::string& line : coord_->stall_warnings(now, &abort)) log_line(cfg_.rank, line);
+  std::vector<std::string> report = coord_->stall_warnings(now, &abort);
+  // Next check at the next warning or shutdown time: at most a second away, at least 1 ms.
+  next_stall_check_ = std::max(now + std::chrono::milliseconds(1),
+                               std::min(now + std::chrono::seconds(1), coord_->next_stall_event()));
+  if (!report.empty()) {
+    // Every rank prints the report: the ranks that wait and the ones they wait for.
+    for (const std::string& line : report) log_line(cfg_.rank, line);
+    std::vector<uint8_t> notice = encode_notice(report);
+    for (int r = 1; r < cfg_.size; ++r)
+      if (is_ctrl_peer(r)) send_control(r, FrameType::kControl, notice);
+  }
   if (!abort.ok()) {
     abort.host = host_of(abort.origin_rank);
     throw Error(abort);
@@ -334,7 +363,27 @@ void Runtime::abort_job(const Status& s, int skip_peer) {
     } catch (const Error&) {
     }
   }
+  record_fault(s);
   finish(s);
+}
+
+void Runtime::record_fault(const Status& s) {
+  if (cfg_.fault_file.empty()) return;
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (fault_written_) return;
+    fault_written_ = true;
+  }
+  FaultReport f;
+  f.rank = cfg_.rank;
+  f.host = cfg_.host;
+  f.origin_rank = s.origin_rank;
+  f.origin_host = s.host;
+  if (f.origin_host.empty() && (comm_ || s.origin_rank == cfg_.rank)) f.origin_host = host_of(s.origin_rank);  // hosts known once the mesh is up
+  f.kind = fault_kind(s.code);
+  f.message = s.to_string();
+  f.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  write_fault_file(cfg_.fault_file, f);
 }
 
 void Runtime::finish(const Status& terminal) {

@@ -1,5 +1,7 @@
 #include "engine/messages.h"
 
+#include <algorithm>
+
 namespace appliance {
 
 namespace {
@@ -26,7 +28,7 @@ void expect_type(Reader& r, CtrlType t) {
 CtrlType peek_ctrl_type(const std::vector<uint8_t>& p, const std::string& from) {
   Reader r(p.data(), p.size(), "control message from " + from);
   uint8_t t = r.u8();
-  if (t < 1 || t > static_cast<uint8_t>(CtrlType::kBye)) r.fail("unknown control message type " + std::to_string(t));
+  if (t < 1 || t > static_cast<uint8_t>(CtrlType::kNotice)) r.fail("unknown control message type " + std::to_string(t));
   return static_cast<CtrlType>(t);
 }
 
@@ -120,7 +122,7 @@ Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache
       e.sigs.push_back(Signature::decode(r));
     }
     uint8_t code = r.u8();
-    if (code > static_cast<uint8_t>(Code::kShutdown)) r.fail("unknown error code " + std::to_string(code));
+    if (code > static_cast<uint8_t>(Code::kStalled)) r.fail("unknown error code " + std::to_string(code));
     e.error_code = static_cast<Code>(code);
     e.error = r.str(1 << 16);
     e.sizes = r.i64s(static_cast<size_t>(size) * size);
@@ -154,5 +156,30 @@ std::vector<uint32_t> decode_resend(const std::vector<uint8_t>& p, const std::st
 }
 
 std::vector<uint8_t> encode_bye() { return {static_cast<uint8_t>(CtrlType::kBye)}; }
+
+namespace {
+constexpr uint32_t kMaxNoticeLines = 256;
+constexpr size_t kMaxNoticeLine = 4096;
+}  // namespace
+
+std::vector<uint8_t> encode_notice(const std::vector<std::string>& lines) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kNotice));
+  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(lines.size(), kMaxNoticeLines));
+  w.u32(n);
+  for (uint32_t i = 0; i < n; ++i) w.str(lines[i].substr(0, kMaxNoticeLine));
+  return w.take();
+}
+
+std::vector<std::string> decode_notice(const std::vector<uint8_t>& p, const std::string& from) {
+  Reader r(p.data(), p.size(), "NOTICE message from " + from);
+  expect_type(r, CtrlType::kNotice);
+  uint32_t n = r.u32();
+  if (n > kMaxNoticeLines) r.fail(std::to_string(n) + " lines");
+  std::vector<std::string> lines;
+  for (uint32_t i = 0; i < n; ++i) lines.push_back(r.str(kMaxNoticeLine));
+  r.expect_done();
+  return lines;
+}
 
 }  // namespace appliance

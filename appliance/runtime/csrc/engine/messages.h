@@ -4,6 +4,7 @@
 //   PLAN    0 -> ranks  {seq, entries}                       what everyone runs next, in order
 //   RESEND  0 -> rank   {cache ids}                          ids the coordinator no longer knows
 //   BYE     both ways   {}                                   orderly shutdown of the sender
+//   NOTICE  0 -> ranks  {text lines}                         diagnostics every rank prints (stall report)
 //
 // Plan entries whose names are all cached with the same signature travel as cache ids; a
 // receiver resolves the whole plan against its cache before applying any of it, which is the
@@ -18,7 +19,7 @@
 
 namespace appliance {
 
-enum class CtrlType : uint8_t { kReady = 1, kPlan = 2, kResend = 3, kBye = 4 };
+enum class CtrlType : uint8_t { kReady = 1, kPlan = 2, kResend = 3, kBye = 4, kNotice = 5 };
 
 struct ReadyMsg {
   uint64_t epoch = 0;  // plans applied by the sender so far
@@ -38,5 +39,8 @@ std::vector<uint8_t> encode_resend(const std::vector<uint32_t>& ids);
 std::vector<uint32_t> decode_resend(const std::vector<uint8_t>& payload, const std::string& from);
 
 std::vector<uint8_t> encode_bye();
+
+std::vector<uint8_t> encode_notice(const std::vector<std::string>& lines);
+std::vector<std::string> decode_notice(const std::vector<uint8_t>& payload, const std::string& from);
 
 }  // namespace appliance

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "transport/tcp/socket.h"
 
 namespace appliance {
 
@@ -23,10 +24,20 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
   hosts_.assign(cfg_.size, cfg_.host);
   std::vector<std::unique_ptr<Channel>> data(cfg_.size);
   ctrl_.resize(cfg_.size);
-  if (cfg_.size > 1) {
+  if (cfg_.size > 1) try {
     const int64_t timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
     AuthParams auth{cfg_.secret, cfg_.job_id, cfg_.rank};
-    if (cfg_.rank == 0) store_server_ = std::make_unique<TcpStoreServer>("", cfg_.store_port, auth);
+    if (cfg_.rank == 0) {
+      // Listen on the address the launcher chose for the store, not on every interface.
+      const std::string bind = server_bind_address(cfg_.store_host);
+      try {
+        store_server_ = std::make_unique<TcpStoreServer>(bind, cfg_.store_port, auth);
+      } catch (const Error& e) {
+        if (bind.empty()) throw;
+        log_line(cfg_.rank, "cannot listen on " + bind + " (" + e.status().message + "); the store listens on all addresses");
+        store_server_ = std::make_unique<TcpStoreServer>("", cfg_.store_port, auth);
+      }
+    }
     store_ = std::make_unique<TcpStoreClient>(cfg_.store_host, cfg_.store_port, auth, timeout_ms);
     MeshOptions mo;
     mo.rank = cfg_.rank;
@@ -55,6 +66,13 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
       for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;
       log_line(cfg_.rank, line);
     }
+  } catch (const Error& e) {
+    // Could not join: the report names the rank that never came; a lost store (the only
+    // connection without a rank) means rank 0, which hosts it, is gone.
+    Status s = e.status();
+    if (s.origin_rank < 0 && s.code == Code::kPeerLost && cfg_.rank != 0) s.origin_rank = 0;
+    record_fault(s);
+    throw;
   }
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
   CollectiveOptions copts;

@@ -8,7 +8,8 @@
 // a control frame or a deadline (fusion cycle, heartbeat, stall check) wakes it.
 //
 // Failure: see csrc/README.md. A failed job fails every pending handle with a Status naming
-// the origin rank; later enqueues complete at once with the same status.
+// the origin rank; later enqueues complete at once with the same status. The first failure
+// is also written once to cfg.fault_file (engine/fault_report.h), for the launcher.
 #pragma once
 
 #include <atomic>
@@ -46,7 +47,7 @@ struct RuntimeConfig {
   size_t fusion_threshold = 128u << 20;
   double cycle_time_ms = 1.0;
   size_t cache_capacity = 1024;
-  double stall_check_s = 60.0, stall_shutdown_s = 0.0;
+  double stall_check_s = 60.0, stall_shutdown_s = 300.0;
   size_t chunk_bytes = 1u << 20;
   double heartbeat_timeout_s = 10.0;
   bool shm = true;
@@ -55,6 +56,8 @@ struct RuntimeConfig {
   // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
   std::string nccl_library;
   std::vector<std::string> nccl_candidates, cudart_candidates;
+  // APPLIANCE_FAULT_FILE: where the fault report goes when the job first fails ("" = nowhere).
+  std::string fault_file;
 };
 
 class Runtime {
@@ -118,6 +121,7 @@ class Runtime {
   Status await_better_cause(const Status& s);
   void abort_job(const Status& s, int skip_peer);
   void finish(const Status& terminal);
+  void record_fault(const Status& s);
   int poll_timeout_ms() const;
   bool is_ctrl_peer(int peer) const;
 
@@ -169,6 +173,7 @@ class Runtime {
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
   bool stopping_ = false;
   Status terminal_;          // set once the runtime can run nothing more
+  bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)
 
   // background-thread state
   std::unordered_map<std::string, OpPtr> inflight_;  // announced, waiting for a plan
@@ -179,6 +184,7 @@ class Runtime {
   int64_t hb_interval_ms_ = 1000;
   int abort_from_ = -1;       // peer an ABORT frame came from (not sent back to it)
   bool coordinator_gone_ = false;
+  bool silence_seen_ = false;  // the failure is a heartbeat timeout this rank saw itself
 };
 
 }  // namespace appliance

@@ -182,7 +182,7 @@ Reader open_reply(const Frame& f, const std::string& where) {
   uint8_t code = r.u8();
   if (code != static_cast<uint8_t>(Code::kOk)) {
     std::string msg = r.str();
-    if (code > static_cast<uint8_t>(Code::kShutdown)) code = static_cast<uint8_t>(Code::kInternal);
+    if (code > static_cast<uint8_t>(Code::kStalled)) code = static_cast<uint8_t>(Code::kInternal);
     throw Error(static_cast<Code>(code), where + ": " + msg);
   }
   return r;

@@ -1,7 +1,8 @@
 // TcpStoreServer: one thread, one poll() loop over an eventfd (stop), the listener and every
 // connection. Connections authenticate first (AcceptorHandshake, non-blocking, bounded by
-// store_proto::kHandshakeTimeoutMs); a connection that fails is logged to stderr once, with
-// its address and the reason, and dropped, without affecting anyone else. GET and WAIT are
+// store_proto::kHandshakeTimeoutMs); a connection that fails is logged to stderr, with its
+// address and the reason, and dropped, without affecting anyone else. Those lines are
+// rate-limited (LogLimiter: a few per source, then one summary per minute with the count). GET and WAIT are
 // parked server-side until their keys appear or their timeout passes, then answered; the
 // reply to a timeout lists the missing keys. ADD is atomic because one thread owns the map.
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/log_limit.h"
 #include "common/status.h"
 #include "store/store.h"
 #include "store/store_protocol.h"
@@ -69,9 +71,15 @@ struct TcpStoreServer::Impl {
   std::vector<Parked> parked;
   bool dirty = false;  // a key changed since parked requests were last checked
 
+  LogLimiter limiter;  // strangers must not flood the log
+
   void log(const std::string& msg) {
     std::fprintf(stderr, "[appliance store :%d] %s\n", listener.port, msg.c_str());
     std::fflush(stderr);
+  }
+  // A line about a connection from `addr`, rate-limited per source (common/log_limit.h).
+  void log_conn(const std::string& addr, const std::string& msg) {
+    for (const auto& line : limiter.admit(LogLimiter::source_of(addr), msg, Clock::now())) log(line);
   }
 
   void run();
@@ -117,7 +125,7 @@ Deadline TcpStoreServer::Impl::next_wakeup() const {
   for (const auto& p : parked) d = std::min(d, p.deadline);
   for (const auto& kv : conns)
     if (kv.second.hs) d = std::min(d, kv.second.hs_deadline);
-  return d;
+  return std::min(d, limiter.next_flush());
 }
 
 void TcpStoreServer::Impl::run() {
@@ -135,7 +143,10 @@ void TcpStoreServer::Impl::run() {
     int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(next_wakeup()));
     if (rc < 0 && errno != EINTR) throw Error(Code::kInternal, std::string("poll: ") + std::strerror(errno));
     if (rc > 0) {
-      if (fds[0].revents) return;
+      if (fds[0].revents) {
+        for (const auto& line : limiter.drain(Clock::now())) log(line);
+        return;
+      }
       if (fds[1].revents) accept_all();
       for (size_t i = 2; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
@@ -150,9 +161,9 @@ void TcpStoreServer::Impl::run() {
           if (c.hs) {
             const bool was_running = c.hs->state() == AcceptorHandshake::State::kRunning;
             c.hs->fail(e.status().message);
-            if (was_running) log(c.hs->failure().message);
+            if (was_running) log_conn(c.addr, c.hs->failure().message);
           } else if (e.status().code != Code::kPeerLost) {
-            log("dropped the client at " + c.addr + ": " + e.status().message);
+            log_conn(c.addr, "dropped the client at " + c.addr + ": " + e.status().message);
           }
           drop(ids[i]);
         }
@@ -165,7 +176,7 @@ void TcpStoreServer::Impl::run() {
       Conn& c = it->second;
       if (c.hs && !c.closing && now >= c.hs_deadline) {
         c.hs->fail("no complete handshake within " + std::to_string(kHandshakeTimeoutMs / 1000) + " s");
-        log(c.hs->failure().message);
+        log_conn(c.addr, c.hs->failure().message);
         drop(it->first);
       } else if (c.closing && now >= c.hs_deadline) {
         drop(it->first);  // a refused peer that does not read its refusal
@@ -173,6 +184,7 @@ void TcpStoreServer::Impl::run() {
       it = next;
     }
     check_parked(false);
+    for (const auto& line : limiter.flush(now)) log(line);
   }
 }
 
@@ -183,7 +195,7 @@ void TcpStoreServer::Impl::accept_all() {
     int fd = ::accept4(listener.fd, reinterpret_cast<sockaddr*>(&a), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) log(std::string("accept: ") + std::strerror(errno));
+      if (errno != EAGAIN && errno != EWOULDBLOCK) log_conn("accept", std::string("accept: ") + std::strerror(errno));
       return;
     }
     tune_socket(fd, kDefaultPeerTimeoutMs);
@@ -219,7 +231,7 @@ void TcpStoreServer::Impl::on_readable(uint64_t id, Conn& c) {
     if (c.hs->state() == AcceptorHandshake::State::kAccepted) {
       c.hs.reset();
     } else if (c.hs->state() == AcceptorHandshake::State::kRefused) {
-      log(c.hs->failure().message);
+      log_conn(c.addr, c.hs->failure().message);
       c.closing = true;  // flush the refusal (if any), then drop
       c.hs_deadline = deadline_after_ms(1000);
     }

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/log_limit.h"
 #include "common/status.h"
 #include "transport/auth.h"
 #include "transport/tcp/socket.h"
@@ -142,6 +143,10 @@ class Acceptor {
     std::fprintf(stderr, "[appliance mesh rank %d] %s\n", opts_.rank, msg.c_str());
     std::fflush(stderr);
   }
+  // A line about a connection from `addr`, rate-limited per source (common/log_limit.h).
+  void log_conn(const std::string& addr, const std::string& msg) {
+    for (const auto& line : limiter_.admit(LogLimiter::source_of(addr), msg, Clock::now())) log(line);
+  }
 
   void run();
   void step(Pending& p);  // drive one handshake; sets p.fd = -1 once it is over
@@ -155,6 +160,7 @@ class Acceptor {
   std::exception_ptr error_;
   std::map<PairKey, int> got_;
   std::vector<Pending> pending_;
+  LogLimiter limiter_;
 };
 
 void Acceptor::step(Pending& p) {
@@ -195,23 +201,29 @@ void Acceptor::step(Pending& p) {
   if (hs.state() == AcceptorHandshake::State::kAccepted) {
     PairKey key{hs.peer().rank, hs.peer().channel};
     if (!expected_.count(key)) {
-      log("dropped an authenticated but unexpected " + std::string(channel_name(key.second)) + " connection from rank " +
+      log_conn(hs.peer_addr(), "dropped an authenticated but unexpected " + std::string(channel_name(key.second)) + " connection from rank " +
           std::to_string(key.first) + " at " + hs.peer_addr());
     } else if (got_.count(key)) {
-      log("dropped a duplicate " + std::string(channel_name(key.second)) + " connection from rank " +
+      log_conn(hs.peer_addr(), "dropped a duplicate " + std::string(channel_name(key.second)) + " connection from rank " +
           std::to_string(key.first) + " at " + hs.peer_addr());
     } else {
       got_[key] = p.fd;
       p.fd = -1;
     }
   } else {
-    log(hs.failure().message);
+    log_conn(hs.peer_addr(), hs.failure().message);
   }
   if (p.fd >= 0) ::close(p.fd);
   p.fd = -1;
 }
 
 void Acceptor::run() {
+  struct Drain {  // what the limiter left out, said once when the acceptor ends
+    Acceptor* a;
+    ~Drain() {
+      for (const auto& line : a->limiter_.drain(Clock::now())) a->log(line);
+    }
+  } drain{this};
   while (got_.size() < expected_.size()) {
     std::vector<pollfd> fds{pollfd{stop_fd_, POLLIN, 0}, pollfd{listener_.fd, POLLIN, 0}};
     Deadline wake = deadline_;
@@ -245,7 +257,7 @@ void Acceptor::run() {
     for (auto& p : pending_) {
       if (p.fd >= 0 && now >= p.deadline) {
         p.hs->fail("no complete handshake in time");
-        log(p.hs->failure().message);
+        log_conn(p.hs->peer_addr(), p.hs->failure().message);
         ::close(p.fd);
         p.fd = -1;
       }

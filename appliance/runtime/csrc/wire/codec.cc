@@ -93,7 +93,7 @@ std::vector<int64_t> Reader::i64s(size_t max_count) {
 Status Reader::status() {
   Status s;
   uint8_t c = u8();
-  if (c > static_cast<uint8_t>(Code::kShutdown)) fail("unknown status code " + std::to_string(c));
+  if (c > static_cast<uint8_t>(Code::kStalled)) fail("unknown status code " + std::to_string(c));
   s.code = static_cast<Code>(c);
   s.origin_rank = i32();
   s.host = str(4096);

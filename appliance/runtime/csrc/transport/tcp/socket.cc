@@ -303,4 +303,18 @@ std::string route_address(const std::string& host) {
   return out == "0.0.0.0" ? "" : out;
 }
 
+std::string server_bind_address(const std::string& host) {
+  if (host.empty() || host == "*" || host == "0.0.0.0") return "";
+  in_addr lit{};
+  if (inet_pton(AF_INET, host.c_str(), &lit) == 1) return host;
+  sockaddr_in a{};
+  if (resolve_v4(host, 0, &a) != 0) return "";
+  const bool loopback = (ntohl(a.sin_addr.s_addr) >> 24) == 127;
+  // A name that is loopback only here (Debian maps the own hostname to 127.0.1.1) may be
+  // what other hosts reach this one by: listen everywhere then.
+  if (loopback && host != "localhost") return "";
+  char buf[INET_ADDRSTRLEN];
+  return inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf)) ? std::string(buf) : std::string();
+}
+
 }  // namespace appliance

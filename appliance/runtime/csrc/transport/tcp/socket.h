@@ -58,6 +58,13 @@ int poll_timeout_ms(Deadline d);
 // "a.b.c.d:port" of the remote end of a connected socket ("?" when unknown).
 std::string peer_address(int fd);
 
+// The address a server should bind when clients were told to reach it at `host` (the
+// job's chosen address, e.g. APPLIANCE_STORE_ADDR's host part): `host` itself when it is an
+// IPv4 literal, its address when it is a name (localhost -> 127.0.0.1); "" (all addresses)
+// for "", "0.0.0.0", a name that does not resolve, or a name other than localhost that
+// resolves to loopback here (it may be routable from other hosts).
+std::string server_bind_address(const std::string& host);
+
 // The local IPv4 address the kernel would use to reach `host` (no packet is sent); ""
 // when `host` does not resolve or has no route.
 std::string route_address(const std::string& host);
