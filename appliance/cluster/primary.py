@@ -36,7 +36,7 @@ from . import engine
 from .engine import ClusterError
 from .secondary import ensure_cluster_keys
 from .driver import create_job, parse_launch
-from .shared import Layout, new_job_id
+from ..mount import Layout, new_job_id
 from .view import StartupView
 
 ROLE = "primary"

@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def checkpoint_target(args: argparse.Namespace):
     """(directory for checkpoints or '', Layout of the shared directory whose run lock guards it, or None)."""
-    from appliance.cluster.shared import Layout
+    from appliance.mount import Layout
     from appliance.config import read
 
     if args.checkpoint_dir is not None:
@@ -93,7 +93,7 @@ def save_atomically(obj, path: str) -> None:
     """torch.save into a temporary file, fsync, rename over ``path``: never a torn checkpoint."""
     import torch
 
-    from appliance.cluster.shared import save_atomically as save
+    from appliance.mount import save_atomically as save
 
     save(lambda f: torch.save(obj, f), path)
 
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
     checkpoint_dir, layout = checkpoint_target(args)
     with contextlib.ExitStack() as stack:
         if hvd.rank() == 0 and layout is not None:
-            from appliance.cluster.locks import LockHeld
-            from appliance.cluster.shared import run_lock
+            from appliance.mount import LockHeld, run_lock
             from appliance.config import read
 
             try:

@@ -1,4 +1,4 @@
-"""Lock files (appliance/cluster/locks.py, shared.py): real files, real processes.
+"""Lock files (appliance/mount/locks.py, layout.py, atomic.py): real files, real processes.
 
 Holders are separate Python processes (killed with SIGKILL to leave a dead holder behind);
 remote holders are simulated by records that name another host, judged by their heartbeat.
@@ -17,15 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cluster import locks
-from appliance.cluster.locks import FileLock, LockHeld, Owner
-from appliance.cluster.shared import Layout, host_lock, run_lock, save_atomically
+from appliance.mount import FileLock, Layout, LockHeld, Owner, host_lock, locks, run_lock, save_atomically
 
 ROOT = Path(__file__).resolve().parents[2]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from appliance.cluster.locks import FileLock
+    from appliance.mount.locks import FileLock
     path, ready, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
     with FileLock(path, what="holder job", heartbeat_s=0.2, stale_after_s=1.0):
         open(ready, "w").close()
@@ -148,7 +146,7 @@ def test_heartbeat_keeps_the_lock_fresh_and_release_spares_foreign_locks(tmp_pat
 
 RACER = textwrap.dedent("""
     import os, sys, time
-    from appliance.cluster.locks import FileLock, LockHeld
+    from appliance.mount.locks import FileLock, LockHeld
     path, go, out = sys.argv[1], sys.argv[2], sys.argv[3]
     while not os.path.exists(go):
         time.sleep(0.001)

@@ -2,8 +2,9 @@
 
 What it owns: ``FileLock`` (a context manager over one lock file) and ``Owner`` (the record
 inside it: host name, pid, start time, what it guards, and the facts that let anyone judge
-whether that holder still lives). Used for the job lock of a run (``models/<run>`` has one
-writer) and for per-host locks (their file names carry the host name); ``shared.py`` names them.
+whether that holder still lives), and the two locks of the layout: ``run_lock()`` (the job lock
+of a run: ``models/<run>`` has one writer) and ``host_lock()`` (per-host locks: their file names
+carry the host name); ``layout.py`` names their files.
 
 How: the owner record is written to a private temporary file which is then hard-linked to the
 lock path; ``link()`` fails when the path exists, atomically, also on NFS. Without hard links
@@ -20,6 +21,7 @@ living holder; I/O errors on the share propagate as ``OSError``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -28,7 +30,9 @@ import secrets
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Any, Iterator, Optional
+
+from .layout import Layout
 
 BREAK_TIMEOUT_S = 10.0   # a .break file older than this belongs to a breaker that died
 
@@ -263,3 +267,27 @@ class FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def run_lock(layout: Layout, run: str, what: str = "", **kw: Any) -> Iterator[FileLock]:
+    """Hold the job lock of ``run`` (and create ``models/<run>``) for the duration of the block."""
+    os.makedirs(layout.locks, exist_ok=True)
+    lock = FileLock(layout.run_lock_path(run), what=what, **kw)
+    try:
+        lock.acquire()
+    except LockHeld as e:
+        raise LockHeld(e.path, e.owner, f"run {run!r} ({layout.run_dir(run)}) is being written by "
+                       f"{e.owner.describe() if e.owner else 'another job'}; wait for that job to end, "
+                       "or give this one another run name") from None
+    try:
+        os.makedirs(layout.run_dir(run), exist_ok=True)
+        yield lock
+    finally:
+        lock.release()
+
+
+def host_lock(layout: Layout, name: str, host: Optional[str] = None, what: str = "", **kw: Any) -> FileLock:
+    """A lock for ``name`` on one host (default this one): ``locks/host-<name>@<hostname>.lock``."""
+    os.makedirs(layout.locks, exist_ok=True)
+    return FileLock(layout.host_lock_path(name, host), what=what, **kw)
