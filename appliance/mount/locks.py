@@ -1,66 +1,41 @@
-"""Lock files on the shared mount: one holder at a time, the holder named, dead holders detected.
+"""Lock files on the shared mount: one holder at a time, the holder named, dead holders taken over.
 
-What it owns: ``FileLock`` (a context manager over one lock file) and ``Owner`` (the record
-inside it: host name, pid, start time, what it guards, and the facts that let anyone judge
-whether that holder still lives), and the two locks of the layout: ``run_lock()`` (the job lock
-of a run: ``models/<run>`` has one writer) and ``host_lock()`` (per-host locks: their file names
-carry the host name); ``layout.py`` names their files.
+What it owns: ``FileLock`` (a context manager over one lock file), ``break_lock()`` (remove a
+dead holder's lock, safely against concurrent breakers), ``sweep()`` (break every lock under a
+directory whose holder a given judge proves dead: ``appliance primary`` uses it, with Docker as
+the judge, before a job starts), ``Takeover`` (what was taken over from whom, and why), and the
+two locks of the layout: ``run_lock()`` (the job lock of a run: ``models/<run>`` has one writer)
+and ``host_lock()`` (per-host locks: their file names carry the host name); ``layout.py`` names
+their files, ``owner.py`` the record inside them and the rules that judge a holder dead.
 
 How: the owner record is written to a private temporary file which is then hard-linked to the
 lock path; ``link()`` fails when the path exists, atomically, also on NFS. Without hard links
 (some FUSE file systems) ``O_CREAT|O_EXCL`` is used instead. While held, a thread touches the
-file every ``heartbeat_s`` seconds. A lock is *stale* when its holder is known dead:
-- holder in this pid namespace on this host: its pid is gone, or now belongs to another process
-  (the process start time in /proc differs) - decided at once;
-- holder elsewhere (another host, or another container on this host): no heartbeat for
-  ``stale_after_s`` seconds.
-A stale lock is broken under a short-lived ``<lock>.break`` file, and only if it still holds the
-same owner token, so two contenders never both win; release removes the file only if it still
-holds our token. Env vars: none. Failure modes: ``LockHeld`` (a ``RuntimeError``) names the
-living holder; I/O errors on the share propagate as ``OSError``.
+file every ``heartbeat_s`` seconds. A lock whose holder is provably dead (``owner.dead_reason``:
+its process gone in this pid namespace on this kernel, at once; otherwise no heartbeat for
+``stale_after_s``) is broken under a short-lived ``<lock>.break`` file, and only if it still
+holds the same owner token, so two contenders never both win; each takeover is reported
+(``FileLock.broken``, and ``on_takeover``: ``run_lock(say=...)`` prints one line naming the dead
+holder and why it is known dead). Release removes the file only if it still holds our token.
+Env vars: none (``owner.py`` reads ``APPLIANCE_CONTAINER`` of pid 1). Failure modes:
+``LockHeld`` (a ``RuntimeError``) names the living holder; I/O errors on the share propagate as
+``OSError``.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import errno
-import json
+import glob
 import os
-import secrets
-import socket
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .layout import Layout
+from .owner import Owner, dead_reason, read_owner, this_owner
 
 BREAK_TIMEOUT_S = 10.0   # a .break file older than this belongs to a breaker that died
-
-
-@dataclasses.dataclass(frozen=True)
-class Owner:
-    host: str
-    pid: int
-    started: float          # time.time() when taken
-    what: str = ""          # what the holder does (job id, command), for the message
-    pidns: str = ""         # readlink /proc/self/ns/pid of the holder
-    proc_start: str = ""    # field 22 of /proc/<pid>/stat (start time in clock ticks)
-    token: str = ""         # random; identifies one acquisition
-
-    def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
-        ago = max(0, int(time.time() - self.started))
-        what = f"{self.what} " if self.what else ""
-        return f"{what}on host {self.host} (pid {self.pid}, since {when}, {ago} s ago)"
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> "Owner":
-        data = json.loads(text)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
 
 
 class LockHeld(RuntimeError):
@@ -72,58 +47,61 @@ class LockHeld(RuntimeError):
         self.path, self.owner = path, owner
 
 
-def _pidns() -> str:
+@dataclasses.dataclass(frozen=True)
+class Takeover:
+    """A dead holder's lock removed: ``owner`` None when its record was unreadable."""
+    path: str
+    owner: Optional[Owner]
+    reason: str
+
+    def describe(self, what: str = "") -> str:
+        holder = self.owner.describe() if self.owner else "an unreadable record"
+        return f"took over {what or self.path}: its holder, {holder}, is dead ({self.reason})"
+
+
+def break_lock(path: str, stale: Optional[Owner]) -> str:
+    """Remove the lock at ``path`` if it still holds ``stale``'s token (None: an unreadable
+    record). Returns "removed" (we removed it), "changed" (it is gone or holds another owner
+    now: look again) or "busy" (another breaker is at it: look again a little later)."""
+    breaker = path + ".break"
     try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _proc_start(pid: int) -> Optional[str]:
-    """Start time of ``pid`` in clock ticks since boot, or None when no such process."""
+        fd = os.open(breaker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            if time.time() - os.stat(breaker).st_mtime > BREAK_TIMEOUT_S:
+                os.unlink(breaker)  # its breaker died mid-way
+                return "changed"
+        except FileNotFoundError:
+            return "changed"
+        return "busy"
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return ""
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = stat[stat.rfind(")") + 2:].split()
-    return rest[19] if len(rest) > 19 else ""
+        os.close(fd)
+        current, _ = read_owner(path)
+        same = (current is None and stale is None) or (
+            current is not None and stale is not None and current.token == stale.token)
+        if not same:
+            return "changed"
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return "changed"
+        return "removed"
+    finally:
+        os.unlink(breaker)
 
 
-def this_owner(what: str = "", host: Optional[str] = None) -> Owner:
-    """The record this process would write."""
-    pid = os.getpid()
-    return Owner(host=host or socket.gethostname(), pid=pid, started=time.time(), what=what,
-                 pidns=_pidns(), proc_start=_proc_start(pid) or "", token=secrets.token_hex(8))
-
-
-def read_owner(path: str) -> tuple[Optional[Owner], Optional[float]]:
-    """(owner, mtime) of the lock at ``path``; (None, None) when there is none, (None, mtime)
-    when its record cannot be parsed (still being written, or damaged)."""
-    try:
-        with open(path) as f:
-            mtime = os.fstat(f.fileno()).st_mtime
-            text = f.read()
-    except FileNotFoundError:
-        return None, None
-    try:
-        return Owner.from_json(text), mtime
-    except (ValueError, TypeError):
-        return None, mtime
-
-
-def holder_alive(owner: Optional[Owner], mtime: float, stale_after_s: float, now: Optional[float] = None) -> bool:
-    """Whether the holder of a lock still lives (see the module docstring for the rules)."""
-    now = time.time() if now is None else now
-    if owner is not None and owner.host == socket.gethostname() and owner.pidns and owner.pidns == _pidns():
-        start = _proc_start(owner.pid)
-        if start is None:
-            return False
-        return not (start and owner.proc_start and start != owner.proc_start)
-    return now - mtime < stale_after_s
+def sweep(directory: str, judge: Callable[[Optional[Owner]], Optional[str]]) -> list[Takeover]:
+    """Break every ``*.lock`` in ``directory`` whose holder ``judge`` proves dead (it answers
+    the reason, or None); the locks it removed."""
+    done: list[Takeover] = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(directory), "*.lock"))):
+        owner, mtime = read_owner(path)
+        if mtime is None or owner is None:
+            continue  # released meanwhile, or a record being written: not for a sweep
+        reason = judge(owner)
+        if reason and break_lock(path, owner) == "removed":
+            done.append(Takeover(path, owner, reason))
+    return done
 
 
 class FileLock:
@@ -131,7 +109,8 @@ class FileLock:
     sharing ``path``'s file system. ``wait_s`` > 0 retries that long before raising ``LockHeld``."""
 
     def __init__(self, path: str | os.PathLike, *, what: str = "", wait_s: float = 0.0,
-                 heartbeat_s: float = 5.0, stale_after_s: float = 30.0, host: Optional[str] = None):
+                 heartbeat_s: float = 5.0, stale_after_s: float = 30.0, host: Optional[str] = None,
+                 on_takeover: Optional[Callable[[Takeover], None]] = None):
         if heartbeat_s <= 0 or stale_after_s <= heartbeat_s:
             raise ValueError("need 0 < heartbeat_s < stale_after_s")
         self.path = os.fspath(path)
@@ -139,7 +118,9 @@ class FileLock:
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.owner: Optional[Owner] = None
         self.lost = False   # set when the heartbeat finds the file gone or someone else's
-        self.broken: list[Owner] = []   # stale holders this lock removed while acquiring
+        self.broken: list[Owner] = []   # dead holders whose lock this one removed while acquiring
+        self.takeovers: list[Takeover] = []   # the same, with the reasons
+        self.on_takeover = on_takeover
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -155,12 +136,14 @@ class FileLock:
             current, mtime = read_owner(self.path)
             if mtime is None:
                 continue  # released between our attempt and the read: try again at once
-            if current is None and time.time() - mtime < self.stale_after_s:
+            reason = dead_reason(current, mtime, self.stale_after_s)
+            if current is None and reason is None:
                 pass  # a record still being written (or damaged and young): treat as held
-            elif not holder_alive(current, mtime, self.stale_after_s):
-                if self._break(current):
-                    if current is not None:
-                        self.broken.append(current)
+            elif reason is not None:
+                outcome = break_lock(self.path, current)
+                if outcome == "removed":
+                    self._took_over(Takeover(self.path, current, reason))
+                if outcome != "busy":
                     continue
             if time.monotonic() >= deadline:
                 raise LockHeld(self.path, current)
@@ -204,32 +187,12 @@ class FileLock:
             os.close(fd)
         return True
 
-    def _break(self, stale: Optional[Owner]) -> bool:
-        """Remove the lock if it still holds ``stale``'s token; True when the caller may retry now."""
-        breaker = self.path + ".break"
-        try:
-            fd = os.open(breaker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                if time.time() - os.stat(breaker).st_mtime > BREAK_TIMEOUT_S:
-                    os.unlink(breaker)  # its breaker died mid-way
-                    return True
-            except FileNotFoundError:
-                return True
-            return False
-        try:
-            os.close(fd)
-            current, _ = read_owner(self.path)
-            same = (current is None and stale is None) or (
-                current is not None and stale is not None and current.token == stale.token)
-            if same:
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
-            return True
-        finally:
-            os.unlink(breaker)
+    def _took_over(self, takeover: Takeover) -> None:
+        self.takeovers.append(takeover)
+        if takeover.owner is not None:
+            self.broken.append(takeover.owner)
+        if self.on_takeover is not None:
+            self.on_takeover(takeover)
 
     # --- hold and release -------------------------------------------------------------------
     def _ours(self) -> bool:
@@ -270,9 +233,13 @@ class FileLock:
 
 
 @contextlib.contextmanager
-def run_lock(layout: Layout, run: str, what: str = "", **kw: Any) -> Iterator[FileLock]:
-    """Hold the job lock of ``run`` (and create ``models/<run>``) for the duration of the block."""
+def run_lock(layout: Layout, run: str, what: str = "", say: Optional[Callable[[str], None]] = None,
+             **kw: Any) -> Iterator[FileLock]:
+    """Hold the job lock of ``run`` (and create ``models/<run>``) for the duration of the block;
+    ``say`` gets one line for each dead holder's lock taken over on the way."""
     os.makedirs(layout.locks, exist_ok=True)
+    if say is not None:
+        kw["on_takeover"] = lambda t: say(t.describe(f"the lock of run {run!r} ({t.path})"))
     lock = FileLock(layout.run_lock_path(run), what=what, **kw)
     try:
         lock.acquire()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.mount import FileLock, Layout, LockHeld, Owner, host_lock, locks, run_lock, save_atomically
+from appliance.mount import FileLock, Layout, LockHeld, Owner, host_lock, owner as owners, run_lock, save_atomically
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,6 +83,7 @@ def test_dead_holder_is_detected_at_once_on_the_same_host(tmp_path, procs):
     with lock:
         assert time.monotonic() - t0 < 1.0
         assert [o.pid for o in lock.broken] == [holder.pid]
+        assert [t.reason for t in lock.takeovers] == [f"its process (pid {holder.pid}) is gone"]
         assert json.loads(path.read_text())["what"] == "second"
     assert not path.exists()
 
@@ -121,7 +122,7 @@ def test_remote_holder_judged_by_heartbeat(tmp_path):
 
 def test_reused_pid_is_not_a_living_holder(tmp_path):
     path = tmp_path / "run-x.lock"
-    me = locks.this_owner("old me")
+    me = owners.this_owner("old me")
     _write_record(path, Owner(**{**me.__dict__, "proc_start": "1", "token": "old"}), age_s=0)
     with FileLock(path, stale_after_s=3600) as lock:
         assert [o.token for o in lock.broken] == ["old"]
@@ -172,6 +173,37 @@ def test_exactly_one_of_many_concurrent_contenders_wins(tmp_path, procs):
     results = sorted(o.read_text() for o in outs)
     assert results == ["lost"] * 5 + ["won"]
     assert not path.exists()
+
+
+def test_run_lock_says_which_dead_holder_it_took_over(tmp_path, procs):
+    layout = Layout(tmp_path).ensure()
+    holder = _spawn_holder(Path(layout.run_lock_path("digits")), tmp_path)
+    procs.append(holder)
+    holder.kill()
+    holder.wait(timeout=10)
+    said: list[str] = []
+    with run_lock(layout, "digits", what="job B", say=said.append):
+        assert json.loads(Path(layout.run_lock_path("digits")).read_text())["what"] == "job B"
+    assert len(said) == 1, said
+    assert "run 'digits'" in said[0] and "holder job" in said[0] and f"pid {holder.pid}" in said[0]
+    assert "is dead (its process" in said[0]
+
+
+def test_same_pid_namespace_id_on_another_kernel_is_not_judged_by_pid(tmp_path):
+    # A record from another boot (or another machine whose initial pid namespace has the same
+    # id, as every machine's does): its pid means nothing here, so only the heartbeat counts.
+    path = tmp_path / "run-x.lock"
+    me = owners.this_owner("elsewhere")
+    gone = Owner(**{**me.__dict__, "pid": 2 ** 22 + 17, "boot_id": "another-boot", "token": "other"})
+    _write_record(path, gone, age_s=0)
+    with pytest.raises(LockHeld):
+        FileLock(path, stale_after_s=3600).acquire()
+    # ...while on this kernel, even under another host name (a container sharing the pid
+    # namespace), the dead pid decides at once.
+    same = Owner(**{**gone.__dict__, "boot_id": owners.boot_id(), "host": "another-name", "token": "same"})
+    _write_record(path, same, age_s=0)
+    with FileLock(path, stale_after_s=3600) as lock:
+        assert [o.token for o in lock.broken] == ["same"]
 
 
 def test_run_lock_names_the_run_and_creates_its_dir(tmp_path):
