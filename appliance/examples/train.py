@@ -219,7 +219,10 @@ def train(args, hvd, torch, checkpoint_dir: str) -> int:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    if rank == 0:
+    if rank == 0 and first_epoch > args.epochs:
+        print(f"nothing to train: epoch {first_epoch - 1} of {args.epochs} is done (--fresh to start over, "
+              "--epochs N for more)", flush=True)
+    elif rank == 0:
         print(f"training an MLP on {len(x_train)} digits with {size} rank(s), "
               f"global batch {args.batch_size} ({local_batch} per rank), {steps_per_epoch} steps/epoch", flush=True)
     for epoch in range(first_epoch, args.epochs + 1):
