@@ -246,7 +246,8 @@ def run_lock(layout: Layout, run: str, what: str = "", say: Optional[Callable[[s
     except LockHeld as e:
         raise LockHeld(e.path, e.owner, f"run {run!r} ({layout.run_dir(run)}) is being written by "
                        f"{e.owner.describe() if e.owner else 'another job'}; wait for that job to end, "
-                       "or give this one another run name") from None
+                       "or give this one another run name (were it dead, its lock would be taken over at "
+                       f"the latest {lock.stale_after_s:.0f} s after its last heartbeat)") from None
     try:
         os.makedirs(layout.run_dir(run), exist_ok=True)
         yield lock
