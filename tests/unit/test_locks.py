@@ -245,3 +245,22 @@ def test_save_atomically_never_shows_a_torn_file(tmp_path):
         save_atomically(failing, str(target))
     assert target.read_bytes() == b"A" * 100
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.bin"]  # no temporary left behind
+
+
+def test_the_training_job_and_the_mount_package_need_no_cluster_plane(tmp_path):
+    """Data flows down: ``appliance.mount`` and the default job (with its run lock) run without
+    importing the Docker plane, the launcher or the docker SDK."""
+    code = textwrap.dedent("""
+        import json, sys
+        import appliance.mount
+        assert not [m for m in sys.modules if m.startswith(("appliance.cluster", "appliance.launcher", "docker"))]
+        from appliance.examples import train
+        assert train.main(["--epochs", "1", "--shared", sys.argv[1], "--run", "r", "--device", "cpu"]) == 0
+        print(json.dumps(sorted(m for m in sys.modules
+                                if m.startswith(("appliance.cluster", "appliance.launcher", "docker")))))
+    """)
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.splitlines()[-1]) == []
+    assert (tmp_path / "models" / "r" / "checkpoint.pt").exists()
