@@ -123,6 +123,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_SHM_SIZE", str, "", "/dev/shm of the containers: 'host' (--ipc host) or a size like 2g (default: host on the host network, else 1g)"),
     Knob("APPLIANCE_GPUS", str, "auto", "GPUs for the containers: auto (all, when Docker has an nvidia runtime), all, none, or a count"),
     Knob("APPLIANCE_SECONDARY_WAIT", _nonneg_float, 20.0, "seconds the primary waits for each secondary's SSH port to answer"),
+    Knob("APPLIANCE_CONTAINER", str, "", "set by appliance for each container it starts: <name>@<engine id>; lock owners record it (read from the container's init), so a lock whose container is gone is taken over at once"),
 ]}
 
 

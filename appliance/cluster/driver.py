@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from .shared import read_json, write_json
+from ..mount import read_json, write_json
 
 SAY = "appliance primary:"
 
@@ -193,7 +193,7 @@ def new_job(argv: list[str]) -> str:
     container): the cluster keys (idempotent) and a job directory under APPLIANCE_SHARED."""
     from ..config import ClusterConfig
     from .secondary import ensure_cluster_keys
-    from .shared import Layout, new_job_id
+    from ..mount import Layout, new_job_id
 
     if "--" not in argv:
         raise SystemExit(f"{SAY} usage: python -m appliance.cluster.driver new [-p PORT] [launch flags] -- COMMAND")

@@ -7,13 +7,17 @@ What it owns:
   with host name and network alias ``node2``, so the launcher can say ``-H node2:1``.
 - Labels: ``appliance.managed=1`` plus role, shared directory, SSH port, job. Only containers and
   networks that carry ``appliance.managed`` are ever stopped or removed (``is_ours()``).
-- ``container_kwargs()``: what secondary and primary containers share: the shared directory
+- ``container_kwargs()``: what secondary and primary containers share: the environment
+  (``APPLIANCE_SHARED``, ``APPLIANCE_SSH_PORT``, and ``APPLIANCE_CONTAINER`` = ``<name>@<engine
+  id>``, the container's identity, which lock owners record so that a lock held from a container
+  that is gone can be taken over at once: ``locksweep``), the shared directory
   bound at the same path, ``--init``, ``--ipc host`` or a private /dev/shm of the configured
   size, an unlimited memlock ulimit (or the engine's maximum when it may not raise it), GPUs through a device request when Docker has an nvidia
   runtime (``--gpus`` auto), the network (host, or a user-defined one with the host name as alias).
 - ``Network``: a context manager over a user-defined network: created (labelled) when missing and
   named ``appliance-*``, removed on ``release()`` only when we created it and it is empty.
-- ``require_image()``, ``require_shared()``, ``wait_ready()``, ``last_log_line()``.
+- ``require_image()``, ``require_shared()``, ``wait_ready()``, ``last_log_line()``,
+  ``engine_id()``, ``container_state()`` (status and last start time of a container, or None).
 
 Env vars: none read here (``ClusterConfig``); the docker SDK itself honours DOCKER_HOST.
 Failure modes: every user-facing problem is a ``ClusterError`` whose message is one line saying
@@ -21,6 +25,7 @@ what to run (build the image, create the share, start Docker, choose another nam
 """
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from typing import Any, Optional
@@ -88,6 +93,30 @@ def find_container(client: Any, name: str) -> Optional[Any]:
         return client.containers.get(name)
     except docker.errors.NotFound:
         return None
+
+
+def engine_id(client: Any) -> str:
+    """The engine's ID (``docker info``): with a container name it identifies one container."""
+    return str(client.info().get("ID") or "")
+
+
+def _docker_time(text: str) -> float:
+    """Unix time of a Docker timestamp (RFC 3339 with nanoseconds); 0.0 for the zero time."""
+    if not text or text.startswith("0001-"):
+        return 0.0
+    head, _, frac = text.rstrip("Z").partition(".")
+    frac = (frac.split("+")[0].split("-")[0] + "000000")[:6]
+    stamp = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return stamp.timestamp() + int(frac) / 1e6
+
+
+def container_state(client: Any, name: str) -> Optional[tuple[str, float]]:
+    """(status, unix time of its last start) of container ``name``, or None when there is none."""
+    c = find_container(client, name)
+    if c is None:
+        return None
+    state = c.attrs.get("State") or {}
+    return str(state.get("Status") or c.status), _docker_time(str(state.get("StartedAt") or ""))
 
 
 def require_image(client: Any, image: str) -> Any:
@@ -165,7 +194,8 @@ def container_kwargs(client: Any, config: ClusterConfig, *, name: str, role: str
         name=name, detach=True, init=True,
         labels=labels(role, config, **(extra_labels or {})),
         volumes={config.shared: {"bind": config.shared, "mode": "rw"}},
-        environment={"APPLIANCE_SHARED": config.shared, "APPLIANCE_SSH_PORT": str(config.ssh_port), **(env or {})},
+        environment={"APPLIANCE_SHARED": config.shared, "APPLIANCE_SSH_PORT": str(config.ssh_port),
+                     "APPLIANCE_CONTAINER": f"{name}@{engine_id(client)}", **(env or {})},
         ulimits=[memlock_ulimit(client)],
         device_requests=gpu_requests(client, config.gpus),
     )

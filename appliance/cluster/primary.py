@@ -36,7 +36,8 @@ from . import engine
 from .engine import ClusterError
 from .secondary import ensure_cluster_keys
 from .driver import create_job, parse_launch
-from .shared import Layout, new_job_id
+from .locksweep import sweep_dead_container_locks
+from ..mount import Layout, new_job_id
 from .view import StartupView
 
 ROLE = "primary"
@@ -138,6 +139,7 @@ class PrimaryJob:
         name = engine.prefixed(self.config.name) if self.config.name else f"appliance-primary-{self.job_id}"
         cmd = ["primary", "/opt/venv/bin/python", "-m", "appliance.cluster.driver", self.job_dir]
         env = {"APPLIANCE_JOB_DIR": os.path.join(self.job_dir, "remote")}
+        sweep_dead_container_locks(self.client, self.layout, self._say)
         t0 = time.monotonic()
         with _SignalTrap() as trap, PrimaryContainer(self.client, self.config, name, cmd, self.workdir,
                                                      self.job_id, env) as pc:

@@ -20,7 +20,7 @@ import sys
 import time
 
 from ..config import read
-from .shared import write_json
+from ..mount import write_json
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from ..config import ClusterConfig
 from . import engine
 from .engine import ClusterError
-from .shared import Layout, host_lock
+from ..mount import Layout, host_lock
 
 ROLE = "secondary"
 DEFAULT_NAME = "appliance-secondary"

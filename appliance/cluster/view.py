@@ -15,7 +15,7 @@ import sys
 import time
 from typing import IO, Optional, Sequence
 
-from .shared import read_json
+from ..mount import read_json
 
 SAY = "appliance primary:"
 

@@ -8,12 +8,20 @@ rank 0 print and checkpoint.
 
 ``--batch-size`` is the global batch; each rank takes ``batch_size / size`` of it, so 1 rank
 with batch B and N ranks with B/N each follow the same trajectory. Rank 0 writes
-``checkpoint.pt`` atomically (temporary file + rename) after every epoch, and ``metrics.json``
-at the end, into ``<shared>/models/<run>/`` (``--shared``: default ``APPLIANCE_SHARED`` when that
-directory exists, else the working directory; ``--run``: default ``digits``) while holding the
-run's job lock ``<shared>/locks/run-<run>.lock``: a second job on the same run stops at once
-with a message naming the first one's host, pid and start time (a dead holder's lock is taken
-over). ``--checkpoint-dir DIR`` writes into DIR instead, without the lock.
+``checkpoint.pt`` atomically (temporary file + rename) after every epoch, into
+``<shared>/models/<run>/`` (``--shared``: default ``APPLIANCE_SHARED`` when that directory exists,
+else the working directory; ``--run``: default ``digits``) while holding the run's job lock
+``<shared>/locks/run-<run>.lock``: a second job on the same run stops at once with a message
+naming the first one's host, pid and start time; a lock whose holder is provably dead is taken
+over with a line saying so. ``--checkpoint-dir DIR`` writes into DIR instead, without the lock.
+
+Checkpoint and metrics always agree: the metrics of every epoch so far live inside the
+checkpoint, and ``metrics.json`` is derived from it (written atomically right after the
+checkpoint's rename). A crash between the two renames leaves ``metrics.json`` one epoch behind;
+the next start rebuilds it from the checkpoint before anything else (and removes a
+``metrics.json`` that has no checkpoint). A start with a checkpoint there resumes from it (model,
+optimizer, metrics, next epoch; the trajectory is the one an uninterrupted run follows);
+``--fresh`` starts over instead.
 
 Device: ``--device auto`` (the default) trains on ``cuda:<local rank>`` when torch sees a GPU
 (ranks beyond the GPU count share them round-robin), else on the CPU; ``--device cpu`` forces
@@ -26,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -47,12 +54,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="shared directory (default: APPLIANCE_SHARED if it exists, else the working directory)")
     p.add_argument("--checkpoint-dir", default=None,
                    help="write checkpoint.pt and metrics.json here instead, without the job lock ('' = none)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start from scratch even when a checkpoint is there (default: resume from it)")
     return p.parse_args(argv)
 
 
 def checkpoint_target(args: argparse.Namespace):
     """(directory for checkpoints or '', Layout of the shared directory whose run lock guards it, or None)."""
-    from appliance.cluster.shared import Layout
+    from appliance.mount import Layout
     from appliance.config import read
 
     if args.checkpoint_dir is not None:
@@ -89,13 +98,52 @@ def pick_device(choice: str, hvd, torch):
     return torch.device("cuda", index), f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
+CHECKPOINT, METRICS = "checkpoint.pt", "metrics.json"
+
+
 def save_atomically(obj, path: str) -> None:
     """torch.save into a temporary file, fsync, rename over ``path``: never a torn checkpoint."""
     import torch
 
-    from appliance.cluster.shared import save_atomically as save
+    from appliance.mount import save_atomically as save
 
     save(lambda f: torch.save(obj, f), path)
+
+
+def load_checkpoint(directory: str, torch):
+    """The checkpoint in ``directory`` (a dict holding its own ``metrics``), or None when there is
+    none, or it is from before metrics lived inside it."""
+    path = os.path.join(directory, CHECKPOINT)
+    if not directory or not os.path.exists(path):
+        return None
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return checkpoint if isinstance(checkpoint.get("metrics"), dict) else None
+
+
+def sync_metrics(directory: str, checkpoint) -> str:
+    """Make ``metrics.json`` agree with the checkpoint (derive it; with no checkpoint, remove a
+    stale one). Returns what it did ("" when they already agreed)."""
+    from appliance.mount import read_json, write_json
+
+    path = os.path.join(directory, METRICS)
+    if checkpoint is None:
+        if os.path.exists(path):
+            os.unlink(path)
+            return f"removed {path}: there is no checkpoint it belongs to"
+        return ""
+    if read_json(path) == checkpoint["metrics"]:
+        return ""
+    write_json(path, checkpoint["metrics"])
+    return f"rebuilt {path} from {CHECKPOINT} (epoch {checkpoint['epoch']})"
+
+
+def save_epoch(directory: str, checkpoint) -> None:
+    """The checkpoint first (atomic rename), then ``metrics.json`` derived from it (atomic)."""
+    from appliance.mount import write_json
+
+    os.makedirs(directory, exist_ok=True)
+    save_atomically(checkpoint, os.path.join(directory, CHECKPOINT))
+    write_json(os.path.join(directory, METRICS), checkpoint["metrics"])
 
 
 def main(argv=None) -> int:
@@ -111,15 +159,20 @@ def main(argv=None) -> int:
     checkpoint_dir, layout = checkpoint_target(args)
     with contextlib.ExitStack() as stack:
         if hvd.rank() == 0 and layout is not None:
-            from appliance.cluster.locks import LockHeld
-            from appliance.cluster.shared import run_lock
             from appliance.config import read
+            from appliance.mount import LockHeld, remove_temporaries, run_lock
+
+            def say(line: str) -> None:
+                print(f"train: {line}", file=sys.stderr, flush=True)
 
             try:
-                stack.enter_context(run_lock(layout, args.run, what=f"job {read('APPLIANCE_JOB_ID') or os.getpid()}"))
+                stack.enter_context(run_lock(layout, args.run, what=f"job {read('APPLIANCE_JOB_ID') or os.getpid()}",
+                                             say=say))
             except LockHeld as e:
                 print(f"train: {e}", file=sys.stderr, flush=True)
                 return 3
+            for name in (CHECKPOINT, METRICS):  # ours alone now: what a killed writer left goes
+                remove_temporaries(os.path.join(checkpoint_dir, name))
         return train(args, hvd, torch, checkpoint_dir)
 
 
@@ -143,15 +196,36 @@ def train(args, hvd, torch, checkpoint_dir: str) -> int:
     model = torch.nn.Sequential(
         torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # Wrapped first: the DistributedOptimizer keeps state of its own, which a checkpoint restores.
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    config = {"hidden": args.hidden, "lr": args.lr, "batch_size": args.batch_size, "seed": args.seed}
+    metrics = {"size": size, "epochs": []}
+    first_epoch = 1
+    if rank == 0 and checkpoint_dir:
+        checkpoint = load_checkpoint(checkpoint_dir, torch)
+        note = sync_metrics(checkpoint_dir, checkpoint)  # before anything else: agree again
+        if note:
+            print(f"train: {note}", flush=True)
+        if checkpoint is not None and not args.fresh:
+            if checkpoint.get("config", {}).get("hidden") != args.hidden:
+                raise SystemExit(f"train: {os.path.join(checkpoint_dir, CHECKPOINT)} is from another model "
+                                 f"({checkpoint.get('config')}): use --fresh, or another --run")
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            metrics = {"size": size, "epochs": list(checkpoint["metrics"]["epochs"])}
+            first_epoch = checkpoint["epoch"] + 1
+            print(f"resuming from {os.path.join(checkpoint_dir, CHECKPOINT)}: epoch {checkpoint['epoch']} done", flush=True)
+    first_epoch = hvd.broadcast_object(first_epoch, root_rank=0, name="first_epoch")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
-    if rank == 0:
+    if rank == 0 and first_epoch > args.epochs:
+        print(f"nothing to train: epoch {first_epoch - 1} of {args.epochs} is done (--fresh to start over, "
+              "--epochs N for more)", flush=True)
+    elif rank == 0:
         print(f"training an MLP on {len(x_train)} digits with {size} rank(s), "
               f"global batch {args.batch_size} ({local_batch} per rank), {steps_per_epoch} steps/epoch", flush=True)
-    metrics = []
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_epoch, args.epochs + 1):
         started = time.perf_counter()
         model.train()
         # The same permutation everywhere; each rank takes its slice of every global batch.
@@ -177,18 +251,16 @@ def train(args, hvd, torch, checkpoint_dir: str) -> int:
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs}: loss {train_loss:.4f} accuracy {accuracy:.4f} "
                   f"time {elapsed:.3f}s", flush=True)
-            metrics.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy, "seconds": elapsed})
+            metrics["epochs"].append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy, "seconds": elapsed,
+                                      "size": size})
             if checkpoint_dir:
-                os.makedirs(checkpoint_dir, exist_ok=True)
-                save_atomically({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                 "accuracy": accuracy, "size": size},
-                                os.path.join(checkpoint_dir, "checkpoint.pt"))
-    if rank == 0 and checkpoint_dir:
-        with open(os.path.join(checkpoint_dir, "metrics.json.tmp"), "w") as f:
-            json.dump({"size": size, "epochs": metrics}, f, indent=1)
-        os.replace(os.path.join(checkpoint_dir, "metrics.json.tmp"),
-                   os.path.join(checkpoint_dir, "metrics.json"))
-        print(f"final accuracy {metrics[-1]['accuracy']:.4f}; checkpoint in {checkpoint_dir}", flush=True)
+                save_epoch(checkpoint_dir, {"epoch": epoch, "model": model.state_dict(),
+                                            "optimizer": optimizer.state_dict(), "accuracy": accuracy,
+                                            "size": size, "config": config, "metrics": metrics})
+    if rank == 0 and metrics["epochs"]:
+        where = f"; checkpoint in {checkpoint_dir}" if checkpoint_dir else ""
+        print(f"final accuracy {metrics['epochs'][-1]['accuracy']:.4f} after {len(metrics['epochs'])} epochs{where}",
+              flush=True)
     hvd.shutdown()
     return 0
 

@@ -13,7 +13,7 @@ import pytest
 
 from appliance.cli import _primary_parser, _split_primary
 from appliance.cluster.driver import launch_argv, parse_launch
-from appliance.cluster.shared import write_json
+from appliance.mount import write_json
 from appliance.cluster.view import StartupView
 from appliance.config import ClusterConfig, ConfigError
 

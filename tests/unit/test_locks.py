@@ -1,4 +1,4 @@
-"""Lock files (appliance/cluster/locks.py, shared.py): real files, real processes.
+"""Lock files (appliance/mount/locks.py, layout.py, atomic.py): real files, real processes.
 
 Holders are separate Python processes (killed with SIGKILL to leave a dead holder behind);
 remote holders are simulated by records that name another host, judged by their heartbeat.
@@ -17,15 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cluster import locks
-from appliance.cluster.locks import FileLock, LockHeld, Owner
-from appliance.cluster.shared import Layout, host_lock, run_lock, save_atomically
+from appliance.mount import FileLock, Layout, LockHeld, Owner, host_lock, owner as owners, run_lock, save_atomically
 
 ROOT = Path(__file__).resolve().parents[2]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from appliance.cluster.locks import FileLock
+    from appliance.mount.locks import FileLock
     path, ready, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
     with FileLock(path, what="holder job", heartbeat_s=0.2, stale_after_s=1.0):
         open(ready, "w").close()
@@ -85,6 +83,7 @@ def test_dead_holder_is_detected_at_once_on_the_same_host(tmp_path, procs):
     with lock:
         assert time.monotonic() - t0 < 1.0
         assert [o.pid for o in lock.broken] == [holder.pid]
+        assert [t.reason for t in lock.takeovers] == [f"its process (pid {holder.pid}) is gone"]
         assert json.loads(path.read_text())["what"] == "second"
     assert not path.exists()
 
@@ -123,7 +122,7 @@ def test_remote_holder_judged_by_heartbeat(tmp_path):
 
 def test_reused_pid_is_not_a_living_holder(tmp_path):
     path = tmp_path / "run-x.lock"
-    me = locks.this_owner("old me")
+    me = owners.this_owner("old me")
     _write_record(path, Owner(**{**me.__dict__, "proc_start": "1", "token": "old"}), age_s=0)
     with FileLock(path, stale_after_s=3600) as lock:
         assert [o.token for o in lock.broken] == ["old"]
@@ -148,7 +147,7 @@ def test_heartbeat_keeps_the_lock_fresh_and_release_spares_foreign_locks(tmp_pat
 
 RACER = textwrap.dedent("""
     import os, sys, time
-    from appliance.cluster.locks import FileLock, LockHeld
+    from appliance.mount.locks import FileLock, LockHeld
     path, go, out = sys.argv[1], sys.argv[2], sys.argv[3]
     while not os.path.exists(go):
         time.sleep(0.001)
@@ -174,6 +173,37 @@ def test_exactly_one_of_many_concurrent_contenders_wins(tmp_path, procs):
     results = sorted(o.read_text() for o in outs)
     assert results == ["lost"] * 5 + ["won"]
     assert not path.exists()
+
+
+def test_run_lock_says_which_dead_holder_it_took_over(tmp_path, procs):
+    layout = Layout(tmp_path).ensure()
+    holder = _spawn_holder(Path(layout.run_lock_path("digits")), tmp_path)
+    procs.append(holder)
+    holder.kill()
+    holder.wait(timeout=10)
+    said: list[str] = []
+    with run_lock(layout, "digits", what="job B", say=said.append):
+        assert json.loads(Path(layout.run_lock_path("digits")).read_text())["what"] == "job B"
+    assert len(said) == 1, said
+    assert "run 'digits'" in said[0] and "holder job" in said[0] and f"pid {holder.pid}" in said[0]
+    assert "is dead (its process" in said[0]
+
+
+def test_same_pid_namespace_id_on_another_kernel_is_not_judged_by_pid(tmp_path):
+    # A record from another boot (or another machine whose initial pid namespace has the same
+    # id, as every machine's does): its pid means nothing here, so only the heartbeat counts.
+    path = tmp_path / "run-x.lock"
+    me = owners.this_owner("elsewhere")
+    gone = Owner(**{**me.__dict__, "pid": 2 ** 22 + 17, "boot_id": "another-boot", "token": "other"})
+    _write_record(path, gone, age_s=0)
+    with pytest.raises(LockHeld):
+        FileLock(path, stale_after_s=3600).acquire()
+    # ...while on this kernel, even under another host name (a container sharing the pid
+    # namespace), the dead pid decides at once.
+    same = Owner(**{**gone.__dict__, "boot_id": owners.boot_id(), "host": "another-name", "token": "same"})
+    _write_record(path, same, age_s=0)
+    with FileLock(path, stale_after_s=3600) as lock:
+        assert [o.token for o in lock.broken] == ["same"]
 
 
 def test_run_lock_names_the_run_and_creates_its_dir(tmp_path):
@@ -215,3 +245,22 @@ def test_save_atomically_never_shows_a_torn_file(tmp_path):
         save_atomically(failing, str(target))
     assert target.read_bytes() == b"A" * 100
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.bin"]  # no temporary left behind
+
+
+def test_the_training_job_and_the_mount_package_need_no_cluster_plane(tmp_path):
+    """Data flows down: ``appliance.mount`` and the default job (with its run lock) run without
+    importing the Docker plane, the launcher or the docker SDK."""
+    code = textwrap.dedent("""
+        import json, sys
+        import appliance.mount
+        assert not [m for m in sys.modules if m.startswith(("appliance.cluster", "appliance.launcher", "docker"))]
+        from appliance.examples import train
+        assert train.main(["--epochs", "1", "--shared", sys.argv[1], "--run", "r", "--device", "cpu"]) == 0
+        print(json.dumps(sorted(m for m in sys.modules
+                                if m.startswith(("appliance.cluster", "appliance.launcher", "docker")))))
+    """)
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.splitlines()[-1]) == []
+    assert (tmp_path / "models" / "r" / "checkpoint.pt").exists()

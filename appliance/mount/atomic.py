@@ -1,0 +1,68 @@
+"""Atomic files on the shared mount: a reader (or a crash) sees the old or the new content.
+
+What it owns: ``save_atomically(write, path)`` (write a temporary file next to ``path``, fsync
+it, rename it over ``path``, fsync the directory) and the JSON helpers built on it
+(``write_json``; ``read_json``, which answers None for a missing or unparseable file), and
+``remove_temporaries(path)``: the temporary files a writer killed mid-save left next to ``path``.
+
+Env vars: none. Failure modes: ``OSError`` from the file system (the temporary file is removed
+and the old ``path`` left as it was); whatever ``write`` raises, after the same cleanup.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import socket
+from typing import Any, Callable, Optional
+
+
+TMP_INFIX = ".tmp."   # temporaries are .<name>.tmp.<host>.<pid>
+
+
+def remove_temporaries(path: str) -> list[str]:
+    """Remove what writers of ``path`` killed mid-save left behind (their temporary files);
+    call it only while no one else may be writing ``path`` (e.g. under its run lock)."""
+    directory, base = os.path.split(os.path.abspath(path))
+    removed = []
+    for tmp in glob.glob(os.path.join(glob.escape(directory), glob.escape(f".{base}{TMP_INFIX}") + "*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+            removed.append(tmp)
+    return removed
+
+
+def save_atomically(write: Callable[[Any], None], path: str, mode: str = "wb") -> None:
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync it, rename it over ``path``,
+    then fsync the directory: a reader (or a crash) sees the old or the new file, never a torn one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}{TMP_INFIX}{socket.gethostname()}.{os.getpid()}")
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_json(path: str, data: Any) -> None:
+    save_atomically(lambda f: f.write(json.dumps(data, indent=1, sort_keys=True) + "\n"), path, "w")
+
+
+def read_json(path: str) -> Optional[Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
