@@ -41,6 +41,9 @@ done
 
 PY=${PYTHON:-python3}
 extras="" need="import appliance.cli, docker, rich, fabric, paramiko"
+# The demo trains from scratch each time (the default job resumes a run's checkpoint otherwise);
+# arguments after -- replace this.
+((${#train_args[@]})) || train_args=(--fresh)
 if ((local_mode)); then extras="[train]" need="import appliance.runtime._core, torch, sklearn"; fi
 if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "$need" 2>/dev/null; then
   say "installing the project into .venv (first run only; compiles the C++ core)"
