@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import socket
 import sys
@@ -37,11 +36,9 @@ import time
 from typing import Iterator, Mapping, Protocol, Sequence
 
 from ..config import ConfigError, LaunchConfig, interface_address
+from .ports import NoFreePorts, pick_free_ports
 from .workers import LocalWorker, OutputSink, Worker
 
-# Ports for the store and MASTER_PORT are drawn below Linux's ephemeral range (32768-60999), so
-# they do not collide with the source ports of outgoing connections.
-PORT_RANGE = (20000, 32767)
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"})
 FORWARD_NAMES = frozenset({"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"})
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "APPLIANCE_")
@@ -104,30 +101,6 @@ def is_local_host(name: str) -> bool:
     return all(a in local or a.startswith("127.") for a in resolved)
 
 
-def pick_free_ports(address: str, count: int, rng: random.Random | None = None) -> list[int]:
-    """Distinct ports in ``PORT_RANGE`` that can be bound on ``address`` right now (all held while choosing)."""
-    rng = rng or random.Random()
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    held: list[socket.socket] = []
-    try:
-        for _ in range(200):
-            if len(held) == count:
-                break
-            s = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                s.bind((address, rng.randint(*PORT_RANGE)))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
-        if len(held) < count:
-            raise LaunchError(f"no free TCP port on {address} in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
 def _network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
     if iface:
         for name in NETWORK_VARS:
@@ -145,7 +118,10 @@ class LocalExecutor:
         return _network_defaults(dict(environ), self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
-        return pick_free_ports(address, count)
+        try:
+            return pick_free_ports(address, count)
+        except NoFreePorts as e:
+            raise LaunchError(str(e)) from None
 
     def spawn(self, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
               sink: OutputSink) -> Worker:

@@ -128,8 +128,8 @@ class Stub:
                 pass
 
     def group_alive(self) -> bool:
-        from .workers import _pgid_alive
-        return bool(self.pgid) and _pgid_alive(self.pgid)
+        from .procs import pgid_alive
+        return bool(self.pgid) and pgid_alive(self.pgid)
 
     def stop_group(self) -> None:
         """TERM, grace, KILL; returns when the group is gone (bounded)."""
@@ -256,7 +256,7 @@ class _LineReader:
 
 
 def _ports(address: str, count: str) -> int:
-    from .executors import pick_free_ports
+    from .ports import pick_free_ports
     print(json.dumps(pick_free_ports(address, int(count))))
     return 0
 

@@ -33,6 +33,8 @@ import threading
 import time
 from typing import IO, Any, Mapping, Protocol, Sequence
 
+from .procs import pgid_alive
+
 MAX_LINE = 1 << 16  # longer lines are delivered in pieces of this many bytes
 
 
@@ -164,32 +166,6 @@ class Worker(Protocol):
         """Wait up to ``timeout`` for the rank's output to be relayed completely."""
 
 
-def _pgid_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Something has that group id; zombies waiting for a parent's reap still count for kill(),
-    # so look for a live member.
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
-
-
 class LocalWorker:
     """A rank on this machine: a subprocess in its own session with relayed output."""
 
@@ -225,7 +201,7 @@ class LocalWorker:
             pass
 
     def group_alive(self) -> bool:
-        return self._proc.poll() is None or _pgid_alive(self.pid)
+        return self._proc.poll() is None or pgid_alive(self.pid)
 
     def drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
