@@ -33,7 +33,7 @@ import re
 import socket
 import sys
 import time
-from typing import Iterator, Mapping, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from ..config import ConfigError, LaunchConfig, interface_address
 from .ports import NoFreePorts, pick_free_ports
@@ -188,19 +188,28 @@ def _is_local(host: str) -> bool:
 
 
 @contextlib.contextmanager
-def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[str, Executor]]:
-    """One executor per host that received ranks; all closed on exit."""
+def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
+                   on_report: Callable | None = None) -> Iterator[dict[str, Executor]]:
+    """One executor per host that received ranks; all closed on exit. ``on_report``: called once
+    per host with its ``preflight.HostReport`` (for a job on this machine alone, where no
+    preflight runs, a report of a local host without checks)."""
     executors: dict[str, Executor] = {}
     local = {h for h in hosts if _is_local(h)}
     try:
         if len(local) == len(hosts) and config.remote.network_interface is None:
             for host in hosts:
                 executors[host] = LocalExecutor(host)
+            if on_report is not None:
+                from .preflight import HostReport
+
+                for host in hosts:
+                    on_report(HostReport(host, True, steps={"tcp": "local", "ssh": "local"}, done=True))
         else:
             from .preflight import run_preflight
 
             start = time.monotonic()
-            with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd) as pf:
+            with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd,
+                               on_report=on_report) as pf:
                 for line in pf.warnings + (pf.notes if config.verbose else []):
                     print(f"appliance launch: {line}", file=sys.stderr, flush=True)
                 if config.verbose and pf.ok:

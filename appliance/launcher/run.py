@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
-import threading
 import time
 from typing import Sequence
 
@@ -25,6 +24,7 @@ from ..config import LaunchConfig
 from . import env as envmod
 from .executors import LocalExecutor, job_addresses, open_executors
 from .hosts import Host, Slot, assign_ranks, hosts_from, used_hosts
+from .signals import SignalTrap
 from .workers import OutputSink, SpawnError, WorkerGroup
 
 EXIT_TIMEOUT = 124
@@ -74,32 +74,6 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-class _SignalTrap:
-    """Records SIGINT/SIGTERM/SIGHUP while a job runs (main thread only, ignored signals stay
-    ignored); restores the previous handlers after."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, enabled: bool):
-        self.received: list[int] = []
-        self._enabled = enabled and threading.current_thread() is threading.main_thread()
-        self._previous: dict[int, object] = {}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received.append(signum)
-
-    def __enter__(self) -> "_SignalTrap":
-        if self._enabled:
-            for s in self.SIGNALS:
-                if signal.getsignal(s) is not signal.SIG_IGN:  # respect nohup and `cmd &`
-                    self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)  # type: ignore[arg-type]
-
-
 def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig) -> envmod.JobPlan:
     addrs = job_addresses(executors)
     rank0_host = slots[0].host
@@ -133,7 +107,7 @@ class _Outcome:
     interrupted: int | None = None
 
 
-def _wait(group: WorkerGroup, trap: _SignalTrap, deadline: float | None, timeout_s: float | None) -> _Outcome:
+def _wait(group: WorkerGroup, trap: SignalTrap, deadline: float | None, timeout_s: float | None) -> _Outcome:
     while True:
         if trap.received:
             sig = trap.received[0]
@@ -152,15 +126,17 @@ def _wait(group: WorkerGroup, trap: _SignalTrap, deadline: float | None, timeout
 
 
 def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
-        handle_signals: bool = True, stdout=None, stderr=None) -> LaunchResult:
-    """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind."""
+        handle_signals: bool = True, stdout=None, stderr=None, on_host_report=None) -> LaunchResult:
+    """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind.
+    ``on_host_report(report)``: called once per host with its ``preflight.HostReport`` when the
+    host checks are decided, before any rank starts (``executors.open_executors``)."""
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     envmod.check_explicit(config.env)
     slots = assign_ranks(hosts_of(config), config.np)
     with contextlib.ExitStack() as stack:
-        trap = stack.enter_context(_SignalTrap(handle_signals))
-        executors = stack.enter_context(open_executors(used_hosts(slots), config))
+        trap = stack.enter_context(SignalTrap(handle_signals))
+        executors = stack.enter_context(open_executors(used_hosts(slots), config, on_report=on_host_report))
         plan = plan_job(slots, executors, config)
         sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
                                               stdout=stdout, stderr=stderr))
