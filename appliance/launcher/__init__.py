@@ -38,11 +38,17 @@ and return ``interrupted`` set. Whatever happens, no worker process outlives the
 rank runs in its own session; stopping signals its whole process group: TERM, grace of
 ``APPLIANCE_STOP_GRACE`` seconds, KILL).
 
-Modules: ``hosts`` (parsing, Slurm, rank layout), ``env`` (the worker environment contract),
-``workers`` (processes, output relay, ``WorkerGroup``), ``executors`` (local and SSH hosts),
-``run`` (orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
-``probe`` (what ``appliance check`` verifies), ``network`` (address choice), ``sshworker`` and
-``remote`` (the stub on the far side), ``keys`` (``appliance keys``), ``check``.
+Other entry points (the CLI, the cluster plane) build a ``LaunchConfig`` from the launch flags
+with ``flags`` (one parser for everyone) and call ``run(config, ..., on_host_report=None)``;
+``on_host_report`` gets each host's preflight report once, before any rank starts.
+
+Modules: ``flags`` (the launch flags -> ``LaunchConfig``), ``hosts`` (parsing, Slurm, rank
+layout), ``env`` (the worker environment contract), ``workers`` (processes, output relay,
+``WorkerGroup``), ``procs`` (process-group liveness), ``executors`` (local and SSH hosts),
+``ports`` (free ports), ``signals`` (the signal trap), ``run`` (orchestration); for other hosts
+``ssh`` (connections), ``hostkeys``, ``preflight`` and ``probe`` (what ``appliance check``
+verifies), ``network`` (address choice), ``sshworker`` and ``remote`` (the stub on the far
+side), ``keys`` (``appliance keys``), ``check``.
 """
 from __future__ import annotations
 
