@@ -203,7 +203,11 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
                 from .preflight import HostReport
 
                 for host in hosts:
-                    on_report(HostReport(host, True, steps={"tcp": "local", "ssh": "local"}, done=True))
+                    try:
+                        on_report(HostReport(host, True, steps={"tcp": "local", "ssh": "local"}, done=True))
+                    except Exception as e:  # noqa: BLE001 - as in the preflight: a warning, not a failure
+                        print(f"appliance launch: {host}: the report hook failed: {type(e).__name__}: {e}",
+                              file=sys.stderr, flush=True)
         else:
             from .preflight import run_preflight
 

@@ -285,11 +285,12 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
         _evaluate(reports[h], remote, nonce, python)
     _unique_hostnames(reports)
     _addresses(hosts, reports, remote, targets, primary_addr, primary_dev)
-    for h in hosts if on_report is not None else ():
-        try:
-            on_report(reports[h])
-        except Exception as e:  # noqa: BLE001 - a caller's hook must not hide the checks' results
-            warnings.append(f"{h}: the report hook failed: {type(e).__name__}: {e}")
+    if on_report is not None:
+        for h in hosts:
+            try:
+                on_report(reports[h])
+            except Exception as e:  # noqa: BLE001 - a caller's hook must not hide the checks' results
+                warnings.append(f"{h}: the report hook failed: {type(e).__name__}: {e}")
     return Preflight(reports, warnings, notes)
 
 

@@ -96,6 +96,28 @@ def test_driver_new_takes_the_port_from_the_launch_flags(tmp_path, monkeypatch):
     assert (tmp_path / "ssh" / "id_ed25519").is_file()  # the cluster keys, made on first use
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fail", [False, True])
+def test_driver_runs_a_local_job_through_the_launcher(tmp_path, fail):
+    body = ("import os, sys; r = os.environ['HOROVOD_RANK']; open(os.path.join(sys.argv[1], 'ran.' + r), 'w').close(); "
+            f"sys.exit(3 if {fail} and r == '1' else 0)")
+    flags, command = parse_launch_flags(["-np", "2", "--", sys.executable, "-c", body, str(tmp_path)])
+    job_dir = tmp_path / "jobs" / "j1"
+    create_job(str(job_dir), flags, command, ssh_port=12345, shared=str(tmp_path), network="host", image="",
+               workdir=str(tmp_path), secondary_wait_s=1.0)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "APPLIANCE_STOP_GRACE": "1"}
+    r = subprocess.run([sys.executable, "-m", "appliance.cluster.driver", str(job_dir)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=50)
+    want = 3 if fail else 0
+    assert r.returncode == want, r.stdout + r.stderr
+    assert json.loads((job_dir / "exit.json").read_text())["returncode"] == want
+    host = json.loads((job_dir / "hosts" / "localhost.json").read_text())  # no preflight: reported local
+    assert (host["local"], host["reachable"], host["authenticated"]) == (True, True, True)
+    assert sorted(os.listdir(job_dir / "ranks")) == ["0.json", "1.json"]
+    assert sorted(os.listdir(job_dir / "logs")) == ["rank.0", "rank.1"]
+    assert (tmp_path / "ran.0").exists() and (tmp_path / "ran.1").exists()
+
+
 def test_rankexec_records_the_rank_then_becomes_the_command(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOROVOD_RANK": "3", "HOROVOD_HOSTNAME": "nodeX"}
     out = subprocess.run([sys.executable, "-m", "appliance.cluster.rankexec", str(tmp_path), "--",
