@@ -4,8 +4,10 @@ among appliance modules, and no private name of one module used by another.
 Import graph: one edge per ``import``/``from ... import`` statement anywhere in a module, at
 module level or inside a function (a lazy import still makes a loop, it only hides it until
 run time). ``from P import N`` is an edge to the module ``P.N`` when N is a module (a ``.py``
-file, a package, or a compiled extension), else to ``P``. Only appliance modules count. Loops
-are allowed inside ``appliance/torch`` only (Horovod's module shape puts two there).
+file, a package, or, as Python decides, any name package P's ``__init__`` does not bind: a
+compiled extension such as ``runtime/_core``, built or not), else to ``P``. Only appliance
+modules count. Loops are allowed inside ``appliance/torch`` only (Horovod's module shape puts
+two there).
 
 Private names: ``from M import _x``, ``M._x`` (M bound to another appliance module by an
 import) and ``import M._x``, where ``_x`` is not a dunder. A private *module* (``_tensors``) may
@@ -65,6 +67,30 @@ def _is_module(name: str) -> bool:
     return any(where.glob(f"{last}.*.so")) or (where / f"{last}.so").exists() or (where / f"{last}.pyi").exists()
 
 
+def _bound_names(package: str) -> set[str]:
+    """Names the package's ``__init__`` binds at its top level."""
+    tree = ast.parse(MODULES[package].read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """``from package import name`` imports a module: a file, or a name its ``__init__`` lacks."""
+    full = f"{package}.{name}"
+    if _is_module(full):
+        return True
+    return (package in MODULES and MODULES[package].name == "__init__.py" and name != "*"
+            and name not in _bound_names(package))
+
+
 def _package(module: str) -> str:
     return module if MODULES.get(module, Path()).name == "__init__.py" else module.rpartition(".")[0]
 
@@ -119,7 +145,7 @@ class _Imports(ast.NodeVisitor):
             return
         for alias in node.names:
             full = f"{base}.{alias.name}"
-            if alias.name != "*" and _is_module(full):
+            if _is_submodule(base, alias.name):
                 self._edge(full, node.lineno)
                 self.aliases[alias.asname or alias.name] = full
             else:
@@ -246,6 +272,9 @@ def test_the_checker_sees_lazy_imports_aliases_and_private_uses():
     # a private module is fine within its package, not outside it
     assert not _check_source("appliance.torch.mpi_ops", "from appliance.torch import _tensors\n").private
     assert _check_source("appliance.cluster.view", "from appliance.torch._tensors import stage\n").private
+    # a compiled extension, built or not, is a module of its package, not the package
+    v = _check_source("appliance.runtime.api", "from appliance.runtime import _not_built_ext\n")
+    assert v.edges == {"appliance.runtime._not_built_ext"} and not v.private
     # attributes of non-module names (self._x, obj._y) are not private-name uses
     assert not _check_source("appliance.cli", "import os\nx = os._exit\nclass A:\n    y = 1\nA()._y\n").private
 
