@@ -1,14 +1,15 @@
 """The ``appliance`` command: parse arguments, build a config dataclass, call one function.
 
-What it owns: the argument syntax of every subcommand and the mapping of errors to exit codes,
-nothing else (no logic lives here). Subcommands: ``launch`` (horovodrun's flags: ``-np``/
-``--num-proc``, ``-H``/``--hosts``, ``--hostfile``, ``--start-timeout``, ``--output-filename``,
-``--verbose``, mpirun's ``-x NAME[=VALUE]``, and for other hosts ``-p``/``--ssh-port``,
-``-i``/``--ssh-identity-file``, ``--network-interface``, ``--remote-python``), ``check``
-(the preflight as a table), ``keys`` (the cluster's SSH keys), and the Docker plane:
-``secondary`` (this host's sshd container), ``primary`` (a job from a primary container; its
-flags are ``launch``'s plus its own, passed through unparsed, so ``main()`` dispatches it before
-argparse) and ``status``. One ``_add_<name>(subparsers)`` each, setting ``func``.
+What it owns: the subcommands, their dispatch and the mapping of errors to exit codes, nothing
+else (no logic lives here). The launch flags (horovodrun's ``-np``, ``-H``, ``--hostfile``,
+``--start-timeout``, ``--output-filename``, ``--verbose``, mpirun's ``-x``, and ``-p``, ``-i``,
+``--remote-python``, ``--network-interface``, ``--shared`` for other hosts) belong to the
+launcher: ``launcher/flags.py`` adds them to ``launch`` and ``check`` and turns them into the
+configs. Subcommands: ``launch``, ``check`` (the preflight as a table), ``keys`` (the cluster's
+SSH keys), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
+from a primary container; its flags are ``launch``'s plus its own, which argparse cannot hold in
+one subparser, so ``main()`` dispatches it before argparse and the launcher's parser reads the
+launch flags) and ``status``. One ``_add_<name>(subparsers)`` each, setting ``func``.
 
 Env vars: flags fall back to knobs read in ``appliance/config.py`` (``--start-timeout`` ->
 HOROVOD_START_TIMEOUT, ``--verbose`` -> APPLIANCE_VERBOSE). Exit codes: the job's code for
@@ -24,34 +25,15 @@ import argparse
 import sys
 from typing import Sequence
 
-from .config import ConfigError, LaunchConfig
-
-
-def _remote_args(args: argparse.Namespace) -> dict:
-    return dict(port=args.ssh_port, key=args.ssh_identity_file, shared=getattr(args, "shared", None),
-                remote_python=args.remote_python, network_interface=args.network_interface)
-
-
-def _add_remote_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-p", "--ssh-port", type=int, metavar="PORT",
-                   help="SSH port of the other hosts (env APPLIANCE_SSH_PORT; default ~/.ssh/config, else 22)")
-    p.add_argument("-i", "--ssh-identity-file", metavar="KEY",
-                   help="SSH private key (env APPLIANCE_SSH_KEY; default SHARED/ssh/id_ed25519 if present)")
-    p.add_argument("--remote-python", metavar="PATH",
-                   help="absolute path of Python on the other hosts (env APPLIANCE_REMOTE_PYTHON; default: this one)")
-    p.add_argument("--network-interface", metavar="IF",
-                   help="use each host's address on IF instead of the routed one (env HOROVOD_GLOO_IFACE)")
+from .config import ConfigError
 
 
 def _launch(args: argparse.Namespace) -> int:
     from .launcher import LaunchError, run
+    from .launcher.flags import launch_config
 
     try:
-        config = LaunchConfig.create(
-            args.command, args.np, hosts=args.hosts, hostfile=args.hostfile, start_timeout=args.start_timeout,
-            output_dir=args.output_filename, verbose=True if args.verbose else None, forward=args.x or (),
-            **_remote_args(args))
-        return run(config, echo=True, capture=False).returncode
+        return run(launch_config(args), echo=True, capture=False).returncode
     except (ConfigError, ValueError) as e:  # HostsError is a ValueError
         print(f"appliance launch: error: {e}", file=sys.stderr)
         return 2
@@ -61,56 +43,36 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
+    from .launcher.flags import LAUNCH_USAGE, add_launch_flags
+
     p = sub.add_parser(
         "launch", allow_abbrev=False, help="run COMMAND as N ranks (horovodrun-compatible)",
-        usage="appliance launch -np N [-H host:slots,... | --hostfile FILE] [options] [--] COMMAND...",
+        usage=f"appliance launch {LAUNCH_USAGE}",
         description="Start N ranks of COMMAND, each with its rank environment; the first failing rank stops all.")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, metavar="N", help="number of ranks")
-    hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
-                       help="hosts and their slots, filled in order (default: localhost:N)")
-    hosts.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="FILE",
-                       help="file of 'host slots=N' lines ('#' comments)")
-    p.add_argument("--start-timeout", type=float, metavar="S",
-                   help="seconds for all ranks to start and meet (env HOROVOD_START_TIMEOUT, default 60)")
-    p.add_argument("--output-filename", metavar="DIR", help="also write DIR/rank.N/stdout and stderr")
-    p.add_argument("--verbose", action="store_true", help="print the rank layout and addresses (env APPLIANCE_VERBOSE)")
-    p.add_argument("-x", action="append", metavar="NAME[=VALUE]",
-                   help="set NAME for every worker (to VALUE, or to the launcher's value); repeatable")
-    _add_remote_flags(p)
-    p.add_argument("--shared", metavar="DIR", help="the shared directory to verify (env APPLIANCE_SHARED)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the program and its arguments")
+    add_launch_flags(p)
     p.set_defaults(func=_launch)
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .config import CheckConfig
     from .launcher.check import check
+    from .launcher.flags import check_config
 
     try:
-        config = CheckConfig.create(hosts=args.hosts, hostfile=args.hostfile, np=args.np,
-                                    start_timeout=args.start_timeout, verbose=True if args.verbose else None,
-                                    **_remote_args(args))
-        return check(config)
+        return check(check_config(args))
     except (ConfigError, ValueError) as e:
         print(f"appliance check: error: {e}", file=sys.stderr)
         return 2
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
+    from .launcher.flags import add_launch_flags
+
     p = sub.add_parser(
         "check", allow_abbrev=False, help="verify every host before a launch (SSH, Python, share, network)",
         usage="appliance check [-H host:slots,... | --hostfile FILE] [-np N] [-p PORT] [-i KEY] [--shared DIR]",
         description="Per host, in parallel: TCP reach, SSH auth, remote Python and appliance, shared directory, "
                     "/dev/shm, unique hostnames, network address. One line per failure; exit 1 if any.")
-    hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...", help="hosts (as for launch)")
-    hosts.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="FILE", help="hostfile (as for launch)")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N", help="also check that N ranks fit the slots")
-    p.add_argument("--start-timeout", type=float, metavar="S", help="seconds for all checks (env HOROVOD_START_TIMEOUT)")
-    p.add_argument("--shared", metavar="DIR", help="the shared directory (env APPLIANCE_SHARED, default /mnt/share)")
-    p.add_argument("--verbose", action="store_true", help="more detail")
-    _add_remote_flags(p)
+    add_launch_flags(p, check=True)
     p.set_defaults(func=_check)
 
 
@@ -210,8 +172,8 @@ def _add_secondary(sub: argparse._SubParsersAction) -> None:
 
 
 def _split_primary(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(everything before the command, the command): at the first ``--``, else where the
-    launcher's own parser finds the command (its first positional)."""
+    """(everything before the command, the command) at the first ``--``; without one the command
+    is left in the first part, where the launcher's parser finds it (its first positional)."""
     if "--" in argv:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
@@ -228,24 +190,22 @@ def _primary_parser() -> argparse.ArgumentParser:
 
 
 def _primary(args: argparse.Namespace) -> int:
+    from .launcher.flags import parse_launch_flags
+
     before, command = _split_primary(list(args.rest))
     own, launch_args = _primary_parser().parse_known_args(before)
-    if not command:  # no "--": the launcher's parser says where the command starts
-        try:
-            parsed = build_parser().parse_args(["launch", *launch_args])
-        except SystemExit as e:
-            return e.code if isinstance(e.code, int) else 2
-        launch_args = launch_args[:len(launch_args) - len(parsed.command)]
-        command = parsed.command[1:] if parsed.command[:1] == ["--"] else parsed.command
+    try:  # the launcher's own parser; without "--" it also says where the command starts
+        flags, command = parse_launch_flags([*launch_args, *(["--", *command] if command else [])],
+                                            prog="appliance primary")
+    except SystemExit as e:  # it printed why
+        return e.code if isinstance(e.code, int) else 2
 
     def go() -> int:
         from .cluster.primary import run_primary
 
         try:
-            return run_primary(_cluster_config(own), launch_args, command, workdir=own.workdir,
+            return run_primary(_cluster_config(own), flags, command, workdir=own.workdir,
                                live=False if own.no_view else None)
-        except SystemExit as e:  # the launcher's parser rejected a flag (it printed why)
-            return e.code if isinstance(e.code, int) else 2
         except ValueError as e:  # HostsError: bad -H, hostfile, -np above the slots
             print(f"appliance primary: error: {e}", file=sys.stderr)
             return 2

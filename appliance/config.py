@@ -286,14 +286,21 @@ class RemoteConfig:
     job_dir: str | None = None
     min_shm: int = 64 << 20
     ssh_timeout_s: float = 5.0          # silence on a remote rank's channel -> its host is unreachable
+    host_wait_s: float = 0.0            # how long the preflight waits for a host's SSH port to accept TCP
 
     @classmethod
     def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
                shared: str | os.PathLike | None = None, remote_python: str | None = None,
-               network_interface: str | None = None, environ: Mapping[str, str] | None = None) -> "RemoteConfig":
+               network_interface: str | None = None, host_wait_s: float = 0.0,
+               environ: Mapping[str, str] | None = None) -> "RemoteConfig":
+        """``host_wait_s``: how long the preflight waits for a host's SSH port to accept a TCP
+        connection (a secondary container still starting) before failing that host; a name that
+        does not resolve is never waited for. The cluster plane sets it from ``secondary_wait_s``."""
         env = os.environ if environ is None else environ
         if port is not None and not 0 < int(port) < 65536:
             raise ConfigError(f"-p {port}: expected a TCP port (1-65535)")
+        if not host_wait_s >= 0:
+            raise ConfigError(f"host_wait_s must not be negative, got {host_wait_s!r}")
         python = remote_python or read("APPLIANCE_REMOTE_PYTHON", env) or None
         if python is not None and not os.path.isabs(python):
             raise ConfigError(f"--remote-python {python!r}: must be an absolute path (SSH sessions do not see "
@@ -312,6 +319,7 @@ class RemoteConfig:
             job_dir=read("APPLIANCE_JOB_DIR", env) or None,
             min_shm=read("APPLIANCE_MIN_SHM", env),
             ssh_timeout_s=read("APPLIANCE_SSH_TIMEOUT", env),
+            host_wait_s=float(host_wait_s),
         )
 
 
@@ -389,7 +397,7 @@ class LaunchConfig:
                env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
                environ: Mapping[str, str] | None = None, **remote: Any) -> "LaunchConfig":
         """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
-        remote_python, network_interface)."""
+        remote_python, network_interface, host_wait_s)."""
         environ = dict(os.environ if environ is None else environ)
         command = tuple(str(c) for c in command)
         if command and command[0] == "--":

@@ -1,30 +1,35 @@
-"""Inside the primary container: check every host, then run the launcher; ``python -m appliance.cluster.driver JOB_DIR``.
+"""Inside the primary container: run a job directory's job with the launcher; ``python -m appliance.cluster.driver JOB_DIR``.
 
-What it owns: the job directory's ``hosts/<host>.json`` (per host: ``local``, ``reachable``,
-``address``, ``authenticated``, ``error``), ``exit.json`` (``returncode``, ``ended``) and the
-argument list given to ``appliance launch``. ``appliance primary`` (on the host) writes
-``job.json`` (hosts and slots, -np, the launcher's flags, the command, SSH port, shared dir,
-network; ``create_job()``) and starts this as the primary container's main process. Without a
-host side (compose), ``driver new [-p PORT] [launch flags] -- COMMAND`` makes the cluster keys
-(idempotent) and the job directory under APPLIANCE_SHARED itself, then goes on the same way. Steps:
+What it owns: the job directory's ``job.json`` format (``create_job()``: hosts and slots, -np,
+the user's launch flags as a ``launcher.flags.LaunchFlags`` under ``launch``, the command, SSH
+port, shared dir, network, ``secondary_wait_s``), its ``hosts/<host>.json`` (per host: ``local``,
+``reachable``, ``address``, ``authenticated``, ``error``; the startup view ``view.py`` reads
+them) and ``exit.json`` (``returncode``, ``ended``), and the ``LaunchConfig`` the job runs with
+(``job_config()``): the user's flags, ``-p`` the job's SSH port and ``--output-filename
+JOB_DIR/logs`` unless given, the shared directory, the command prefixed by ``rankexec`` (which
+records each rank's start and pid in ``ranks/``), and ``RemoteConfig.host_wait_s`` =
+``secondary_wait_s``. ``appliance primary`` (on the host) writes ``job.json`` and starts this as
+the primary container's main process. Without a host side (compose), ``driver new [-p PORT]
+[launch flags] -- COMMAND`` makes the cluster keys (idempotent) and the job directory under
+APPLIANCE_SHARED itself, then goes on the same way.
 
-1. Every host of -H that is not this container: wait up to ``secondary_wait_s`` for its SSH
-   port to accept a TCP connection (a secondary that is still starting is waited for), then log
-   in with the cluster key (``SHARED/ssh/id_ed25519``, host key checked against
-   ``SHARED/ssh/known_hosts``; the launcher's SSH layer), all hosts in parallel. A host
-   that fails stops the job before any rank starts, with one line that says what to run there.
-2. ``appliance launch`` with the user's flags, ``-p PORT`` (unless given),
-   ``--output-filename JOB_DIR/logs`` unless given, and the command prefixed by ``rankexec``
-   (which records each rank's start and pid in ``ranks/``). The launcher prefixes every line
-   with its rank, stops every rank on every host at the first failure or on SIGINT/SIGTERM
-   (forwarded by the container's init), and its exit code is the container's.
+The job is one call, ``appliance.launcher.run(config, on_host_report=...)``: its preflight
+checks every host once, in parallel (a secondary that is still starting is waited for up to
+``secondary_wait_s``; TCP, SSH login with the cluster key ``SHARED/ssh/id_ed25519``, host key
+against ``SHARED/ssh/known_hosts``, Python, share...), and each host's report becomes
+``hosts/<host>.json``. A host that fails stops the job before any rank starts: the launcher's
+failure lines, then for each host that is not up (or refuses the cluster key) one line saying
+what to run there. Then the launcher prefixes every line with its rank, stops every rank on
+every host at the first failure or on SIGINT/SIGTERM (forwarded by the container's init), and
+its exit code is the container's.
 
-Env vars: APPLIANCE_SHARED (via ``ClusterConfig``; the image sets it). Failure modes: exit 1 with
-``appliance primary: HOST: ...`` lines when a host is unreachable or refuses the key; otherwise
-the launcher's exit code (130 when interrupted).
+Env vars: APPLIANCE_SHARED (via ``ClusterConfig``; the image sets it). Failure modes: exit 1
+with ``appliance primary:`` lines when a host is not usable; exit 2 for flags or hosts the
+launcher rejects; otherwise the launcher's exit code (130 when interrupted).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -34,6 +39,10 @@ import threading
 import time
 from typing import Any, Sequence
 
+from ..config import ConfigError, LaunchConfig
+from ..launcher import LaunchError, run
+from ..launcher.flags import LaunchFlags, parse_launch_flags, with_defaults
+from ..launcher.hosts import assign_ranks, hosts_from
 from ..mount import read_json, write_json
 
 SAY = "appliance primary:"
@@ -43,153 +52,38 @@ def _say(text: str) -> None:
     print(f"{SAY} {text}", file=sys.stderr, flush=True)
 
 
-class HostCheck:
-    """One host's startup facts, written to ``hosts/<name>.json`` whenever they change."""
-
-    def __init__(self, job_dir: str, name: str, local: bool):
-        self.path = os.path.join(job_dir, "hosts", f"{name}.json")
-        self.facts: dict[str, Any] = {"host": name, "local": local, "reachable": None, "authenticated": None,
-                                      "address": "", "error": ""}
-
-    def update(self, **kw: Any) -> None:
-        self.facts.update(kw, updated=time.time())
-        write_json(self.path, self.facts)
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.facts["reachable"] and self.facts["authenticated"])
+def job_hosts(flags: LaunchFlags) -> list[tuple[str, int]]:
+    """[(host, slots)] of -H, the hostfile, else ``localhost:np``; checks that -np fits the slots.
+    Raises ``HostsError`` (a ValueError)."""
+    if flags.np is None:
+        raise ConfigError("-np is required: the number of ranks to start")
+    hosts = hosts_from(flags.hosts, flags.hostfile, None, flags.np)
+    assign_ranks(hosts, flags.np)  # -np above the slots: HostsError
+    return [(h.name, h.slots) for h in hosts]
 
 
-def _wait_tcp(host: str, port: int, wait_s: float) -> tuple[str, str]:
-    """(address, "") once host:port accepts a connection, else ("", reason) after ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    reason = ""
-    while True:
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            address = infos[0][4][0]
-            with socket.create_connection((address, port), timeout=min(3.0, max(wait_s, 0.5))):
-                return address, ""
-        except socket.gaierror as e:
-            reason = f"the name does not resolve ({e.strerror})"
-        except ConnectionRefusedError:
-            reason = "connection refused"
-        except OSError as e:
-            reason = e.strerror or str(e)
-        if time.monotonic() >= deadline:
-            return "", reason
-        time.sleep(0.25)
-
-
-def _authenticate(host: str, port: int, shared: str, timeout_s: float) -> str:
-    """"" when the cluster key (``SHARED/ssh/id_ed25519``) logs in on host:port and the host key
-    matches ``SHARED/ssh/known_hosts`` (the launcher's own SSH layer decides both), else why not."""
-    from ..config import RemoteConfig
-    from ..launcher.hostkeys import HostKeyPolicy
-    from ..launcher.ssh import SSHFailure, connect, resolve
-
-    remote = RemoteConfig.create(port=port, shared=shared)
-    try:
-        conn = connect(resolve(host, remote), HostKeyPolicy(os.path.join(shared, "ssh", "known_hosts")),
-                       time.monotonic() + timeout_s)
-    except SSHFailure as e:
-        return str(e)
-    conn.close()
-    return ""
-
-
-def check_hosts(job: dict, job_dir: str) -> list[str]:
-    """Run step 1 for every host in parallel; the failure lines (empty: all ready)."""
-    from ..launcher.executors import LaunchError, is_local_host
-
-    port, shared = int(job["ssh_port"]), job["shared"]
-    checks: list[HostCheck] = []
-    for h in job["hosts"]:
-        try:
-            local = is_local_host(h["name"])
-        except LaunchError:
-            local = False  # does not resolve (yet): the TCP wait below reports it
-        checks.append(HostCheck(job_dir, h["name"], local))
-    failures: list[str] = []
-    lock = threading.Lock()
-    if not job.get("network"):  # `driver new`: no appliance CLI on the host (compose)
-        how = "its secondary container must run `secondary --port {port}` with this share (compose: service HOST)"
-        how = how.format(port=port)
-    elif job["network"] == "host":
-        how = f"appliance secondary --ssh-port {port} --shared {shared}"
-    else:
-        how = f"appliance secondary --ssh-port {port} --shared {shared} --network {job['network']} --name HOST"
-
-    def one(check: HostCheck) -> None:
-        name = check.facts["host"]
-        if check.facts["local"]:
-            check.update(reachable=True, authenticated=True, address="local")
-            return
-        address, reason = _wait_tcp(name, port, float(job.get("secondary_wait_s", 20.0)))
-        if not address:
-            check.update(reachable=False, error=reason)
-            with lock:
-                failures.append(f"{name}:{port} is not up ({reason}): start its secondary on {name}: "
-                                f"{how.replace('HOST', name)}")
-            return
-        check.update(reachable=True, address=address)
-        reason = _authenticate(name, port, shared, 15.0)
-        check.update(authenticated=not reason, error=reason)
-        if reason:
-            with lock:
-                failures.append(f"{reason} (its secondary must use this shared directory, {shared}: restart it "
-                                f"with {how.replace('HOST', name)})")
-
-    threads = [threading.Thread(target=one, args=(c,), name=f"check {c.facts['host']}", daemon=True) for c in checks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return failures
-
-
-def parse_launch(launch_args: Sequence[str], command: Sequence[str]) -> tuple[Any, list[tuple[str, int]], int]:
-    """The launcher's own parser over the flags (so horovodrun's flags mean what they mean to
-    ``appliance launch``): (namespace, [(host, slots)], np). Raises SystemExit(2) / ValueError."""
-    from ..cli import build_parser
-    from ..launcher.hosts import Host, assign_ranks, parse_hosts, read_hostfile
-
-    args = build_parser().parse_args(["launch", *launch_args, "--", *command])
-    if args.hosts is not None:
-        hosts = parse_hosts(args.hosts)
-    elif args.hostfile is not None:
-        hosts = read_hostfile(args.hostfile)
-    else:
-        hosts = [Host("localhost", args.np)]
-    assign_ranks(hosts, args.np)  # -np above the slots: HostsError (a ValueError)
-    return args, [(h.name, h.slots) for h in hosts], args.np
-
-
-def create_job(job_dir: str, args: Any, hosts: Sequence[tuple[str, int]], launch_args: Sequence[str],
-               command: Sequence[str], *, ssh_port: int, shared: str, network: str, image: str, workdir: str,
-               secondary_wait_s: float) -> None:
-    """``JOB_DIR/{hosts,ranks,logs}/`` and ``job.json``; a --hostfile is copied into the job
-    directory (the primary container sees the share, not the files of the machine it runs on)."""
+def create_job(job_dir: str, flags: LaunchFlags, command: Sequence[str], *, ssh_port: int, shared: str,
+               network: str, image: str, workdir: str, secondary_wait_s: float) -> list[tuple[str, int]]:
+    """``JOB_DIR/{hosts,ranks,logs}/`` and ``job.json``; returns the hosts. A --hostfile is copied
+    into the job directory (the primary container sees the share, not the files of the machine
+    it runs on)."""
+    hosts = job_hosts(flags)
     for sub in ("hosts", "ranks", "logs"):
         os.makedirs(os.path.join(job_dir, sub), exist_ok=True)
-    launch_args = list(launch_args)
-    if args.hostfile is not None:
+    if flags.hostfile is not None:
         copy = os.path.join(job_dir, "hostfile")
-        shutil.copyfile(args.hostfile, copy)
-        for i, a in enumerate(launch_args):
-            if a in ("-hostfile", "--hostfile") and i + 1 < len(launch_args):
-                launch_args[i + 1] = copy
-            elif a.startswith("--hostfile="):
-                launch_args[i] = f"--hostfile={copy}"
+        shutil.copyfile(flags.hostfile, copy)
+        flags = dataclasses.replace(flags, hostfile=copy)
     write_json(os.path.join(job_dir, "job.json"), {
         "id": os.path.basename(job_dir), "created": time.time(), "primary_host": socket.gethostname(),
-        "np": args.np, "hosts": [{"name": n, "slots": s} for n, s in hosts],
-        "launch_args": launch_args, "command": list(command), "ssh_port": ssh_port, "shared": shared,
+        "np": flags.np, "hosts": [{"name": n, "slots": s} for n, s in hosts],
+        "launch": flags.to_json(), "command": list(command), "ssh_port": ssh_port, "shared": shared,
         "network": network, "image": image, "workdir": workdir, "secondary_wait_s": secondary_wait_s})
+    return hosts
 
 
 def new_job(argv: list[str]) -> str:
-    """``driver new [--ssh-port P] [launch flags] -- COMMAND`` (compose, or by hand inside a
+    """``driver new [-p PORT] [launch flags] -- COMMAND`` (compose, or by hand inside a
     container): the cluster keys (idempotent) and a job directory under APPLIANCE_SHARED."""
     from ..config import ClusterConfig
     from .secondary import ensure_cluster_keys
@@ -197,32 +91,92 @@ def new_job(argv: list[str]) -> str:
 
     if "--" not in argv:
         raise SystemExit(f"{SAY} usage: python -m appliance.cluster.driver new [-p PORT] [launch flags] -- COMMAND")
-    i = argv.index("--")
-    flags, command = argv[:i], argv[i + 1:]
-    port = None
-    for j, f in enumerate(flags):
-        if f in ("-p", "--ssh-port") and j + 1 < len(flags):
-            port = int(flags[j + 1])
-    config = ClusterConfig.create(ssh_port=port)
+    flags, command = parse_launch_flags(argv, prog="python -m appliance.cluster.driver new")
+    config = ClusterConfig.create(ssh_port=flags.ssh_port)
     layout = Layout(config.shared).ensure()
     ensure_cluster_keys(config.shared)
-    args, hosts, _ = parse_launch(flags, command)
     job_dir = layout.job_dir(new_job_id())
-    create_job(job_dir, args, hosts, flags, command, ssh_port=config.ssh_port, shared=config.shared,
-               network="", image="", workdir=os.getcwd(), secondary_wait_s=config.secondary_wait_s)
-    _say(f"job {os.path.basename(job_dir)}: {args.np} ranks on "
+    hosts = create_job(job_dir, flags, command, ssh_port=config.ssh_port, shared=config.shared, network="",
+                       image="", workdir=os.getcwd(), secondary_wait_s=config.secondary_wait_s)
+    _say(f"job {os.path.basename(job_dir)}: {flags.np} ranks on "
          f"{', '.join(f'{n}:{s}' for n, s in hosts)}; job directory {job_dir}")
     return job_dir
 
 
-def launch_argv(job: dict, job_dir: str) -> list[str]:
-    flags = list(job["launch_args"])
-    if not any(f in ("-p", "--ssh-port") or f.startswith("--ssh-port=") for f in flags):
-        flags += ["-p", str(job["ssh_port"])]
-    if not any(f == "--output-filename" or f.startswith("--output-filename=") for f in flags):
-        flags += ["--output-filename", os.path.join(job_dir, "logs")]
+def job_config(job: dict, job_dir: str, **extra: Any) -> LaunchConfig:
+    """The launcher's configuration of the job in ``job_dir`` (see the module docstring)."""
+    given = LaunchFlags.from_json(job["launch"])
+    flags = with_defaults(given, ssh_port=int(job["ssh_port"]),
+                          output_filename=os.path.join(job_dir, "logs"), shared=job["shared"])
     wrapped = [sys.executable, "-m", "appliance.cluster.rankexec", job_dir, "--", *job["command"]]
-    return ["launch", *flags, "--", *wrapped]
+    config = flags.launch_config(wrapped, host_wait_s=float(job.get("secondary_wait_s", 20.0)), **extra)
+    # -p/-i the user gave (the cluster's own port is not one: no "unused" line for a one-host job)
+    return dataclasses.replace(config, ssh_flags=tuple(
+        f for f, v in (("-p", given.ssh_port), ("-i", given.ssh_identity_file)) if v is not None))
+
+
+class HostFiles:
+    """The launcher's per-host reports -> ``hosts/<host>.json``, and what to run on a host that
+    is not usable (``hints()``)."""
+
+    def __init__(self, job: dict, job_dir: str, port: int):
+        self.job_dir, self.port, self.shared = job_dir, port, job["shared"]
+        network = job.get("network")
+        if not network:  # `driver new`: no appliance CLI on the host (compose)
+            self.how = f"its secondary container must run `secondary --port {port}` with this share (compose: service HOST)"
+        elif network == "host":
+            self.how = f"appliance secondary --ssh-port {port} --shared {self.shared}"
+        else:
+            self.how = f"appliance secondary --ssh-port {port} --shared {self.shared} --network {network} --name HOST"
+        self._hints: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, report: Any) -> None:
+        """``on_host_report``: one ``preflight.HostReport``."""
+        tcp, ssh = report.steps.get("tcp"), report.steps.get("ssh")
+        reachable = bool(report.local or tcp == "ok")
+        facts = {"host": report.host, "local": report.local, "reachable": reachable,
+                 "authenticated": bool(report.local or ssh == "ok") if reachable else None,
+                 "address": "local" if report.local else (report.target.address if report.target else ""),
+                 "error": "; ".join(report.failures), "updated": time.time()}
+        write_json(os.path.join(self.job_dir, "hosts", f"{report.host}.json"), facts)
+        how = self.how.replace("HOST", report.host)
+        hint = ""
+        if report.local or not report.failures:
+            pass
+        elif not reachable:
+            hint = f"{report.host}:{self.port} is not up: start its secondary on {report.host}: {how}"
+        elif not facts["authenticated"]:
+            hint = (f"{report.host} refused the cluster key or host key: its secondary must use this shared "
+                    f"directory, {self.shared}: restart it with {how}")
+        if hint:
+            with self._lock:
+                self._hints[report.host] = hint
+
+    def hints(self) -> list[str]:
+        with self._lock:
+            return list(self._hints.values())
+
+
+def run_job(job: dict, job_dir: str) -> int:
+    """Run the job (one launcher call); its exit code. Prints the launcher's failure and the
+    hosts' hints when it cannot start."""
+    try:
+        config = job_config(job, job_dir)
+    except ValueError as e:  # ConfigError: a flag's value the launcher rejects
+        _say(f"error: {e}")
+        return 2
+    files = HostFiles(job, job_dir, config.remote.port or int(job["ssh_port"]))
+    try:
+        return run(config, echo=True, capture=False, on_host_report=files).returncode
+    except LaunchError as e:
+        _say(f"error: {e}")
+        for line in files.hints():
+            _say(line)
+        return 1
+    except ValueError as e:  # HostsError, ConfigError
+        _say(f"error: {e}")
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,24 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     def _interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, _interrupt)  # the launcher installs its own handlers while it runs
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # until the launcher's own trap is in place
     try:
-        failures = check_hosts(job, job_dir)
-        if failures:
-            for line in failures:
-                _say(line)
-            return code
-        from ..cli import main as cli_main
-
-        code = cli_main(launch_argv(job, job_dir))
-        return code
-    except SystemExit as e:  # the launcher's argument parser
-        code = e.code if isinstance(e.code, int) else 2
+        code = run_job(job, job_dir)
         return code
     except KeyboardInterrupt:
         code = 130
         return code
     finally:
+        signal.signal(signal.SIGTERM, previous)
         write_json(os.path.join(job_dir, "exit.json"), {"returncode": code, "ended": time.time()})
 
 

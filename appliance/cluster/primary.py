@@ -1,21 +1,22 @@
 """``appliance primary``: run one training job from a primary container, streaming it here.
 
 What it owns: ``PrimaryJob``: it validates the job on this machine (Docker up, image present,
-shared directory present, the launcher's flags and host list parse, -np fits the slots), creates
-``SHARED/jobs/<id>/`` with ``job.json``, starts the primary container (``appliance-primary-<id>``,
-or ``appliance-<--name>``) with the flags every appliance container gets (``engine``), running
-``appliance.cluster.driver`` inside it (per-host checks, then ``appliance launch``), shows the
-per-host startup view (``view.StartupView``) until every rank has started, streams the job's
-output (stdout to stdout, stderr to stderr; every rank's lines are prefixed by the launcher), and
-returns the job's exit code. The container is removed whatever happens (``PrimaryContainer`` is
-a context manager); a network it had to create is removed when empty.
+shared directory present, the host list parses, -np fits the slots; the launch flags arrive
+already parsed by the launcher's parser, ``launcher.flags``), creates ``SHARED/jobs/<id>/`` with
+``job.json``, starts the primary container (``appliance-primary-<id>``, or ``appliance-<--name>``)
+with the flags every appliance container gets (``engine``), running ``appliance.cluster.driver``
+inside it (one launcher run, whose preflight checks every host), shows the per-host startup view
+(``view.StartupView``) until every rank has started, streams the job's output (stdout to stdout,
+stderr to stderr; every rank's lines are prefixed by the launcher), and returns the job's exit
+code. The container is removed whatever happens (``PrimaryContainer`` is a context manager); a
+network it had to create is removed when empty.
 
-Signals: the first SIGINT/SIGTERM/SIGHUP is forwarded to the container's init, which passes it to
-the launcher, which stops every rank on every host; if the container is still running
-``stop_timeout_s`` later, or on a second signal, it is killed (SIGKILL); remote ranks then end by
-the runtime's heartbeat and sshd's ClientAlive bound. The working directory of the ranks is the
-shared directory (``--workdir`` to change it), so a user's ``train.py`` there is what
-``python -m train`` runs; without one, the image's default job runs.
+Signals (recorded by the launcher's ``SignalTrap``): the first SIGINT/SIGTERM/SIGHUP is forwarded
+to the container's init, which passes it to the launcher, which stops every rank on every host;
+if the container is still running ``stop_timeout_s`` later, or on a second signal, it is killed
+(SIGKILL); remote ranks then end by the runtime's heartbeat and sshd's ClientAlive bound. The
+working directory of the ranks is the shared directory (``--workdir`` to change it), so a user's
+``train.py`` there is what ``python -m train`` runs; without one, the image's default job runs.
 
 Env vars: none read here (``ClusterConfig``). Failure modes: ``ClusterError`` (one line, before
 anything starts) for Docker down, missing image, missing share; exit 2 for flags the launcher
@@ -32,35 +33,18 @@ import time
 from typing import IO, Any, Optional, Sequence
 
 from ..config import ClusterConfig
+from ..launcher.flags import LaunchFlags
+from ..launcher.signals import SignalTrap
 from . import engine
+from .driver import create_job, job_hosts
 from .engine import ClusterError
 from .secondary import ensure_cluster_keys
-from .driver import create_job, parse_launch
 from .locksweep import sweep_dead_container_locks
 from ..mount import Layout, new_job_id
 from .view import StartupView
 
 ROLE = "primary"
 SAY = "appliance primary:"
-
-
-class _SignalTrap:
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "_SignalTrap":
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                if signal.getsignal(s) is not signal.SIG_IGN:
-                    self._previous[s] = signal.signal(s, lambda n, f: self.received.append(n))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
 
 
 class PrimaryContainer:
@@ -101,11 +85,11 @@ class PrimaryContainer:
 
 
 class PrimaryJob:
-    def __init__(self, config: ClusterConfig, launch_args: Sequence[str], command: Sequence[str], *,
+    def __init__(self, config: ClusterConfig, flags: LaunchFlags, command: Sequence[str], *,
                  workdir: Optional[str] = None, client: Any = None, live: Optional[bool] = None,
                  stop_timeout_s: float = 30.0, out: IO[str] | None = None, err: IO[str] | None = None):
         self.config = config
-        self.launch_args, self.command = list(launch_args), list(command)
+        self.flags, self.command = flags, list(command)
         if self.command and self.command[0] == "--":
             self.command = self.command[1:]
         self.workdir = os.path.abspath(workdir) if workdir else config.shared
@@ -122,17 +106,17 @@ class PrimaryJob:
         """Everything that can fail before a container exists; writes job.json. Returns the hosts."""
         if not self.command:
             raise ClusterError("no command to run (usage: appliance primary -np N -H HOSTS -- python -m train)")
-        args, hosts, np = parse_launch(self.launch_args, self.command)
+        job_hosts(self.flags)  # -H, hostfile and -np checked before anything else
         engine.require_shared(self.config.shared)
         self.client = self.client or engine.connect()
         engine.require_image(self.client, self.config.image)
         self.layout.ensure()
         ensure_cluster_keys(self.config.shared)
-        self.hosts, self.np = hosts, np
-        create_job(self.job_dir, args, hosts, self.launch_args, self.command, ssh_port=self.config.ssh_port,
-                   shared=self.config.shared, network=self.config.network, image=self.config.image,
-                   workdir=self.workdir, secondary_wait_s=self.config.secondary_wait_s)
-        return hosts
+        self.hosts = create_job(self.job_dir, self.flags, self.command, ssh_port=self.config.ssh_port,
+                                shared=self.config.shared, network=self.config.network, image=self.config.image,
+                                workdir=self.workdir, secondary_wait_s=self.config.secondary_wait_s)
+        self.np = self.flags.np
+        return self.hosts
 
     def run(self) -> int:
         self.prepare()
@@ -141,7 +125,7 @@ class PrimaryJob:
         env = {"APPLIANCE_JOB_DIR": os.path.join(self.job_dir, "remote")}
         sweep_dead_container_locks(self.client, self.layout, self._say)
         t0 = time.monotonic()
-        with _SignalTrap() as trap, PrimaryContainer(self.client, self.config, name, cmd, self.workdir,
+        with SignalTrap() as trap, PrimaryContainer(self.client, self.config, name, cmd, self.workdir,
                                                      self.job_id, env) as pc:
             self._say(f"job {self.job_id}: {self.np} ranks on {', '.join(f'{n}:{s}' for n, s in self.hosts)} "
                       f"from container {name} (image {self.config.image}, network {self.config.network}); "
@@ -154,7 +138,7 @@ class PrimaryJob:
         self._say(f"job {self.job_id} {verdict} after {elapsed:.1f} s; logs in {self.job_dir}/logs")
         return code
 
-    def _stream(self, container: Any, trap: _SignalTrap) -> int:
+    def _stream(self, container: Any, trap: SignalTrap) -> int:
         q: queue.Queue = queue.Queue()
         stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
 
@@ -236,5 +220,5 @@ class PrimaryJob:
             pass
 
 
-def run_primary(config: ClusterConfig, launch_args: Sequence[str], command: Sequence[str], **kw: Any) -> int:
-    return PrimaryJob(config, launch_args, command, **kw).run()
+def run_primary(config: ClusterConfig, flags: LaunchFlags, command: Sequence[str], **kw: Any) -> int:
+    return PrimaryJob(config, flags, command, **kw).run()

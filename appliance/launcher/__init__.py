@@ -42,10 +42,16 @@ call (each rank runs in its own session; stopping signals its whole process grou
 of ``APPLIANCE_STOP_GRACE`` seconds, KILL), nor, by more than 2 s, a launcher killed outright
 (``reaper``).
 
-Modules: ``hosts`` (parsing, Slurm, rank layout), ``env`` (the worker environment contract),
-``workers`` (processes, output relay, ``WorkerGroup``), ``reaper`` (local ranks die with a killed
-launcher), ``executors`` (local and SSH hosts, one machine named twice), ``failures`` (first
-failure, survivors' grace, blame), ``run`` (orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
+Other entry points (the CLI, the cluster plane) build a ``LaunchConfig`` from the launch flags
+with ``flags`` (one parser for everyone) and call ``run(config, ..., on_host_report=None)``;
+``on_host_report`` gets each host's preflight report once, before any rank starts.
+
+Modules: ``flags`` (the launch flags -> ``LaunchConfig``), ``hosts`` (parsing, Slurm, rank
+layout), ``env`` (the worker environment contract), ``workers`` (processes, output relay,
+``WorkerGroup``), ``reaper`` (local ranks die with a killed launcher; process-group liveness),
+``executors`` (local and SSH hosts, one machine named twice), ``ports`` (free ports),
+``signals`` (the signal trap), ``failures`` (first failure, survivors' grace, blame), ``run``
+(orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
 ``probe`` (what ``appliance check`` verifies), ``network`` (address choice), ``sshworker`` and
 ``remote`` (the stub on the far side), ``keys`` (``appliance keys``), ``check``.
 """

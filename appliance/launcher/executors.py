@@ -31,20 +31,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import socket
 import sys
 import time
-from typing import Iterator, Mapping, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from ..config import ConfigError, LaunchConfig, interface_address
 from .hosts import Host, merge_hosts
+from .ports import NoFreePorts, pick_free_ports
 from .workers import LocalWorker, OutputSink, Worker
 
-# Ports for the store and MASTER_PORT are drawn below Linux's ephemeral range (32768-60999), so
-# they do not collide with the source ports of outgoing connections.
-PORT_RANGE = (20000, 32767)
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"})
 FORWARD_NAMES = frozenset({"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"})
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "APPLIANCE_")
@@ -161,30 +158,6 @@ def merge_same_machines(hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
     return merged, notes
 
 
-def pick_free_ports(address: str, count: int, rng: random.Random | None = None) -> list[int]:
-    """Distinct ports in ``PORT_RANGE`` that can be bound on ``address`` right now (all held while choosing)."""
-    rng = rng or random.Random()
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    held: list[socket.socket] = []
-    try:
-        for _ in range(200):
-            if len(held) == count:
-                break
-            s = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                s.bind((address, rng.randint(*PORT_RANGE)))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
-        if len(held) < count:
-            raise LaunchError(f"no free TCP port on {address} in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
 def _network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
     if iface:
         for name in NETWORK_VARS:
@@ -202,7 +175,10 @@ class LocalExecutor:
         return _network_defaults(dict(environ), self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
-        return pick_free_ports(address, count)
+        try:
+            return pick_free_ports(address, count)
+        except NoFreePorts as e:
+            raise LaunchError(str(e)) from None
 
     def spawn(self, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
               sink: OutputSink) -> Worker:
@@ -263,19 +239,32 @@ class SSHExecutor:
 
 
 @contextlib.contextmanager
-def open_executors(hosts: Sequence[str], config: LaunchConfig) -> Iterator[dict[str, Executor]]:
-    """One executor per host that received ranks; all closed on exit."""
+def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
+                   on_report: Callable | None = None) -> Iterator[dict[str, Executor]]:
+    """One executor per host that received ranks; all closed on exit. ``on_report``: called once
+    per host with its ``preflight.HostReport`` (for a job on this machine alone, where no
+    preflight runs, a report of a local host without checks)."""
     executors: dict[str, Executor] = {}
     local = {h for h in hosts if is_local(h)}
     try:
         if len(local) == len(hosts) and config.remote.network_interface is None:
             for host in hosts:
                 executors[host] = LocalExecutor(host)
+            if on_report is not None:
+                from .preflight import HostReport
+
+                for host in hosts:
+                    try:
+                        on_report(HostReport(host, True, steps={"tcp": "local", "ssh": "local"}, done=True))
+                    except Exception as e:  # noqa: BLE001 - as in the preflight: a warning, not a failure
+                        print(f"appliance launch: {host}: the report hook failed: {type(e).__name__}: {e}",
+                              file=sys.stderr, flush=True)
         else:
             from .preflight import run_preflight
 
             start = time.monotonic()
-            with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd) as pf:
+            with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd,
+                               on_report=on_report) as pf:
                 for line in pf.warnings + (pf.notes if config.verbose else []):
                     print(f"appliance launch: {line}", file=sys.stderr, flush=True)
                 if config.verbose and pf.ok:

@@ -17,6 +17,13 @@ carrying those partial results. The fan-out itself is one thread per host rather
 ``fabric.ThreadingGroup``: a group runs one identical command on every host, while each host here
 gets its own probe parameters and connect deadline, and its connection is kept for the launch.
 
+Hooks: ``RemoteConfig.host_wait_s`` (default 0): how long a host's SSH port may refuse or not
+answer TCP before that host fails (a secondary container still starting); a name that does not
+resolve fails at once. ``on_report(report)``: called once per host, in the calling thread, with
+its ``HostReport`` once its checks are decided (the cross-host ones included, so after the last
+host); the cluster plane writes its startup view's host files from it. An exception raised by
+the hook becomes a warning line.
+
 Env vars: none read (``RemoteConfig``). Failure modes: none raised for host problems (they are
 report lines); a host that does not finish in time is reported with the step it was stuck at.
 """
@@ -38,6 +45,8 @@ from ..config import RemoteConfig
 from . import network, probe
 from .hostkeys import HostKeyPolicy
 from .ssh import Connection, SSHFailure, Target, connect, resolve
+
+HOST_WAIT_RETRY_S = 0.25  # between TCP attempts while a host may still be starting (host_wait_s)
 
 
 @dataclasses.dataclass
@@ -177,12 +186,23 @@ def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, pytho
                     "give the container more (--shm-size=1g or --ipc=host) or remove stale files in /dev/shm")
 
 
+def _connect(target: Target, policy: HostKeyPolicy, deadline: float, wait_until: float) -> Connection:
+    """``connect``, retrying while TCP is refused or silent until ``wait_until`` (``host_wait_s``)."""
+    while True:
+        try:
+            return connect(target, policy, deadline)
+        except SSHFailure as e:
+            if e.step != "tcp" or time.monotonic() + HOST_WAIT_RETRY_S >= min(wait_until, deadline):
+                raise
+        time.sleep(HOST_WAIT_RETRY_S)
+
+
 def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy, python: str,
-                params: dict, deadline: float, abandoned: threading.Event) -> None:
+                params: dict, deadline: float, abandoned: threading.Event, wait_until: float) -> None:
     try:
         assert report.target is not None
         report.step = "tcp"
-        report.conn = connect(report.target, policy, deadline)
+        report.conn = _connect(report.target, policy, deadline, wait_until)
         report.steps.update(tcp="ok", ssh="ok")
         report.step = "probe"
         params = dict(params)
@@ -215,9 +235,12 @@ def _tcp_word(message: str) -> str:
 
 
 def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, timeout_s: float, *,
-                  cwd: str | None = None, check_shared: bool = True) -> Preflight:
-    """Check ``hosts`` (names from -H, in job order; ``local`` are this machine) within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+                  cwd: str | None = None, check_shared: bool = True, on_report=None) -> Preflight:
+    """Check ``hosts`` (names from -H, in job order; ``local`` are this machine) within ``timeout_s``
+    (plus ``remote.host_wait_s`` for hosts still starting); ``on_report``: see the module docstring."""
+    start = time.monotonic()
+    wait_until = start + remote.host_wait_s
+    deadline = wait_until + timeout_s
     cwd = cwd or os.getcwd()
     python = remote.remote_python or sys.executable
     policy = HostKeyPolicy(os.path.join(remote.shared_dir, "ssh", "known_hosts"))
@@ -273,8 +296,8 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
             reports[h].done = True
             continue
         params = dict(base, targets=[targets[h]] if h in targets else [])
-        t = threading.Thread(target=_check_host, args=(reports[h], remote, policy, python, params, deadline, abandoned),
-                             name=f"preflight-{h}", daemon=True)
+        t = threading.Thread(target=_check_host, name=f"preflight-{h}", daemon=True,
+                             args=(reports[h], remote, policy, python, params, deadline, abandoned, wait_until))
         t.start()
         threads.append(t)
     for h in hosts:  # this machine: the same probe, in-process
@@ -293,13 +316,19 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
     for h in remotes:
         r = reports[h]
         if not r.done:
-            r.fail(f"no answer within {timeout_s:g} s (stuck at step {r.step}): check that {h} is up and its sshd "
-                   "responds, or raise --start-timeout")
+            r.fail(f"no answer within {deadline - start:g} s (stuck at step {r.step}): check that {h} is up and its "
+                   "sshd responds, or raise --start-timeout")
     warnings.extend(policy.warnings)
     for h in hosts:
         _evaluate(reports[h], remote, nonce, python)
     _unique_hostnames(reports)
     _addresses(hosts, reports, remote, targets, primary_addr, primary_dev)
+    if on_report is not None:
+        for h in hosts:
+            try:
+                on_report(reports[h])
+            except Exception as e:  # noqa: BLE001 - a caller's hook must not hide the checks' results
+                warnings.append(f"{h}: the report hook failed: {type(e).__name__}: {e}")
     return Preflight(reports, warnings, notes)
 
 

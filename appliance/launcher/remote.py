@@ -329,7 +329,7 @@ class _LineReader:
 
 
 def _ports(address: str, count: str) -> int:
-    from .executors import pick_free_ports
+    from .ports import pick_free_ports
     print(json.dumps(pick_free_ports(address, int(count))))
     return 0
 

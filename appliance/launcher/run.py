@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
 import tempfile
-import threading
 import time
 from typing import Sequence
 
 from ..config import LaunchConfig
 from . import env as envmod
 from .executors import LocalExecutor, job_addresses, merge_same_machines, open_executors
-from .failures import EXIT_TIMEOUT, Outcome, describe_exit, exit_code, wait_for_end  # noqa: F401 - re-exported
+from .failures import Outcome, wait_for_end
 from .hosts import Host, Slot, assign_ranks, hosts_from, used_hosts
 from .reaper import Reaper
+from .signals import SignalTrap
 from .workers import OutputSink, SpawnError, WorkerGroup
 
 
@@ -61,32 +60,6 @@ def hosts_of(config: LaunchConfig) -> list[Host]:
     return hosts_from(config.hosts, config.hostfile, config.slurm, config.np)
 
 
-class _SignalTrap:
-    """Records SIGINT/SIGTERM/SIGHUP while a job runs (main thread only, ignored signals stay
-    ignored); restores the previous handlers after."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, enabled: bool):
-        self.received: list[int] = []
-        self._enabled = enabled and threading.current_thread() is threading.main_thread()
-        self._previous: dict[int, object] = {}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received.append(signum)
-
-    def __enter__(self) -> "_SignalTrap":
-        if self._enabled:
-            for s in self.SIGNALS:
-                if signal.getsignal(s) is not signal.SIG_IGN:  # respect nohup and `cmd &`
-                    self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)  # type: ignore[arg-type]
-
-
 def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig, fault_dir: str = "") -> envmod.JobPlan:
     addrs = job_addresses(executors)
     rank0_host = slots[0].host
@@ -111,16 +84,18 @@ def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan,
 
 
 def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
-        handle_signals: bool = True, stdout=None, stderr=None) -> LaunchResult:
-    """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind."""
+        handle_signals: bool = True, stdout=None, stderr=None, on_host_report=None) -> LaunchResult:
+    """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind.
+    ``on_host_report(report)``: called once per host with its ``preflight.HostReport`` when the
+    host checks are decided, before any rank starts (``executors.open_executors``)."""
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     envmod.check_explicit(config.env)
     hosts, merges = merge_same_machines(hosts_of(config))
     slots = assign_ranks(hosts, config.np)
     with contextlib.ExitStack() as stack:
-        trap = stack.enter_context(_SignalTrap(handle_signals))
-        executors = stack.enter_context(open_executors(used_hosts(slots), config))
+        trap = stack.enter_context(SignalTrap(handle_signals))
+        executors = stack.enter_context(open_executors(used_hosts(slots), config, on_report=on_host_report))
         fault_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
         plan = plan_job(slots, executors, config, fault_dir)
         sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,

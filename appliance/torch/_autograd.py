@@ -45,8 +45,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               postscale_factor=1.0, process_set=_ops.global_process_set):
     """Reduce ``tensor`` over all ranks (default op Average) into a new tensor; the input is
     not modified. Differentiable."""
-    op = _ops._resolve_op(op, average)
-    _ops._check_process_set(process_set)
+    op = _ops.resolve_op(op, average)
+    _ops.check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(out, cctx)
@@ -69,8 +69,8 @@ class _GroupedAllreduce(torch.autograd.Function):
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=_ops.global_process_set):
     """Reduce a list of tensors as one group; returns a list of new tensors. Differentiable."""
-    op = _ops._resolve_op(op, average)
-    _ops._check_process_set(process_set)
+    op = _ops.resolve_op(op, average)
+    _ops.check_process_set(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -95,7 +95,7 @@ class _Allgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=_ops.global_process_set):
     """Concatenate every rank's ``tensor`` along the first dimension (which may differ per
     rank) into a new tensor. Differentiable."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     return _Allgather.apply(tensor, name)
 
 
@@ -115,7 +115,7 @@ class _GroupedAllgather(torch.autograd.Function):
 
 def grouped_allgather(tensors, name=None, process_set=_ops.global_process_set):
     """``allgather`` of each tensor of a list; returns a list. Differentiable."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -140,7 +140,7 @@ class _Broadcast(torch.autograd.Function):
 def broadcast(tensor, root_rank, name=None, process_set=_ops.global_process_set):
     """Root's ``tensor`` on every rank, as a new tensor; the input is not modified.
     Differentiable."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     return _Broadcast.apply(tensor, root_rank, name)
 
 
@@ -165,7 +165,7 @@ def alltoall(tensor, splits=None, name=None, process_set=_ops.global_process_set
     """Scatter rows of ``tensor`` to the ranks (``splits[p]`` rows to rank p; equal parts
     without ``splits``) and gather what they send. Returns the received tensor, and with
     ``splits`` also the rows received from each rank (as Horovod). Differentiable."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     return _Alltoall.apply(tensor, splits, name)
 
 
@@ -191,7 +191,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=_ops.Avera
                   process_set=_ops.global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``tensor`` over all ranks and return this rank's block of the first dimension
     (rank r: ``dim0 // size`` rows, one more when ``r < dim0 % size``). Differentiable."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(out, cctx)
@@ -213,7 +213,7 @@ class _GroupedReducescatter(torch.autograd.Function):
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=_ops.Average,
                           process_set=_ops.global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """``reducescatter`` of each tensor of a list; returns a list. Differentiable."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     tensors = list(tensors)
     if not tensors:
         return []

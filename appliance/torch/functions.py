@@ -15,7 +15,7 @@ import io
 import torch
 
 from appliance.torch.mpi_ops import (
-    _check_process_set, allgather, broadcast_, broadcast_async_, global_process_set, rank, size, synchronize,
+    check_process_set, allgather, broadcast_, broadcast_async_, global_process_set, rank, size, synchronize,
 )
 
 try:
@@ -48,7 +48,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     the learning rate) equal to root's. Tensors are broadcast in place; scalars travel in one
     ``broadcast_object``. An optimizer without state yet gets it from one step with zero
     gradients first (as Horovod). ``model`` identifies sparse embeddings."""
-    from appliance.torch.optimizer import _DistributedOptimizer
+    from appliance.torch.optimizer import local_step
 
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -67,11 +67,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
                     if isinstance(optimizer, torch.optim.SparseAdam) or (
                             isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
                         p.grad = p.grad.to_sparse()
-        if isinstance(optimizer, _DistributedOptimizer):
-            # The wrapped optimizer's own step: a DistributedOptimizer's would allreduce.
-            super(_DistributedOptimizer, optimizer).step()
-        else:
-            optimizer.step()
+        local_step(optimizer)  # a DistributedOptimizer's own step would allreduce
         state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
         return  # a stateless optimizer: nothing to broadcast
@@ -126,7 +122,7 @@ def _loads(t: torch.Tensor):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Root's ``obj`` (anything picklable) on every rank. Without ``name`` the two broadcasts
     get automatic names, so ranks may pass objects of different types (e.g. None)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     names = (None, None) if name is None else (f"{name}.sz", f"{name}.t")
     if rank() == root_rank:
         payload = _dumps(obj)

@@ -60,11 +60,11 @@ class ProcessSet:
         return self.ranks == list(range(size()))
 
     def size(self) -> int:
-        _check_process_set(self)
+        check_process_set(self)
         return size()
 
     def rank(self) -> int:
-        _check_process_set(self)
+        check_process_set(self)
         return rank()
 
     def included(self) -> bool:
@@ -78,7 +78,7 @@ global_process_set = ProcessSet()
 global_process_set.process_set_id = 0
 
 
-def _check_process_set(ps) -> None:
+def check_process_set(ps) -> None:
     if ps is None or ps is global_process_set:
         return
     if isinstance(ps, ProcessSet) and ps._covers_all():
@@ -131,7 +131,7 @@ def _check_init_args(comm, process_sets) -> None:
     for ps in process_sets:
         if not isinstance(ps, ProcessSet):
             ps = ProcessSet(ps)
-        _check_process_set(ps)
+        check_process_set(ps)
 
 
 def shutdown() -> None:
@@ -209,7 +209,7 @@ def rocm_built() -> bool:
 
 
 # --- argument handling shared by the collectives ---------------------------------------------
-def _resolve_op(op, average):
+def resolve_op(op, average):
     """Horovod's handling of the deprecated ``average=`` argument."""
     if op is not None:
         if average is not None:
@@ -264,7 +264,7 @@ def _submit_all(calls) -> list:
 
 # --- allreduce ---------------------------------------------------------------------------
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    _check_process_set(process_set)
+    check_process_set(process_set)
     core_op = _core_op(op)
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
@@ -279,25 +279,25 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     process_set=global_process_set) -> int:
     """Start reducing ``tensor`` over all ranks (default op Average) into a new tensor; return a
     handle for ``poll``/``synchronize``. The input is not modified."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     return _allreduce_async(tensor, False, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> int:
     """In-place ``allreduce_async``: ``synchronize`` returns ``tensor`` holding the result."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     return _allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     return synchronize(_allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    _check_process_set(process_set)
+    check_process_set(process_set)
     core_op = _core_op(op)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
@@ -317,19 +317,19 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set) -> int:
     """Reduce a list of tensors as one group (scheduled together); one handle, whose
     ``synchronize`` returns a tuple of new tensors. Member i is named ``f"{name}.{i}"``."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     return _grouped_allreduce_async(tensors, False, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> int:
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     return _grouped_allreduce_async(tensors, True, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     return synchronize(_grouped_allreduce_async(tensors, True, name, op, prescale_factor, postscale_factor,
                                                 process_set))
 
@@ -337,7 +337,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Reduce a sparse COO tensor by gathering every rank's indices and values. Returns a
     callable that waits and yields the combined sparse tensor (as Horovod)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     h_idx = allgather_async(t._indices().transpose(0, 1).contiguous(),
                             name=None if name is None else f"{name}.indices")
@@ -358,7 +358,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along the first dimension (which may differ
     per rank); ``synchronize`` returns the new tensor."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     work = stage(tensor)
     _first_dim(work, "allgather")
     h = _submit(Kind.ALLGATHER, name, work)
@@ -366,7 +366,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
+    check_process_set(process_set)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     for w in works:
@@ -389,7 +389,7 @@ def _check_root(root_rank) -> int:
 
 
 def _broadcast_async(tensor, inplace, root_rank, name, process_set) -> int:
-    _check_process_set(process_set)
+    check_process_set(process_set)
     root = _check_root(root_rank)
     work = stage(tensor)
     if inplace:
@@ -419,7 +419,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Send rows ``splits[p]`` (consecutive, in rank order) of ``tensor`` to each rank p; without
     ``splits`` the first dimension is divided equally. ``synchronize`` returns
     ``(received tensor, rows received from each rank)``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     work = stage(tensor)
     rows, n = _first_dim(work, "alltoall"), size()
     if splits is None:
@@ -448,7 +448,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         postscale_factor=1.0) -> int:
     """Start reducing ``tensor`` (same shape on every rank) and keep this rank's block of the
     first dimension: rank r gets ``dim0 // size`` rows, one more when ``r < dim0 % size``."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     core_op = _core_op(op)
     work = stage(tensor)
     _first_dim(work, "reducescatter")
@@ -459,7 +459,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
-    _check_process_set(process_set)
+    check_process_set(process_set)
     core_op = _core_op(op)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
@@ -496,7 +496,7 @@ def join(device=-1) -> int:
 
 def barrier(process_set=global_process_set) -> None:
     """Return once every rank has entered the barrier."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     _engine.wait(_engine.submit(Kind.BARRIER, None))
 
 

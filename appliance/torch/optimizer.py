@@ -24,7 +24,7 @@ import torch
 from appliance.torch.compression import Compression
 from appliance.torch.functions import broadcast_object
 from appliance.torch.mpi_ops import (
-    Adasum, Average, _check_process_set, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
+    Adasum, Average, check_process_set, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
     sparse_allreduce_async, synchronize,
 )
 
@@ -33,6 +33,15 @@ def _split(items: list, n: int) -> list:
     """``items`` in ``n`` consecutive chunks whose sizes differ by at most one."""
     q, r = divmod(len(items), n)
     return [items[i * q + min(i, r):(i + 1) * q + min(i + 1, r)] for i in range(n)]
+
+
+def local_step(optimizer) -> None:
+    """One step of the optimizer on this rank alone: for a ``DistributedOptimizer``, the wrapped
+    optimizer's own step (no allreduce); for any other, its ``step()``."""
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -282,7 +291,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    _check_process_set(process_set)
+    check_process_set(process_set)
     if op == Adasum and size() > 1:
         raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not implemented by this runtime; "
                                   "use op=hvd.Average")

@@ -1,5 +1,5 @@
-"""The appliance plane's logic without Docker: config, argument splitting, the launcher argv the
-driver builds, the rank start record (a real exec), the startup view's reading of a job dir."""
+"""The appliance plane's logic without Docker: config, argument splitting, the launch configuration
+the driver builds, the rank start record (a real exec), the startup view's reading of a job dir."""
 from __future__ import annotations
 
 import io
@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from appliance.cli import _primary_parser, _split_primary
-from appliance.cluster.driver import launch_argv, parse_launch
+from appliance.cluster.driver import create_job, job_config, job_hosts
 from appliance.mount import write_json
 from appliance.cluster.view import StartupView
 from appliance.config import ClusterConfig, ConfigError
+from appliance.launcher.flags import LaunchFlags, parse_launch_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,21 +45,77 @@ def test_primary_arguments_split_into_own_launcher_and_command():
     assert command == ["python", "-m", "train", "-p", "3"]
     assert (own.image, own.ssh_port, own.network) == ("x:1", 2222, "appliance-n")
     assert launch == ["-np", "2", "-H", "localhost:1,n2:1", "--verbose", "-x", "A=1"]
-    args, hosts, np = parse_launch(launch, command)
-    assert hosts == [("localhost", 1), ("n2", 1)] and np == 2 and args.verbose
+    flags, cmd = parse_launch_flags([*launch, "--", *command])
+    assert cmd == command and job_hosts(flags) == [("localhost", 1), ("n2", 1)] and flags.np == 2 and flags.verbose
+    # without "--", the launcher's parser finds where the command starts
+    flags, cmd = parse_launch_flags(["-np", "1", "python", "-m", "train", "-p", "3"])
+    assert cmd == ["python", "-m", "train", "-p", "3"] and flags.ssh_port is None
 
 
 def test_driver_wraps_the_command_and_keeps_user_flags():
-    job = {"launch_args": ["-np", "2", "-H", "a:1,b:1"], "command": ["python", "-m", "train"], "ssh_port": 12345}
-    argv = launch_argv(job, "/s/jobs/j1")
-    assert argv[:5] == ["launch", "-np", "2", "-H", "a:1,b:1"]
-    assert argv[argv.index("-p") + 1] == "12345"
-    assert argv[argv.index("--output-filename") + 1] == "/s/jobs/j1/logs"
-    tail = argv[argv.index("--") + 1:]
-    assert tail[1:5] == ["-m", "appliance.cluster.rankexec", "/s/jobs/j1", "--"] and tail[5:] == job["command"]
-    job["launch_args"] += ["-p", "22", "--output-filename", "/mine"]
-    argv = launch_argv(job, "/s/jobs/j1")
-    assert argv.count("-p") == 1 and argv.count("--output-filename") == 1 and "/mine" in argv
+    job = {"launch": LaunchFlags(np=2, hosts="a:1,b:1").to_json(), "command": ["python", "-m", "train"],
+           "ssh_port": 12345, "shared": "/s", "secondary_wait_s": 7.5}
+    config = job_config(job, "/s/jobs/j1", environ={})
+    assert (config.np, config.hosts, config.remote.port, config.output_dir) == (2, "a:1,b:1", 12345, "/s/jobs/j1/logs")
+    assert config.remote.shared_dir == "/s" and config.remote.host_wait_s == 7.5
+    assert config.command[1:5] == ("-m", "appliance.cluster.rankexec", "/s/jobs/j1", "--")
+    assert list(config.command[5:]) == job["command"]
+    job["launch"] = LaunchFlags(np=2, hosts="a:1,b:1", ssh_port=22, output_filename="/mine").to_json()
+    config = job_config(job, "/s/jobs/j1", environ={})
+    assert (config.remote.port, config.output_dir) == (22, "/mine")
+
+
+def test_job_json_keeps_the_flags_and_a_copy_of_the_hostfile(tmp_path):
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("localhost slots=2\nn2 slots=1\n")
+    flags, command = parse_launch_flags(["-np", "3", "--hostfile", str(hostfile), "-x", "A=1", "--", "prog", "-p", "1"])
+    job_dir = tmp_path / "jobs" / "j1"
+    hosts = create_job(str(job_dir), flags, command, ssh_port=2222, shared=str(tmp_path), network="host",
+                       image="img", workdir=str(tmp_path), secondary_wait_s=3.0)
+    assert hosts == [("localhost", 2), ("n2", 1)]
+    job = json.loads((job_dir / "job.json").read_text())
+    stored = LaunchFlags.from_json(job["launch"])
+    assert stored.hostfile == str(job_dir / "hostfile") and (job_dir / "hostfile").read_text() == hostfile.read_text()
+    assert stored.x == ("A=1",) and stored.np == 3 and job["command"] == ["prog", "-p", "1"]
+    config = job_config(job, str(job_dir), environ={})
+    assert config.hostfile == str(job_dir / "hostfile") and config.remote.port == 2222 and config.env == {"A": "1"}
+    with pytest.raises(ConfigError):
+        LaunchFlags.from_json({**job["launch"], "np_typo": 1})
+
+
+def test_driver_new_takes_the_port_from_the_launch_flags(tmp_path, monkeypatch):
+    from appliance.cluster.driver import new_job
+
+    monkeypatch.setenv("APPLIANCE_SHARED", str(tmp_path))
+    monkeypatch.delenv("APPLIANCE_SSH_PORT", raising=False)
+    job_dir = new_job(["-np", "2", "-H", "primary:1,node1:1", "-p", "2222", "--", "python", "-m", "train", "-p", "9"])
+    job = json.loads((Path(job_dir) / "job.json").read_text())
+    assert job["ssh_port"] == 2222 and job["command"] == ["python", "-m", "train", "-p", "9"]
+    assert job["hosts"] == [{"name": "primary", "slots": 1}, {"name": "node1", "slots": 1}]
+    assert job_config(job, job_dir, environ={}).remote.port == 2222
+    assert (tmp_path / "ssh" / "id_ed25519").is_file()  # the cluster keys, made on first use
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fail", [False, True])
+def test_driver_runs_a_local_job_through_the_launcher(tmp_path, fail):
+    body = ("import os, sys; r = os.environ['HOROVOD_RANK']; open(os.path.join(sys.argv[1], 'ran.' + r), 'w').close(); "
+            f"sys.exit(3 if {fail} and r == '1' else 0)")
+    flags, command = parse_launch_flags(["-np", "2", "--", sys.executable, "-c", body, str(tmp_path)])
+    job_dir = tmp_path / "jobs" / "j1"
+    create_job(str(job_dir), flags, command, ssh_port=12345, shared=str(tmp_path), network="host", image="",
+               workdir=str(tmp_path), secondary_wait_s=1.0)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "APPLIANCE_STOP_GRACE": "1"}
+    r = subprocess.run([sys.executable, "-m", "appliance.cluster.driver", str(job_dir)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=50)
+    want = 3 if fail else 0
+    assert r.returncode == want, r.stdout + r.stderr
+    assert json.loads((job_dir / "exit.json").read_text())["returncode"] == want
+    host = json.loads((job_dir / "hosts" / "localhost.json").read_text())  # no preflight: reported local
+    assert (host["local"], host["reachable"], host["authenticated"]) == (True, True, True)
+    assert sorted(os.listdir(job_dir / "ranks")) == ["0.json", "1.json"]
+    assert sorted(os.listdir(job_dir / "logs")) == ["rank.0", "rank.1"]
+    assert (tmp_path / "ran.0").exists() and (tmp_path / "ran.1").exists()
 
 
 def test_rankexec_records_the_rank_then_becomes_the_command(tmp_path):

@@ -5,7 +5,7 @@ from appliance.cli import build_parser
 from appliance.config import ConfigError, LaunchConfig, parse_forwards
 from appliance.launcher.env import CONTRACT_NAMES, JobPlan, check_explicit, worker_env
 from appliance.launcher.hosts import Host, assign_ranks
-from appliance.launcher.run import describe_exit, exit_code
+from appliance.launcher.failures import describe_exit, exit_code
 from appliance.launcher.workers import rank_dir_name
 
 

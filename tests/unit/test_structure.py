@@ -1,0 +1,273 @@
+"""The package's shape, read from the source with ``ast`` (nothing is imported): no import loops
+among appliance modules, and no private name of one module used by another.
+
+Import graph: one edge per ``import``/``from ... import`` statement anywhere in a module, at
+module level or inside a function (a lazy import still makes a loop, it only hides it until
+run time). ``from P import N`` is an edge to the module ``P.N`` when N is a module (a ``.py``
+file, a package, or, as Python decides, any name package P's ``__init__`` does not bind: a
+compiled extension such as ``runtime/_core``, built or not), else to ``P``. Only appliance
+modules count. Loops are allowed inside ``appliance/torch`` only (Horovod's module shape puts
+two there).
+
+Private names: ``from M import _x``, ``M._x`` (M bound to another appliance module by an
+import) and ``import M._x``, where ``_x`` is not a dunder. A private *module* (``_tensors``) may
+be used by the modules of its own package and by no one else.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "appliance"
+
+# Loops that are allowed outside appliance/torch (none), each a set of modules forming one
+# strongly connected component, and private names allowed across modules: (user, owner, name).
+ALLOWED_LOOPS: list[set[str]] = []
+ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _modules() -> dict[str, Path]:
+    """Module name -> source file, for every .py under appliance/."""
+    mods = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _is_module(name: str) -> bool:
+    if name in MODULES:
+        return True
+    *pkg, last = name.split(".")
+    where = ROOT.joinpath(*pkg)
+    # compiled extensions (appliance/runtime/_core) and their stubs
+    return any(where.glob(f"{last}.*.so")) or (where / f"{last}.so").exists() or (where / f"{last}.pyi").exists()
+
+
+def _bound_names(package: str) -> set[str]:
+    """Names the package's ``__init__`` binds at its top level."""
+    tree = ast.parse(MODULES[package].read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """``from package import name`` imports a module: a file, or a name its ``__init__`` lacks."""
+    full = f"{package}.{name}"
+    if _is_module(full):
+        return True
+    return (package in MODULES and MODULES[package].name == "__init__.py" and name != "*"
+            and name not in _bound_names(package))
+
+
+def _package(module: str) -> str:
+    return module if MODULES.get(module, Path()).name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = _package(module).split(".")
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+class _Imports(ast.NodeVisitor):
+    """Edges and private-name uses of one module."""
+
+    def __init__(self, module: str):
+        self.module = module
+        self.edges: set[str] = set()
+        self.private: list[tuple[str, str, int]] = []  # (owner module, name, line)
+        self.aliases: dict[str, str] = {}              # local name -> appliance module
+
+    def _edge(self, target: str, line: int) -> None:
+        if target != self.module and (target == "appliance" or target.startswith("appliance.")):
+            self.edges.add(target)
+            self._private_path(target, line)
+
+    def _private_path(self, target: str, line: int) -> None:
+        """A private module component of ``target`` outside the importer's own package."""
+        parts = target.split(".")
+        for i, part in enumerate(parts):
+            if _is_private(part):
+                owner_pkg = ".".join(parts[:i])
+                if not (self.module == owner_pkg or self.module.startswith(owner_pkg + ".")):
+                    self.private.append((owner_pkg, part, line))
+                return
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            target = alias.name
+            while target and not _is_module(target):
+                target = target.rpartition(".")[0]
+            if target:
+                self._edge(target, node.lineno)
+                if alias.asname:
+                    self.aliases[alias.asname] = target
+                else:
+                    self.aliases[alias.name.split(".")[0]] = alias.name.split(".")[0]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = _absolute(self.module, node)
+        if not (base == "appliance" or base.startswith("appliance.")):
+            return
+        for alias in node.names:
+            full = f"{base}.{alias.name}"
+            if _is_submodule(base, alias.name):
+                self._edge(full, node.lineno)
+                self.aliases[alias.asname or alias.name] = full
+            else:
+                self._edge(base, node.lineno)
+                if _is_private(alias.name) and base != self.module:
+                    self.private.append((base, alias.name, node.lineno))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        chain, value = [node.attr], node.value
+        while isinstance(value, ast.Attribute):
+            chain.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id in self.aliases and _is_private(node.attr):
+            owner = ".".join([self.aliases[value.id], *reversed(chain[1:])])
+            if _is_module(owner) and owner != self.module:
+                self.private.append((owner, node.attr, node.lineno))
+        self.generic_visit(node)
+
+
+def _scan() -> dict[str, _Imports]:
+    out = {}
+    for module, path in MODULES.items():
+        v = _Imports(module)
+        v.visit(ast.parse(path.read_text(), str(path)))
+        out[module] = v
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.add(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def _path_in(component: set[str], graph: dict[str, set[str]]) -> str:
+    """One loop through the component, for the failure message."""
+    start = min(component)
+    path, seen, node = [start], {start}, start
+    while True:
+        nxt = min(n for n in graph[node] if n in component)
+        path.append(nxt)
+        if nxt in seen:
+            return " -> ".join(path[path.index(nxt):])
+        seen.add(nxt)
+        node = nxt
+
+
+def test_no_import_loops_outside_appliance_torch():
+    scans = _scan()
+    graph = {m: s.edges for m, s in scans.items()}
+    bad = [c for c in _cycles(graph)
+           if not all(m == "appliance.torch" or m.startswith("appliance.torch.") for m in c)
+           and not any(c == allowed for allowed in ALLOWED_LOOPS)]
+    assert not bad, "import loops:\n" + "\n".join(_path_in(c, graph) for c in bad)
+
+
+def test_no_private_names_across_modules():
+    bad = []
+    for module, scan in _scan().items():
+        for owner, name, line in scan.private:
+            if (module, owner, name) not in ALLOWED_PRIVATE:
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {owner}.{name}")
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+# --- the checker itself, on small made-up sources ---------------------------------------------
+def _check_source(module: str, source: str) -> _Imports:
+    v = _Imports(module)
+    v.visit(ast.parse(source))
+    return v
+
+
+def test_the_checker_sees_lazy_imports_aliases_and_private_uses():
+    v = _check_source("appliance.cluster.driver", (
+        "def f():\n"
+        "    from ..cli import build_parser\n"
+        "    from ..launcher import executors as ex\n"
+        "    from ..launcher.workers import _pgid_alive\n"
+        "    return ex._is_local('h')\n"))
+    assert {"appliance.cli", "appliance.launcher.executors", "appliance.launcher.workers"} <= v.edges
+    assert ("appliance.launcher.workers", "_pgid_alive", 4) in v.private
+    assert ("appliance.launcher.executors", "_is_local", 5) in v.private
+    # a private module is fine within its package, not outside it
+    assert not _check_source("appliance.torch.mpi_ops", "from appliance.torch import _tensors\n").private
+    assert _check_source("appliance.cluster.view", "from appliance.torch._tensors import stage\n").private
+    # a compiled extension, built or not, is a module of its package, not the package
+    v = _check_source("appliance.runtime.api", "from appliance.runtime import _not_built_ext\n")
+    assert v.edges == {"appliance.runtime._not_built_ext"} and not v.private
+    # attributes of non-module names (self._x, obj._y) are not private-name uses
+    assert not _check_source("appliance.cli", "import os\nx = os._exit\nclass A:\n    y = 1\nA()._y\n").private
+
+
+def test_the_checker_finds_a_loop():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    (component,) = _cycles(graph)
+    assert component == {"a", "b", "c"} and _path_in(component, graph) == "a -> b -> c -> a"
