@@ -19,7 +19,7 @@ Heartbeats both ways: the stub sends an ``H`` frame every ~1 s and a third threa
 ``ping`` every ~1 s. When nothing at all has come from the stub for the spec's ``ssh_timeout``
 seconds (``APPLIANCE_SSH_TIMEOUT``; before its first frame at least ``FIRST_FRAME_S``, for an
 interpreter starting on a loaded host), the rank is lost: ``wait()`` returns 255 with ``cause``
-"host H unreachable: no reply over SSH for T s", and from then on ``signal()``,
+"became unreachable: no reply over SSH from H for T s", and from then on ``signal()``,
 ``group_alive()`` and ``drain()`` no longer touch the (probably dead) channel. The stub, hearing
 no ``ping`` for as long, stops the rank on its side.
 
@@ -185,7 +185,7 @@ class SSHWorker:
         limit = self._timeout if self._framed else max(self._timeout, FIRST_FRAME_S)
         silent_s = time.monotonic() - self._heard
         if silent_s > limit:
-            self._finish(LOST, f"host {self.host} unreachable: no reply over SSH for {self._timeout:.1f} s",
+            self._finish(LOST, f"became unreachable: no reply over SSH from {self.host} for {self._timeout:.1f} s",
                          silent=True)
 
     def _lost_reason(self) -> str:

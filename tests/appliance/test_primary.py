@@ -14,6 +14,7 @@ import subprocess
 import time
 
 import pytest
+from _waits import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300, func_only=True)]
 
@@ -107,13 +108,6 @@ def test_users_train_module_on_the_share_wins_and_horovod_names_work(two_hosts):
         os.unlink(os.path.join(c.shared, "train.py"))
 
 
-def _wait_for(predicate, timeout: float, what: str, proc=None):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"{what}: the primary exited early ({proc.returncode}):\n{proc.stdout.read()[-3000:]}")
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.2)
 
 
 def test_second_job_on_a_run_is_refused_and_ctrl_c_stops_every_host(two_hosts):
@@ -123,7 +117,7 @@ def test_second_job_on_a_run_is_refused_and_ctrl_c_stops_every_host(two_hosts):
             "--epochs", "100000")
     lock = os.path.join(c.shared, "locks", "run-busy.lock")
     first = c.start("primary", "--network", c.network, *args)
-    _wait_for(lambda: os.path.exists(lock) and len(_workers(c, "node2")) == 1, 120, "first job running", first)
+    wait_for(lambda: os.path.exists(lock) and len(_workers(c, "node2")) == 1, 120, "first job running", first)
     owner = json.load(open(lock))
     second = c.primary(*args, timeout=120)
     assert second.returncode != 0
@@ -150,7 +144,7 @@ def test_killing_a_secondary_stops_the_job_naming_it(two_hosts):
     c.secondary("node3")
     proc = c.start("primary", "--network", c.network, "-np", "3", "-H", f"localhost:1,{node2}:1,{node3}:1",
                    "--", "python", "-m", "train", "--run", "killed", "--epochs", "100000", "--batch-size", "96")
-    _wait_for(lambda: len(_workers(c, "node3")) == 1 and len(_workers(c, "node2")) == 1, 120, "job running", proc)
+    wait_for(lambda: len(_workers(c, "node3")) == 1 and len(_workers(c, "node2")) == 1, 120, "job running", proc)
     time.sleep(2)  # well into training
     t0 = time.monotonic()
     c.container("node3").kill()

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from _waits import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(420, func_only=True)]
 
@@ -28,13 +29,6 @@ def _owner(path: str):
         return None
 
 
-def _wait_for(predicate, timeout: float, what: str, proc=None):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"{what}: the primary exited early ({proc.returncode}):\n{proc.stdout.read()[-3000:]}")
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.1)
 
 
 def test_killed_primary_container_leaves_no_run_lock_for_the_rerun(cluster):
@@ -43,7 +37,7 @@ def test_killed_primary_container_leaves_no_run_lock_for_the_rerun(cluster):
     model = os.path.join(c.shared, "models", RUN)
     first = c.start("primary", "--network", c.network, "-np", "1", "-H", "localhost:1", "--",
                     "python", "-m", "train", "--run", RUN, "--epochs", "100000")
-    _wait_for(lambda: os.path.exists(os.path.join(model, "checkpoint.pt")), 180, "first job training", first)
+    wait_for(lambda: os.path.exists(os.path.join(model, "checkpoint.pt")), 180, "first job training", first)
     held = _owner(lock)
     primaries = [x for x in c.ours() if x.labels.get("appliance.role") == "primary"]
     assert held is not None and len(primaries) == 1, (held, primaries)
