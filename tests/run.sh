@@ -24,6 +24,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
   command -v mpirun >/dev/null || need+=(openmpi-bin)
   command -v ip >/dev/null || need+=(iproute2)
+  command -v iptables >/dev/null || need+=(iptables)  # the SSH tier firewalls a simulated host (bastion test)
   command -v cmake >/dev/null || need+=(cmake)
   command -v g++ >/dev/null || need+=(g++)
   if [ ${#need[@]} -gt 0 ]; then
