@@ -5,11 +5,13 @@ The same names, defaults and semantics as Horovod's PyTorch API (``init``, ``all
 core without linking against libtorch: tensors are handed to the core as data pointers.
 A script started without a launcher runs as a single rank.
 
-Not provided: ``SyncBatchNorm``, ``horovod.torch.elastic``, Adasum on more than one rank,
-process sets other than the global one, and the timeline. Environment: read by ``init``
+Not provided yet (issue 9; each exists as a name and raises ``NotImplementedError`` naming the
+feature when used): ``SyncBatchNorm``, ``elastic``, Adasum on more than one rank, process sets
+other than the global one, and the timeline. Environment: read by ``init``
 through ``appliance.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
 rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
 """
+from appliance.torch import elastic  # noqa: F401
 from appliance.torch.compression import Compression  # noqa: F401
 from appliance.torch.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
@@ -26,3 +28,4 @@ from appliance.torch.mpi_ops import (  # noqa: F401
     start_timeline, stop_timeline, synchronize,
 )
 from appliance.torch.optimizer import DistributedOptimizer  # noqa: F401
+from appliance.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401

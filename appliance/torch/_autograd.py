@@ -220,3 +220,14 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=_
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# Horovod's public names for the autograd Functions (``horovod.torch.mpi_ops.HorovodAllreduce``...).
+HorovodAllreduce = _Allreduce
+HorovodGroupedAllreduce = _GroupedAllreduce
+HorovodAllgather = _Allgather
+HorovodGroupedAllgather = _GroupedAllgather
+HorovodBroadcast = _Broadcast
+HorovodAlltoall = _Alltoall
+HorovodReducescatter = _Reducescatter
+HorovodGroupedReducescatter = _GroupedReducescatter

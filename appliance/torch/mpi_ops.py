@@ -15,7 +15,7 @@ Environment: none read here; ``init`` reads the job layout through ``appliance.c
 
 Failure modes: every call before ``init`` raises ``ValueError`` (as Horovod); unsupported
 dtypes/devices and bad arguments raise ``ValueError``; process sets other than the global one
-and Adasum on more than one rank raise ``NotImplementedError``; ``synchronize`` raises
+and Adasum on more than one rank raise ``NotImplementedError`` naming issue 9; ``synchronize`` raises
 ``HorovodInternalError`` when the job failed (names the origin rank and host) and
 ``MismatchError`` when ranks disagree on a tensor (the runtime stays usable).
 """
@@ -85,18 +85,19 @@ def check_process_set(ps) -> None:
         return
     raise NotImplementedError(
         f"{ps!r}: this runtime runs every collective on all {size()} ranks; process sets other "
-        "than hvd.global_process_set are not supported")
+        "than hvd.global_process_set are not supported yet (issue 9)")
 
 
 def add_process_set(process_set) -> ProcessSet:
     raise NotImplementedError(f"add_process_set({process_set!r}): process sets other than the global "
-                              "one are not supported by this runtime")
+                              "one are not supported by this runtime yet (issue 9)")
 
 
 def remove_process_set(process_set) -> bool:
     if process_set is global_process_set:
         return False  # Horovod: the global set cannot be removed
-    raise NotImplementedError("process sets other than the global one are not supported by this runtime")
+    raise NotImplementedError("remove_process_set: process sets other than the global one are not supported "
+                              "by this runtime yet (issue 9)")
 
 
 # --- lifecycle and basics -----------------------------------------------------------------
@@ -125,7 +126,7 @@ def _check_init_args(comm, process_sets) -> None:
             ok = len(comm) == 0 or sorted(int(r) for r in comm) == list(range(n))
         if not ok:
             raise NotImplementedError(f"hvd.init(comm={comm!r}): this runtime always uses all {n} ranks "
-                                      "of the job; sub-communicators are not supported")
+                                      "of the job; sub-communicators are not supported (issue 9)")
     if process_sets is None or (isinstance(process_sets, str) and process_sets.lower() == "dynamic"):
         return
     for ps in process_sets:
@@ -154,12 +155,18 @@ def is_homogeneous() -> bool:
     return local_size() * cross_size() == size()
 
 
+# Horovod's name for the ``average=``/``op=`` resolution (horovod.torch.mpi_ops exports it).
+def handle_average_backwards_compatibility(op, average):
+    """``op`` if given, else Average/Sum from the deprecated ``average`` (ValueError if both)."""
+    return resolve_op(op, average)
+
+
 def start_timeline(file_path, mark_cycles=False) -> None:
-    raise NotImplementedError("the Horovod timeline is not implemented by this runtime")
+    raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
 
 
 def stop_timeline() -> None:
-    raise NotImplementedError("the Horovod timeline is not implemented by this runtime")
+    raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
 
 
 # What this build is: our own runtime, neither MPI nor Gloo; CUDA/NCCL as the core reports.
@@ -228,7 +235,7 @@ def _core_op(op) -> int:
     if op == Adasum:
         if size() == 1:
             return Sum  # one rank: Adasum of a single tensor is that tensor
-        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime; use hvd.Average or hvd.Sum")
+        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime yet (issue 9); use hvd.Average or hvd.Sum")
     return op
 
 
@@ -500,8 +507,12 @@ def barrier(process_set=global_process_set) -> None:
     _engine.wait(_engine.submit(Kind.BARRIER, None))
 
 
-# The out-of-place, autograd-aware collectives (they build on the functions above).
+# The out-of-place, autograd-aware collectives (they build on the functions above), their
+# torch.autograd.Function classes under Horovod's names, and Compression (horovod.torch.mpi_ops
+# exports it: ``hvd.mpi_ops.Compression.none``).
 from appliance.torch._autograd import (  # noqa: E402,F401
-    allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
-    reducescatter,
+    HorovodAllgather, HorovodAllreduce, HorovodAlltoall, HorovodBroadcast, HorovodGroupedAllgather,
+    HorovodGroupedAllreduce, HorovodGroupedReducescatter, HorovodReducescatter, allgather, allreduce, alltoall,
+    broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter, reducescatter,
 )
+from appliance.torch.compression import Compression  # noqa: E402,F401

@@ -293,8 +293,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("backward_passes_per_step must be > 0")
     check_process_set(process_set)
     if op == Adasum and size() > 1:
-        raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not implemented by this runtime; "
-                                  "use op=hvd.Average")
+        raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not implemented by this runtime "
+                                  "yet (issue 9); use op=hvd.Average")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set)

@@ -1,9 +1,16 @@
-"""Horovod's package name in the appliance image, served by the appliance.
+"""Horovod's package name, served by the appliance (appliance-horovod-shim).
 
-This directory (docker/pyshim) is copied into the image's /opt/venv only; it is not part of the
-appliance wheel, so installing ``appliance`` elsewhere never shadows a real Horovod. It lets
-unchanged Horovod scripts run: ``import horovod.torch as hvd`` gives ``appliance.torch`` itself
-(see ``horovod/torch/__init__.py``). Nothing else of Horovod (TensorFlow, Keras, MXNet, Spark,
-Ray, elastic) is provided: importing those fails with ImportError, as on a Horovod built without them.
+A thin layer of re-exports: ``horovod.torch`` is ``appliance.torch`` itself (one runtime state),
+``horovod.common.*`` and ``horovod.runner.*`` re-export ``appliance.hvdcompat``, and ``horovod.run``
+launches through ``appliance.launcher.launch``. ``__version__`` is the Horovod release this layout
+is compatible with (``appliance.__version__`` is the appliance's own). Nothing else of Horovod
+(TensorFlow, Keras, MXNet, Spark, Ray) is provided: importing those fails with ImportError, as on
+a Horovod built without them. Features not implemented yet (process sets other than the global
+one, Adasum on several ranks, SyncBatchNorm, elastic, the timeline) exist as names and raise
+NotImplementedError naming issue 9.
+
+Installed into the image by docker/pyshim/install_horovod.py (also the way to install it
+elsewhere); it sits on sys.path after site-packages, so it never shadows a real Horovod.
 """
-from appliance import __version__  # noqa: F401
+from appliance.hvdcompat import HOROVOD_VERSION as __version__  # noqa: F401
+from horovod.runner import run  # noqa: F401

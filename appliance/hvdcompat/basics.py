@@ -1,0 +1,95 @@
+"""``horovod.common.basics``: ``HorovodBasics``, the framework-independent lifecycle object.
+
+Horovod builds one per framework library; here every instance is a view of the one runtime
+(``appliance.runtime.api``), so ``HorovodBasics().rank()`` equals ``hvd.rank()``. The reduce-op
+constants (``Average``... ``Product``) are the runtime's. Process sets other than the global one
+and the timeline raise ``NotImplementedError`` naming issue 9, as in ``appliance.torch``.
+Does not import torch. Failure modes: ``ValueError`` before ``init`` (as Horovod).
+"""
+from __future__ import annotations
+
+from appliance.runtime import api
+from appliance.runtime.engine import Adasum, Average, Max, Min, Product, Sum
+from appliance.hvdcompat import util
+
+
+class HorovodBasics:
+    """Lifecycle, ranks and build probes of the runtime (arguments of Horovod's constructor,
+    the framework library path and name, are accepted and ignored)."""
+
+    Average, Sum, Adasum, Min, Max, Product = Average, Sum, Adasum, Min, Max, Product
+
+    def __init__(self, pkg_path=None, *args):
+        self.pkg_path = pkg_path
+
+    def init(self, comm=None, process_sets=None):
+        if comm is not None or process_sets not in (None, "dynamic"):
+            raise NotImplementedError("HorovodBasics.init(comm=..., process_sets=...): process sets and "
+                                      "sub-communicators are not implemented by this runtime yet (issue 9)")
+        api.init()
+
+    def shutdown(self):
+        api.shutdown()
+
+    def is_initialized(self):
+        return api.is_initialized()
+
+    def size(self):
+        return api.size()
+
+    def rank(self):
+        return api.rank()
+
+    def local_size(self):
+        return api.local_size()
+
+    def local_rank(self):
+        return api.local_rank()
+
+    def cross_size(self):
+        return api.cross_size()
+
+    def cross_rank(self):
+        return api.cross_rank()
+
+    def is_homogeneous(self):
+        return api.local_size() * api.cross_size() == api.size()
+
+    def start_timeline(self, file_path, mark_cycles=False):
+        raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
+
+    def stop_timeline(self):
+        raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
+
+    def mpi_threads_supported(self):
+        return False
+
+    def mpi_enabled(self):
+        return False
+
+    def mpi_built(self):
+        return util.mpi_built()
+
+    def gloo_enabled(self):
+        return False
+
+    def gloo_built(self):
+        return util.gloo_built()
+
+    def nccl_built(self):
+        return util.nccl_built()
+
+    def ddl_built(self):
+        return False
+
+    def ccl_built(self):
+        return False
+
+    def cuda_built(self):
+        return util.gpu_available("torch")
+
+    def rocm_built(self):
+        return False
+
+
+__all__ = ["HorovodBasics"]

@@ -1,0 +1,90 @@
+"""``horovod.run``: run a Python function on N ranks through ``appliance.launcher.launch``.
+
+``run(func, args=(), kwargs=None, num_proc=1, hosts=None, hostfile=None, ...)`` pickles
+``(func, args, kwargs)`` (with cloudpickle when it is installed, else pickle, so ``func`` must then
+be importable by the workers: a module-level function of a module on their path), starts
+``num_proc`` ranks of ``python -m appliance.hvdcompat.runfn`` (the payload travels on the command
+line, so it reaches other hosts over SSH too; at most ``MAX_PAYLOAD`` bytes) and returns the list of
+``func``'s return values ordered by rank. ``func`` calls ``hvd.init()`` itself, as under Horovod.
+
+Horovod's arguments map onto the launcher's: ``hosts``/``hostfile``, ``start_timeout``,
+``ssh_port``, ``ssh_identity_file`` (-> ``ssh_key``), ``output_filename`` (-> ``output``),
+``verbose``, ``network_interface(s)`` (one interface), ``executable`` (the workers' Python),
+``np`` (deprecated alias of ``num_proc``); ``use_gloo`` and ``disable_cache`` are accepted (this
+runtime is the only controller; there is no cache). Elastic arguments (``min_num_proc``,
+``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range``, ``host_discovery_script``) and
+``use_mpi``/``mpi_args`` raise ``NotImplementedError`` naming the argument and issue 9.
+Failure modes: a rank that fails makes ``run`` raise ``RuntimeError`` naming the rank, host and
+reason (the launcher's); launcher argument errors are its ``ValueError``/``LaunchError``.
+Environment: none read here beyond what ``launch`` reads; workers inherit the caller's.
+"""
+from __future__ import annotations
+
+import base64
+import pickle
+import sys
+
+MARKER = "@@appliance-horovod-run-result@@"
+MAX_PAYLOAD = 96 * 1024  # Linux limits one argv string to 128 KiB
+
+_UNSUPPORTED = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
+                "host_discovery_script", "min_np", "max_np", "use_mpi", "mpi_args")
+
+
+def dumps(obj) -> str:
+    """``obj`` pickled (cloudpickle when available) and base64-encoded, for a command line."""
+    try:
+        import cloudpickle as pickler
+    except ImportError:
+        pickler = pickle
+    return base64.b64encode(pickler.dumps(obj)).decode("ascii")
+
+
+def loads(text: str):
+    return pickle.loads(base64.b64decode(text))
+
+
+def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None, slots=None,
+        reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, host_discovery_script=None,
+        start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
+        verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
+        network_interfaces=None, executable=None, np=None, min_np=None, max_np=None) -> list:
+    """Run ``func(*args, **kwargs)`` on every rank; return the results ordered by rank."""
+    given = dict(min_num_proc=min_num_proc, max_num_proc=max_num_proc, slots=slots, reset_limit=reset_limit,
+                 cooldown_range=cooldown_range, host_discovery_script=host_discovery_script, min_np=min_np,
+                 max_np=max_np, use_mpi=use_mpi or None, mpi_args=mpi_args)
+    for name in _UNSUPPORTED:
+        if given[name] is not None:
+            raise NotImplementedError(f"horovod.run({name}=...): elastic runs and mpirun are not implemented by "
+                                      "this runtime yet (issue 9)")
+    if np is not None:
+        num_proc = np
+    iface = network_interface
+    if network_interfaces:
+        names = [network_interfaces] if isinstance(network_interfaces, str) else list(network_interfaces)
+        if len(names) > 1:
+            raise ValueError(f"horovod.run(network_interfaces={names!r}): this launcher uses one interface")
+        iface = names[0]
+    payload = dumps((func, tuple(args), dict(kwargs or {})))
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"horovod.run: the pickled function and arguments take {len(payload)} bytes; at most "
+                         f"{MAX_PAYLOAD} fit on a command line (pass large data through files)")
+    from appliance.launcher import launch
+    python = executable or sys.executable
+    result = launch([python, "-m", "appliance.hvdcompat.runfn", payload], int(num_proc), hosts=hosts,
+                    hostfile=hostfile, start_timeout=start_timeout, ssh_port=ssh_port, ssh_key=ssh_identity_file,
+                    output=output_filename, verbose=verbose, network_interface=iface,
+                    remote_python=executable, echo=bool(verbose))
+    if result.returncode != 0:
+        raise RuntimeError(f"horovod.run: rank {result.failed_rank} on {result.failed_host} failed "
+                           f"(exit {result.returncode}): {result.reason}")
+    values = []
+    for rank in range(int(num_proc)):
+        lines = [t for r, stream, t in result.lines if r == rank and stream == "stdout" and t.startswith(MARKER)]
+        if not lines:
+            raise RuntimeError(f"horovod.run: rank {rank} exited 0 without returning a result")
+        values.append(loads(lines[-1][len(MARKER):].strip()))
+    return values
+
+
+__all__ = ["run"]

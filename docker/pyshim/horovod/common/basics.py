@@ -1,0 +1,2 @@
+"""``horovod.common.basics`` = ``appliance.hvdcompat.basics`` (``HorovodBasics``)."""
+from appliance.hvdcompat.basics import HorovodBasics  # noqa: F401

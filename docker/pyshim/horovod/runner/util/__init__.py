@@ -1,0 +1,1 @@
+"""``horovod.runner.util``: only ``threads`` is provided."""

@@ -1,0 +1,80 @@
+"""A Horovod-style training script, unchanged Horovod imports only (tests/runtime/test_horovod_compat.py).
+
+Runs with docker/pyshim on PYTHONPATH (the ``horovod`` compatibility package). Usage:
+horovod_script.py [--lose-rank-1]. Checks allreduce (with ``hvd.mpi_ops.Compression.none``), the
+autograd Function names, ``handle_average_backwards_compatibility``, ``is_homogeneous``, threads
+from ``horovod.runner.util.threads`` running collectives, and that later features fail loudly by
+name (process sets, Adasum, SyncBatchNorm, elastic). With ``--lose-rank-1`` rank 1 vanishes
+(``os._exit(0)``, no shutdown) and the other ranks catch ``horovod.common.exceptions.HorovodInternalError``
+from their next allreduce. Reports through ``_report``.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import horovod  # noqa: E402
+import horovod.torch as hvd  # noqa: E402
+from _report import report  # noqa: E402
+from horovod.common.exceptions import HorovodInternalError  # noqa: E402
+from horovod.common.util import num_rank_is_power_2  # noqa: E402
+from horovod.runner.util.threads import execute_function_multithreaded  # noqa: E402
+
+
+def loud(fn) -> str:
+    try:
+        fn()
+    except NotImplementedError as e:
+        assert "issue 9" in str(e), e
+        return str(e)
+    raise AssertionError(f"{fn} did not raise NotImplementedError")
+
+
+def main() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    data = {"rank": r, "size": n, "version": horovod.__version__, "pow2": num_rank_is_power_2(n)}
+    t = torch.full((4,), float(r + 1))
+    total = hvd.allreduce(t, op=hvd.Sum, compression=hvd.mpi_ops.Compression.none, name="sum")
+    assert torch.equal(total, torch.full((4,), n * (n + 1) / 2)), total
+    op = hvd.mpi_ops.handle_average_backwards_compatibility(None, None)
+    assert op == hvd.Average
+    avg = hvd.allreduce(t, op=op, compression=hvd.Compression.fp16, name="avg")
+    assert torch.allclose(avg, torch.full((4,), (n + 1) / 2)), avg
+    assert issubclass(hvd.mpi_ops.HorovodAllreduce, torch.autograd.Function)
+    data["homogeneous"] = hvd.mpi_ops.is_homogeneous()
+
+    # collectives from several threads, each tensor named (as Horovod requires)
+    def reduce_one(i):
+        return float(hvd.allreduce(torch.tensor([float(i * (r + 1))]), op=hvd.Sum, name=f"thread.{i}").item())
+    got = execute_function_multithreaded(reduce_one, [[i] for i in range(4)])
+    data["threads"] = [got[i] for i in range(4)]
+
+    data["loud"] = [
+        loud(lambda: hvd.add_process_set([0])),
+        loud(lambda: hvd.allreduce(t, op=hvd.Adasum)),
+        loud(lambda: hvd.SyncBatchNorm(4)),
+        loud(lambda: hvd.elastic.run(main)),
+        loud(lambda: hvd.elastic.TorchState(model=None)),
+    ]
+    # the runtime is still usable after those refusals
+    hvd.barrier()
+    data["after"] = float(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after").item())
+
+    if "--lose-rank-1" in sys.argv:
+        if r == 1:
+            os._exit(0)  # vanish without shutdown: a lost peer
+        try:
+            for step in range(200):
+                hvd.allreduce(torch.ones(1), name=f"step.{step}")
+            data["caught"] = None
+        except HorovodInternalError as e:
+            data["caught"] = type(e).__module__ + "." + type(e).__name__
+    report(data)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
