@@ -235,7 +235,8 @@ def _core_op(op) -> int:
     if op == Adasum:
         if size() == 1:
             return Sum  # one rank: Adasum of a single tensor is that tensor
-        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime yet (issue 9); use hvd.Average or hvd.Sum")
+        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime yet (issue 9); "
+                                  "use hvd.Average or hvd.Sum")
     return op
 
 
