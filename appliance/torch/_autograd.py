@@ -9,6 +9,9 @@ asynchronous op from ``mpi_ops`` and waits for it, and whose backward is Horovod
 * alltoall: the gradient travels back with the received splits;
 * reducescatter: the gradient (times size for Sum, times the scale factors) is allgathered.
 
+``HorovodAllreduce``... are the same Functions under Horovod's names, taking Horovod's ``apply``
+arguments (``horovod.torch.mpi_ops`` exports them).
+
 Owns nothing; reads no environment. Failure modes are those of ``mpi_ops``. Backward passes
 use automatic names, so every rank must run its backward passes in the same order (as in
 Horovod).
@@ -222,12 +225,95 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=_
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
-# Horovod's public names for the autograd Functions (``horovod.torch.mpi_ops.HorovodAllreduce``...).
-HorovodAllreduce = _Allreduce
-HorovodGroupedAllreduce = _GroupedAllreduce
-HorovodAllgather = _Allgather
-HorovodGroupedAllgather = _GroupedAllgather
-HorovodBroadcast = _Broadcast
-HorovodAlltoall = _Alltoall
-HorovodReducescatter = _Reducescatter
-HorovodGroupedReducescatter = _GroupedReducescatter
+
+# --- Horovod's autograd Function classes -----------------------------------------------------
+# ``horovod.torch.mpi_ops.HorovodAllreduce``... with Horovod's ``apply`` arguments (``average``,
+# ``process_set``); each checks the process set, then runs the Function above on the same ctx.
+class HorovodAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        _ops.check_process_set(process_set)
+        return _Allreduce.forward(ctx, tensor, name, _ops.resolve_op(op, average), prescale_factor,
+                                  postscale_factor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_Allreduce.backward(ctx, grad)[0],) + (None,) * 6
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        _ops.check_process_set(process_set)
+        return _GroupedAllreduce.forward(ctx, name, _ops.resolve_op(op, average), prescale_factor,
+                                         postscale_factor, *tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None) + _GroupedAllreduce.backward(ctx, *grads)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        _ops.check_process_set(process_set)
+        return _Allgather.forward(ctx, tensor, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Allgather.backward(ctx, grad) + (None,)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        _ops.check_process_set(process_set)
+        return _GroupedAllgather.forward(ctx, name, *tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) + tuple(_GroupedAllgather.backward(ctx, *grads))
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        _ops.check_process_set(process_set)
+        return _Broadcast.forward(ctx, tensor, root_rank, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Broadcast.backward(ctx, grad) + (None,)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        _ops.check_process_set(process_set)
+        return _Alltoall.forward(ctx, tensor, splits, name)
+
+    @staticmethod
+    def backward(ctx, grad, *unused):
+        return _Alltoall.backward(ctx, grad, *unused) + (None,)
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        _ops.check_process_set(process_set)
+        return _Reducescatter.forward(ctx, tensor, name, op, prescale_factor, postscale_factor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_Reducescatter.backward(ctx, grad)[0],) + (None,) * 5
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        _ops.check_process_set(process_set)
+        return _GroupedReducescatter.forward(ctx, name, op, prescale_factor, postscale_factor, *tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) + tuple(_GroupedReducescatter.backward(ctx, *grads))

@@ -43,7 +43,15 @@ def main() -> None:
     assert op == hvd.Average
     avg = hvd.allreduce(t, op=op, compression=hvd.Compression.fp16, name="avg")
     assert torch.allclose(avg, torch.full((4,), (n + 1) / 2)), avg
-    assert issubclass(hvd.mpi_ops.HorovodAllreduce, torch.autograd.Function)
+    # Horovod's autograd Function classes with Horovod's apply arguments, forward and backward
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    y = hvd.mpi_ops.HorovodAllreduce.apply(x, None, "fn.ar", hvd.Sum, 1.0, 1.0, hvd.global_process_set)
+    y.sum().backward()
+    assert torch.equal(y.detach(), torch.full((3,), n * (n + 1) / 2)) and torch.equal(x.grad, torch.full((3,), n))
+    g = hvd.mpi_ops.HorovodAllgather.apply(x.detach(), "fn.ag", hvd.global_process_set)
+    assert torch.equal(g, torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(3)), g
+    b = hvd.mpi_ops.HorovodBroadcast.apply(x.detach(), 0, "fn.bc", hvd.global_process_set)
+    assert torch.equal(b, torch.ones(3)), b
     data["homogeneous"] = hvd.mpi_ops.is_homogeneous()
 
     # collectives from several threads, each tensor named (as Horovod requires)

@@ -2,7 +2,7 @@
 
 Replacing this module in ``sys.modules`` makes ``import horovod.torch as hvd`` bind
 ``appliance.torch``, and ``hvd.init is appliance.torch.init``; the already-loaded submodules
-(``mpi_ops``, ``optimizer``, ``functions``, ``compression``...) are registered under
+(``mpi_ops``, ``optimizer``, ``functions``, ``compression``, ``elastic``, ``sync_batch_norm``) are registered under
 ``horovod.torch.*`` too, so ``from horovod.torch.mpi_ops import allreduce`` does not load a second
 copy with its own state. Failure modes: ImportError when the appliance (or torch) is missing.
 """
