@@ -14,7 +14,7 @@ from __future__ import annotations
 class HorovodInternalError(RuntimeError):
     """The collective job failed; ``origin_rank``/``origin_host`` say where it started."""
 
-    def __init__(self, message: str, origin_rank: int = -1, origin_host: str = "", code: str = ""):
+    def __init__(self, message: str = "", origin_rank: int = -1, origin_host: str = "", code: str = ""):
         super().__init__(message)
         self.origin_rank = origin_rank
         self.origin_host = origin_host

@@ -91,6 +91,7 @@ def test_one_runtime_state_and_the_versions():
         assert hvd is a and hvd.init is a.init and horovod.torch.mpi_ops is a.mpi_ops
         assert horovod.torch.elastic is a.elastic and global_process_set is a.global_process_set
         assert ex.HorovodInternalError is hvd.HorovodInternalError and issubclass(ex.HorovodInternalError, RuntimeError)
+        assert str(ex.HorovodInternalError()) == "" and ex.HostsUpdatedInterrupt(True).skip_sync is True
         assert hvd.mpi_ops.Compression is hvd.Compression and hvd.mpi_ops.Compression.none.compress(1) == (1, None)
         assert horovod.__version__ == "0.28.1" and appliance.__version__ != "0.28.1"
         import horovod.common.basics as b
