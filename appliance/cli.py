@@ -272,5 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def horovodrun(argv: Sequence[str] | None = None) -> int:
-    """``horovodrun ARGS`` == ``appliance launch ARGS`` (the image installs it as an alias)."""
-    return main(["launch", *(sys.argv[1:] if argv is None else argv)])
+    """``horovodrun ARGS``: ``appliance launch ARGS`` plus horovodrun's own flags and
+    ``--check-build`` (``launcher/horovodrun.py``; the image installs it as ``horovodrun``)."""
+    from .launcher.horovodrun import main as horovodrun_main
+
+    return horovodrun_main(sys.argv[1:] if argv is None else argv)
