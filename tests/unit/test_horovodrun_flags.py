@@ -18,7 +18,7 @@ def test_knob_flags_become_x_after_the_users_own_so_the_flag_wins():
     assert p.command == ["python", "train.py"] and p.flags.np == 2
     assert p.warnings == [] and p.errors == [] and not p.check_build
     # the knobs given are the knob table's, and the table accepts the values
-    from appliance.config import ConfigError, read  # noqa: F401
+    from appliance.config import read
     cfg = p.flags.launch_config(p.command, environ={})
     assert cfg.env["HOROVOD_CACHE_CAPACITY"] == "0"
     assert read("HOROVOD_FUSION_THRESHOLD", cfg.env) == int(1.5 * (1 << 20))
