@@ -6,8 +6,9 @@ launch``. Its parser is the launcher's (``flags.add_launch_flags``: -np, -H, --h
 that the launcher has no use for. Each of those is, by name, one of:
 
 - honoured as a knob: it becomes ``-x KNOB=VALUE`` (given after the user's own -x, so the flag
-  wins), e.g. ``--disable-cache`` -> HOROVOD_CACHE_CAPACITY=0 (``KNOB_FLAGS``);
-- accepted as what we already do (``--gloo``, ``--tcp``: our runtime is Gloo-like, over TCP);
+  wins), e.g. ``--cache-capacity N`` -> HOROVOD_CACHE_CAPACITY=N (``KNOB_FLAGS``);
+- accepted as what we already do (``--gloo``, ``--tcp``: our runtime is Gloo-like, over TCP;
+  ``--disable-cache``: horovodrun's cache of its host checks, which this launcher never keeps);
 - ignored with one warning line on stderr (tuning and diagnostics this runtime does not have:
   ``--log-level``, ``--timeline-filename``, ``--autotune*``, hierarchical collectives...);
 - rejected (exit 2) with one line saying what to use (``--mpi``, elastic and MPI-only flags).
@@ -35,88 +36,102 @@ HOROVOD_VERSION = "0.28.1"  # the Horovod release whose horovodrun and API this 
 USAGE = "horovodrun -np N [-H host:slots,... | --hostfile FILE] [options] [--] COMMAND... | --check-build"
 
 _MB = 1 << 20
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 # flag dest -> (knob, value of the parsed flag as the knob's string)
 KNOB_FLAGS: dict[str, tuple[str, Callable[[object], str]]] = {
-    "disable_cache": ("HOROVOD_CACHE_CAPACITY", lambda v: "0"),
     "cache_capacity": ("HOROVOD_CACHE_CAPACITY", lambda v: str(v)),
     "fusion_threshold_mb": ("HOROVOD_FUSION_THRESHOLD", lambda v: str(int(float(v) * _MB))),
     "cycle_time_ms": ("HOROVOD_CYCLE_TIME", lambda v: str(v)),
-    "no_stall_check": ("HOROVOD_STALL_CHECK_DISABLE", lambda v: "1"),
+    "stall_check": ("HOROVOD_STALL_CHECK_DISABLE", lambda v: "0" if v else "1"),
     "stall_check_warning_time_seconds": ("HOROVOD_STALL_CHECK_TIME_SECONDS", lambda v: str(v)),
     "stall_check_shutdown_time_seconds": ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", lambda v: str(v)),
 }
-# flag -> why it is ignored (the job runs the same without it)
-IGNORED = {
-    "--log-level": "this runtime has no log levels (--verbose prints rank 0's knobs and rendezvous)",
-    "--log-without-timestamp": "the runtime's log lines carry no timestamp",
-    "--log-hide-timestamp": "the runtime's log lines carry no timestamp",
-    "--prefix-output-with-timestamp": "output lines are prefixed [rank]<stream>: only",
-    "--timeline-filename": "the Horovod timeline is not implemented",
-    "--timeline-mark-cycles": "the Horovod timeline is not implemented",
-    "--autotune": "there is no autotuner; set --fusion-threshold-mb / --cycle-time-ms instead",
-    "--autotune-log-file": "there is no autotuner",
-    "--autotune-warmup-samples": "there is no autotuner",
-    "--autotune-steps-per-sample": "there is no autotuner",
-    "--autotune-bayes-opt-max-samples": "there is no autotuner",
-    "--autotune-gaussian-process-noise": "there is no autotuner",
-    "--hierarchical-allreduce": "collectives are flat rings",
-    "--no-hierarchical-allreduce": "collectives are flat rings",
-    "--hierarchical-allgather": "collectives are flat rings",
-    "--no-hierarchical-allgather": "collectives are flat rings",
-    "--num-nccl-streams": "one NCCL stream per job",
-    "--thread-affinity": "the background thread is not pinned",
-    "--gloo-timeout-seconds": "the rendezvous waits --start-timeout",
-    "--disable-output": "not supported; output is always relayed",
+_AUTOTUNE = "there is no autotuner; set --fusion-threshold-mb / --cycle-time-ms instead"
+_ELASTIC = "elastic launching is not supported by this launcher yet; use -np and -H/--hostfile"
+_NO_MPIRUN = "this launcher does not use mpirun (run mpirun yourself to pass it arguments)"
+# (flag and aliases, number of values) -> why it is ignored (the job runs the same without it)
+IGNORED: dict[tuple[tuple[str, ...], int], str] = {
+    (("--log-level",), 1): "this runtime has no log levels (--verbose prints rank 0's knobs and rendezvous)",
+    (("--log-with-timestamp",), 0): "the runtime's log lines carry no timestamp",
+    (("--log-without-timestamp",), 0): "the runtime's log lines carry no timestamp",
+    (("--log-hide-timestamp",), 0): "the runtime's log lines carry no timestamp",
+    (("--no-log-hide-timestamp",), 0): "the runtime's log lines carry no timestamp",
+    (("--prefix-output-with-timestamp", "-prefix-timestamp"), 0): "output lines are prefixed [rank]<stream>: only",
+    (("--timeline-filename",), 1): "the Horovod timeline is not implemented",
+    (("--timeline-mark-cycles",), 0): "the Horovod timeline is not implemented",
+    (("--no-timeline-mark-cycles",), 0): "the Horovod timeline is not implemented",
+    (("--autotune",), 0): _AUTOTUNE,
+    (("--no-autotune",), 0): _AUTOTUNE,
+    (("--autotune-log-file",), 1): _AUTOTUNE,
+    (("--autotune-warmup-samples",), 1): _AUTOTUNE,
+    (("--autotune-steps-per-sample",), 1): _AUTOTUNE,
+    (("--autotune-bayes-opt-max-samples",), 1): _AUTOTUNE,
+    (("--autotune-gaussian-process-noise",), 1): _AUTOTUNE,
+    (("--hierarchical-allreduce",), 0): "collectives are flat rings",
+    (("--no-hierarchical-allreduce",), 0): "collectives are flat rings",
+    (("--hierarchical-allgather",), 0): "collectives are flat rings",
+    (("--no-hierarchical-allgather",), 0): "collectives are flat rings",
+    (("--num-nccl-streams",), 1): "one NCCL stream per job",
+    (("--thread-affinity",), 1): "the background thread is not pinned",
+    (("--gloo-timeout-seconds",), 1): "a lost peer is detected by APPLIANCE_HEARTBEAT_TIMEOUT",
 }
-# flag -> what to use instead (the job would not be what was asked)
-REJECTED = {
-    "--mpi": "this launcher does not start jobs through mpirun; leave --mpi out (or use --gloo) to run on "
-             "this runtime, or run `mpirun -np N ... python SCRIPT` yourself (the runtime reads OpenMPI's ranks)",
-    "--mpi-args": "this launcher does not use mpirun (run mpirun yourself to pass it arguments)",
-    "--binding-args": "this launcher does not use mpirun (run mpirun yourself to bind processes)",
-    "--mpi-threads-disable": "this launcher does not use mpirun",
-    "--min-np": "elastic jobs are not supported by this launcher yet; use -np",
-    "--max-np": "elastic jobs are not supported by this launcher yet; use -np",
-    "--slots-per-host": "elastic jobs are not supported by this launcher yet; use -H host:slots",
-    "--host-discovery-script": "elastic jobs are not supported by this launcher yet; use -H or --hostfile",
-    "--reset-limit": "elastic jobs are not supported by this launcher yet",
-    "--blacklist-cooldown-range": "elastic jobs are not supported by this launcher yet",
-    "--config-file": "not supported; give the flags on the command line",
+# (flag and aliases, number of values) -> what to use instead (the job would not be what was asked)
+REJECTED: dict[tuple[tuple[str, ...], int], str] = {
+    (("--mpi",), 0): "this launcher does not start jobs through mpirun; leave --mpi out (or use --gloo) to run on "
+                     "this runtime, or run `mpirun -np N ... python SCRIPT` yourself (the runtime reads OpenMPI's ranks)",
+    (("--jsrun",), 0): "this launcher does not start jobs through jsrun; leave --jsrun out to run on this runtime",
+    (("--mpi-args",), 1): _NO_MPIRUN,
+    (("--binding-args",), 1): _NO_MPIRUN,
+    (("--mpi-threads-disable",), 0): _NO_MPIRUN,
+    (("--no-mpi-threads-disable",), 0): _NO_MPIRUN,
+    (("--min-np", "--min-num-proc"), 1): _ELASTIC,
+    (("--max-np", "--max-num-proc"), 1): _ELASTIC,
+    (("--slots-per-host",), 1): _ELASTIC,
+    (("--elastic-timeout",), 1): _ELASTIC,
+    (("--host-discovery-script",), 1): _ELASTIC,
+    (("--reset-limit",), 1): _ELASTIC,
+    (("--blacklist-cooldown-range",), 2): _ELASTIC,
+    (("--config-file",), 1): "not supported; give the flags on the command line",
 }
-_VALUED = {"--log-level", "--timeline-filename", "--autotune-log-file", "--autotune-warmup-samples",
-           "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
-           "--num-nccl-streams", "--thread-affinity", "--gloo-timeout-seconds", "--mpi-args", "--binding-args",
-           "--min-np", "--max-np", "--slots-per-host", "--host-discovery-script", "--reset-limit",
-           "--blacklist-cooldown-range", "--config-file"}
+
+
+def _dest(names: tuple[str, ...]) -> str:
+    return "hr_" + names[0].lstrip("-").replace("-", "_")
 
 
 def add_horovodrun_flags(p: argparse.ArgumentParser) -> None:
     """horovodrun's own flags, on top of ``flags.add_launch_flags``."""
+    p.add_argument("-v", "--version", action="version", version=HOROVOD_VERSION,
+                   help="the Horovod release this horovodrun follows")
     p.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="print the frameworks, controllers and tensor operations of this build, and exit")
-    ctl = p.add_mutually_exclusive_group()
-    ctl.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
-                     help="run on this runtime (the default; its controller is Gloo-like)")
-    ctl.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="rejected: " + REJECTED["--mpi"])
+    p.add_argument("--gloo", action="store_true",
+                   help="accepted: run on this runtime (the default; its controller is Gloo-like)")
     p.add_argument("--tcp", action="store_true", help="accepted: the runtime always uses TCP")
-    p.add_argument("--disable-cache", dest="disable_cache", action="store_true", help="HOROVOD_CACHE_CAPACITY=0")
+    p.add_argument("--disable-cache", dest="disable_cache", action="store_true",
+                   help="accepted: the launcher keeps no cache of its checks (the preflight runs every launch)")
+    p.add_argument("--network-interfaces", dest="network_interfaces", metavar="IF",
+                   help="as --network-interface (one interface)")
     p.add_argument("--cache-capacity", dest="cache_capacity", type=int, metavar="N", help="HOROVOD_CACHE_CAPACITY")
     p.add_argument("--fusion-threshold-mb", dest="fusion_threshold_mb", type=float, metavar="MB",
                    help="HOROVOD_FUSION_THRESHOLD (in MiB)")
     p.add_argument("--cycle-time-ms", dest="cycle_time_ms", type=float, metavar="MS", help="HOROVOD_CYCLE_TIME")
-    p.add_argument("--no-stall-check", dest="no_stall_check", action="store_true", help="HOROVOD_STALL_CHECK_DISABLE=1")
+    stall = p.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", dest="stall_check", action="store_false", default=None,
+                       help="HOROVOD_STALL_CHECK_DISABLE=1")
+    stall.add_argument("--stall-check", dest="stall_check", action="store_true", default=None,
+                       help="HOROVOD_STALL_CHECK_DISABLE=0")
     p.add_argument("--stall-check-warning-time-seconds", dest="stall_check_warning_time_seconds", type=float,
                    metavar="S", help="HOROVOD_STALL_CHECK_TIME_SECONDS")
     p.add_argument("--stall-check-shutdown-time-seconds", dest="stall_check_shutdown_time_seconds", type=float,
                    metavar="S", help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
-    for flag in sorted({*IGNORED, *REJECTED} - {"--mpi"}):
-        kind = "ignored" if flag in IGNORED else "rejected"
-        why = IGNORED.get(flag) or REJECTED[flag]
-        dest = "hr_" + flag.lstrip("-").replace("-", "_")
-        if flag in _VALUED:
-            p.add_argument(flag, dest=dest, metavar="V", help=f"{kind}: {why}")
-        else:
-            p.add_argument(flag, dest=dest, action="store_true", help=f"{kind}: {why}")
+    for table, kind in ((IGNORED, "ignored"), (REJECTED, "rejected")):
+        for (names, nargs), why in table.items():
+            if nargs == 0:
+                p.add_argument(*names, dest=_dest(names), action="store_true", help=f"{kind}: {why}")
+            else:
+                p.add_argument(*names, dest=_dest(names), nargs=None if nargs == 1 else nargs, metavar="V",
+                               choices=LOG_LEVELS if names == ("--log-level",) else None, help=f"{kind}: {why}")
 
 
 def horovodrun_parser() -> argparse.ArgumentParser:
@@ -141,20 +156,28 @@ class Parsed:
     errors: list[str]
 
 
-def _given(args: argparse.Namespace, flag: str) -> object:
-    value = getattr(args, "hr_" + flag.lstrip("-").replace("-", "_"), None)
-    return value if value not in (None, False) else None
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> str | None:
+    """How the flag was given ("--flag" or "--flag VALUE"), or None when it was not."""
+    value = getattr(args, _dest(names), None)
+    if value in (None, False):
+        return None
+    return names[0] if value is True else " ".join([names[0], *map(str, value if isinstance(value, list) else [value])])
 
 
 def parse(argv: Sequence[str]) -> Parsed:
     """horovodrun's command line -> ``Parsed``. Raises ``SystemExit(2)`` for unusable syntax."""
     args = horovodrun_parser().parse_args(list(argv))
-    errors = [f"{flag}: {why}" for flag, why in REJECTED.items()
-              if (args.controller == "mpi" if flag == "--mpi" else _given(args, flag) is not None)]
-    warnings = [f"{flag}{'' if _given(args, flag) is True else ' ' + str(_given(args, flag))}: ignored: {why}"
-                for flag, why in IGNORED.items() if _given(args, flag) is not None]
+    errors = [f"{names[0]}: {why}" for (names, _), why in REJECTED.items() if _given(args, names)]
+    warnings = [f"{_given(args, names)}: ignored: {why}" for (names, _), why in IGNORED.items() if _given(args, names)]
+    if args.network_interfaces is not None:
+        nics = [n for n in args.network_interfaces.split(",") if n]
+        if len(nics) != 1 or (args.network_interface not in (None, nics[0])):
+            errors.append(f"--network-interfaces {args.network_interfaces}: this launcher uses one interface per "
+                          "job; give one")
+        else:
+            args.network_interface = nics[0]
     knobs = [f"{knob}={fmt(getattr(args, dest))}" for dest, (knob, fmt) in KNOB_FLAGS.items()
-             if getattr(args, dest) not in (None, False)]
+             if getattr(args, dest) is not None]
     flags = LaunchFlags.from_args(args)
     flags = dataclasses.replace(flags, x=(*flags.x, *knobs))
     return Parsed(flags, command_of(args), bool(args.check_build), warnings, errors)
@@ -206,5 +229,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["HOROVOD_VERSION", "KNOB_FLAGS", "IGNORED", "REJECTED", "Parsed", "add_horovodrun_flags",
+__all__ = ["HOROVOD_VERSION", "LOG_LEVELS", "KNOB_FLAGS", "IGNORED", "REJECTED", "Parsed", "add_horovodrun_flags",
            "horovodrun_parser", "parse", "build_report", "main"]

@@ -31,7 +31,7 @@ def horovodrun(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(120)
 def test_horovodrun_flags_reach_the_ranks_as_knobs(job, tmp_path):
     logs = tmp_path / "logs"
-    r = horovodrun("-np", "2", "--gloo", "--disable-cache", "--fusion-threshold-mb", "1", "--cycle-time-ms", "3",
+    r = horovodrun("-np", "2", "--gloo", "--disable-cache", "--cache-capacity", "0", "--fusion-threshold-mb", "1", "--cycle-time-ms", "3",
                    "--log-level", "DEBUG", "--timeline-filename", str(tmp_path / "tl.json"), "--autotune",
                    "--output-filename", str(logs), "--verbose", "--start-timeout", "30",
                    "--", *job.argv(BODY), "--log-level", "kept")

@@ -8,14 +8,17 @@ from appliance.launcher import horovodrun as hr
 
 
 def test_knob_flags_become_x_after_the_users_own_so_the_flag_wins():
-    p = hr.parse(["-np", "2", "-x", "HOROVOD_CACHE_CAPACITY=7", "--disable-cache", "--fusion-threshold-mb", "1.5",
+    p = hr.parse(["-np", "2", "-x", "HOROVOD_CACHE_CAPACITY=7", "--cache-capacity", "0", "--fusion-threshold-mb", "1.5",
                   "--cycle-time-ms", "2.5", "--no-stall-check", "--stall-check-warning-time-seconds", "9",
-                  "--stall-check-shutdown-time-seconds", "30", "--gloo", "--tcp", "python", "train.py"])
+                  "--stall-check-shutdown-time-seconds", "30", "--gloo", "--tcp", "--disable-cache",
+                  "--network-interfaces", "eth7", "python", "train.py"])
     assert p.flags.x == ("HOROVOD_CACHE_CAPACITY=7", "HOROVOD_CACHE_CAPACITY=0",
                          f"HOROVOD_FUSION_THRESHOLD={int(1.5 * (1 << 20))}", "HOROVOD_CYCLE_TIME=2.5",
                          "HOROVOD_STALL_CHECK_DISABLE=1", "HOROVOD_STALL_CHECK_TIME_SECONDS=9.0",
                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=30.0")
-    assert p.command == ["python", "train.py"] and p.flags.np == 2
+    assert p.command == ["python", "train.py"] and p.flags.np == 2 and p.flags.network_interface == "eth7"
+    assert hr.parse(["-np", "1", "--stall-check", "python"]).flags.x == ("HOROVOD_STALL_CHECK_DISABLE=0",)
+    assert hr.parse(["-np", "1", "--disable-cache", "python"]).flags.x == ()  # horovodrun's check cache: none here
     assert p.warnings == [] and p.errors == [] and not p.check_build
     # the knobs given are the knob table's, and the table accepts the values
     from appliance.config import read
@@ -32,7 +35,9 @@ def test_ignored_flags_warn_by_name_and_rejected_ones_say_what_to_use():
         "--log-level DEBUG", "--timeline-filename /tmp/t.json", "--autotune", "--autotune-log-file a.csv",
         "--hierarchical-allreduce"]
     assert p.errors == [] and p.flags.x == ()
-    for argv, flag in ((["--mpi"], "--mpi"), (["--min-np", "1"], "--min-np"),
+    for argv, flag in ((["--mpi"], "--mpi"), (["--min-np", "1"], "--min-np"), (["--max-num-proc", "4"], "--max-np"),
+                       (["--blacklist-cooldown-range", "1", "9"], "--blacklist-cooldown-range"),
+                       (["--network-interfaces", "eth0,eth1"], "--network-interfaces eth0,eth1"),
                        (["--host-discovery-script", "d.sh"], "--host-discovery-script"), (["--mpi-args=-v"], "--mpi-args")):
         p = hr.parse(["-np", "2", *argv, "python", "x.py"])
         assert len(p.errors) == 1 and p.errors[0].startswith(flag + ": "), p.errors
@@ -44,7 +49,8 @@ def test_unknown_flags_are_rejected_by_name_and_command_arguments_stay_the_comma
         hr.parse(["-np", "2", "--no-such-flag", "python", "x.py"])
     assert e.value.code == 2 and "--no-such-flag" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        hr.parse(["-np", "2", "--gloo", "--mpi", "python"])  # one controller
+        hr.parse(["-np", "2", "--log-level", "LOUD", "python"])  # horovodrun's choices
+    assert hr.parse(["-np", "2", "--gloo", "--mpi", "python"]).errors[0].startswith("--mpi: ")
     p = hr.parse(["-np", "2", "python", "train.py", "--log-level", "DEBUG", "--mpi", "-cb"])
     assert p.command == ["python", "train.py", "--log-level", "DEBUG", "--mpi", "-cb"]
     assert p.warnings == p.errors == [] and not p.check_build
