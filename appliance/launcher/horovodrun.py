@@ -10,7 +10,10 @@ that the launcher has no use for. Each of those is, by name, one of:
 - accepted as what we already do (``--gloo``, ``--tcp``: our runtime is Gloo-like, over TCP;
   ``--disable-cache``: horovodrun's cache of its host checks, which this launcher never keeps);
 - ignored with one warning line on stderr (tuning and diagnostics this runtime does not have:
-  ``--log-level``, ``--timeline-filename``, ``--autotune*``, hierarchical collectives...);
+  ``--log-level``, ``--timeline-filename``, ``--autotune*``, hierarchical collectives...), until
+  the knob Horovod maps it to (``KNOB_WHEN_DECLARED``: ``--log-level`` -> HOROVOD_LOG_LEVEL,
+  ``--timeline-filename`` -> HOROVOD_TIMELINE...) is declared in ``appliance/config.py``'s
+  table: from then on it is honoured like the above, without a warning;
 - rejected (exit 2) with one line saying what to use (``--mpi``, elastic and MPI-only flags).
 
 An unknown flag before COMMAND is rejected by argparse, by name. ``--check-build``/``-cb`` prints
@@ -30,6 +33,7 @@ import shutil
 import sys
 from typing import Callable, Sequence
 
+from ..config import KNOBS
 from .flags import LaunchFlags, add_launch_flags, command_of
 
 HOROVOD_VERSION = "0.28.1"  # the Horovod release whose horovodrun and API this one follows
@@ -74,6 +78,32 @@ IGNORED: dict[tuple[tuple[str, ...], int], str] = {
     (("--num-nccl-streams",), 1): "one NCCL stream per job",
     (("--thread-affinity",), 1): "the background thread is not pinned",
     (("--gloo-timeout-seconds",), 1): "a lost peer is detected by APPLIANCE_HEARTBEAT_TIMEOUT",
+}
+# Ignored flags that Horovod maps to a knob: honoured instead (as -x KNOB=VALUE) as soon as the knob
+# table of appliance/config.py declares that knob. VALUE: the flag's value, or the one given here.
+KNOB_WHEN_DECLARED: dict[str, tuple[str, str | None]] = {
+    "--log-level": ("HOROVOD_LOG_LEVEL", None),
+    "--log-with-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
+    "--log-without-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
+    "--log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
+    "--no-log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
+    "--timeline-filename": ("HOROVOD_TIMELINE", None),
+    "--timeline-mark-cycles": ("HOROVOD_TIMELINE_MARK_CYCLES", "1"),
+    "--no-timeline-mark-cycles": ("HOROVOD_TIMELINE_MARK_CYCLES", "0"),
+    "--autotune": ("HOROVOD_AUTOTUNE", "1"),
+    "--no-autotune": ("HOROVOD_AUTOTUNE", "0"),
+    "--autotune-log-file": ("HOROVOD_AUTOTUNE_LOG", None),
+    "--autotune-warmup-samples": ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", None),
+    "--autotune-steps-per-sample": ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", None),
+    "--autotune-bayes-opt-max-samples": ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", None),
+    "--autotune-gaussian-process-noise": ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", None),
+    "--hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
+    "--no-hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
+    "--hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "1"),
+    "--no-hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
+    "--num-nccl-streams": ("HOROVOD_NUM_NCCL_STREAMS", None),
+    "--thread-affinity": ("HOROVOD_THREAD_AFFINITY", None),
+    "--gloo-timeout-seconds": ("HOROVOD_GLOO_TIMEOUT_SECONDS", None),
 }
 # (flag and aliases, number of values) -> what to use instead (the job would not be what was asked)
 REJECTED: dict[tuple[tuple[str, ...], int], str] = {
@@ -168,7 +198,14 @@ def parse(argv: Sequence[str]) -> Parsed:
     """horovodrun's command line -> ``Parsed``. Raises ``SystemExit(2)`` for unusable syntax."""
     args = horovodrun_parser().parse_args(list(argv))
     errors = [f"{names[0]}: {why}" for (names, _), why in REJECTED.items() if _given(args, names)]
-    warnings = [f"{_given(args, names)}: ignored: {why}" for (names, _), why in IGNORED.items() if _given(args, names)]
+    warnings, declared = [], []
+    for (names, _), why in IGNORED.items():
+        given = _given(args, names)
+        knob, fixed = KNOB_WHEN_DECLARED.get(names[0], ("", None))
+        if given and knob in KNOBS:
+            declared.append(f"{knob}={fixed if fixed is not None else getattr(args, _dest(names))}")
+        elif given:
+            warnings.append(f"{given}: ignored: {why}")
     if args.network_interfaces is not None:
         nics = [n for n in args.network_interfaces.split(",") if n]
         if len(nics) != 1 or (args.network_interface not in (None, nics[0])):
@@ -179,7 +216,7 @@ def parse(argv: Sequence[str]) -> Parsed:
     knobs = [f"{knob}={fmt(getattr(args, dest))}" for dest, (knob, fmt) in KNOB_FLAGS.items()
              if getattr(args, dest) is not None]
     flags = LaunchFlags.from_args(args)
-    flags = dataclasses.replace(flags, x=(*flags.x, *knobs))
+    flags = dataclasses.replace(flags, x=(*flags.x, *knobs, *declared))
     return Parsed(flags, command_of(args), bool(args.check_build), warnings, errors)
 
 
@@ -229,5 +266,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["HOROVOD_VERSION", "LOG_LEVELS", "KNOB_FLAGS", "IGNORED", "REJECTED", "Parsed", "add_horovodrun_flags",
+__all__ = ["HOROVOD_VERSION", "LOG_LEVELS", "KNOB_FLAGS", "KNOB_WHEN_DECLARED", "IGNORED", "REJECTED", "Parsed", "add_horovodrun_flags",
            "horovodrun_parser", "parse", "build_report", "main"]

@@ -59,3 +59,15 @@ def test_unknown_flags_are_rejected_by_name_and_command_arguments_stay_the_comma
 def test_check_build_needs_no_np_but_a_launch_does():
     assert hr.parse(["--check-build"]).check_build and hr.parse(["-cb"]).check_build
     assert hr.main(["python", "x.py"]) == 2  # "-np is required", nothing started
+
+
+def test_every_knob_flag_names_a_declared_knob_and_an_ignored_one_is_honoured_once_declared(monkeypatch):
+    from appliance.config import KNOBS, Knob
+
+    assert {knob for knob, _ in hr.KNOB_FLAGS.values()} <= set(KNOBS)
+    ignored = {names[0] for names, _ in hr.IGNORED}
+    assert set(hr.KNOB_WHEN_DECLARED) <= ignored
+    monkeypatch.setitem(KNOBS, "HOROVOD_TIMELINE", Knob("HOROVOD_TIMELINE", str, "", "test"))
+    p = hr.parse(["-np", "2", "--timeline-filename", "/tmp/t.json", "--log-level", "INFO", "python"])
+    assert p.flags.x == ("HOROVOD_TIMELINE=/tmp/t.json",)
+    assert [w.split(":")[0] for w in p.warnings] == ["--log-level INFO"]
