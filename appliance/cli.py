@@ -5,7 +5,8 @@ else (no logic lives here). The launch flags (horovodrun's ``-np``, ``-H``, ``--
 ``--start-timeout``, ``--output-filename``, ``--verbose``, mpirun's ``-x``, and ``-p``, ``-i``,
 ``--remote-python``, ``--network-interface``, ``--shared`` for other hosts) belong to the
 launcher: ``launcher/flags.py`` adds them to ``launch`` and ``check`` and turns them into the
-configs. Subcommands: ``launch``, ``check`` (the preflight as a table), ``keys`` (the cluster's
+configs. ``horovodrun()`` (the image's ``horovodrun``) is ``launcher/horovodrun.py``: the launch
+flags plus horovodrun's own, and ``--check-build``. Subcommands: ``launch``, ``check`` (the preflight as a table), ``keys`` (the cluster's
 SSH keys), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
 from a primary container; its flags are ``launch``'s plus its own, which argparse cannot hold in
 one subparser, so ``main()`` dispatches it before argparse and the launcher's parser reads the
@@ -272,5 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def horovodrun(argv: Sequence[str] | None = None) -> int:
-    """``horovodrun ARGS`` == ``appliance launch ARGS`` (the image installs it as an alias)."""
-    return main(["launch", *(sys.argv[1:] if argv is None else argv)])
+    """``horovodrun ARGS``: ``appliance launch ARGS`` plus horovodrun's own flags and
+    ``--check-build`` (``launcher/horovodrun.py``; the image installs it as ``horovodrun``)."""
+    from .launcher.horovodrun import main as horovodrun_main
+
+    return horovodrun_main(sys.argv[1:] if argv is None else argv)

@@ -15,9 +15,12 @@ appliance, shared directory, /dev/shm, unique hostnames, addresses) runs for all
 SSH connections it opened carry the remote ranks.
 
 Base environment of a worker: on this machine the launcher's whole environment; on another host
-(where Docker's ENV and the login environment are not visible) only PATH, PYTHONPATH,
-LD_LIBRARY_PATH and the HOROVOD_*, NCCL_*, APPLIANCE_* variables of the launcher, on top of what
-the SSH session itself has (HOME, USER...). On both, HOROVOD_GLOO_IFACE and NCCL_SOCKET_IFNAME
+the launcher's environment as horovodrun forwards it (it exports every variable but BASH_FUNC_*,
+OLDPWD and its secret key), minus the variables that describe the launcher's own machine, login
+or terminal (``host_specific()``: HOSTNAME, HOST, PWD, OLDPWD, SHLVL, _, HOME, USER, LOGNAME,
+SHELL, MAIL, TMPDIR, DISPLAY, XAUTHORITY, DBUS_SESSION_BUS_ADDRESS, HOROVOD_SECRET_KEY,
+APPLIANCE_CONTAINER, and every SSH_*, XDG_*, BASH_FUNC_* name), on top of what the SSH session
+itself has (HOME, USER...). On both, HOROVOD_GLOO_IFACE and NCCL_SOCKET_IFNAME
 default to the host's chosen interface unless already set. A remote command whose program is
 ``python``/``python3``/``pythonX.Y`` or the launcher's own interpreter runs with the remote
 interpreter (an absolute path: ``--remote-python``, else the launcher's ``sys.executable``).
@@ -43,8 +46,11 @@ from .ports import NoFreePorts, pick_free_ports
 from .workers import LocalWorker, OutputSink, Worker
 
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"})
-FORWARD_NAMES = frozenset({"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"})
-FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "APPLIANCE_")
+# Not forwarded to other hosts: what names the launcher's machine, login session or terminal there.
+HOST_SPECIFIC_NAMES = frozenset({
+    "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "TMPDIR",
+    "DISPLAY", "XAUTHORITY", "DBUS_SESSION_BUS_ADDRESS", "HOROVOD_SECRET_KEY", "APPLIANCE_CONTAINER"})
+HOST_SPECIFIC_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_")
 NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
@@ -158,6 +164,12 @@ def merge_same_machines(hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
     return merged, notes
 
 
+def host_specific(name: str) -> bool:
+    """Whether the launcher's variable ``name`` describes its own machine or session, and so is not
+    forwarded to ranks on other hosts (everything else is, as horovodrun does)."""
+    return name in HOST_SPECIFIC_NAMES or name.startswith(HOST_SPECIFIC_PREFIXES)
+
+
 def _network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
     if iface:
         for name in NETWORK_VARS:
@@ -205,7 +217,7 @@ class SSHExecutor:
         self.python = config.remote.remote_python or sys.executable
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
+        env = {k: v for k, v in environ.items() if not host_specific(k)}
         return _network_defaults(env, self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:

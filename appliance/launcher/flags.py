@@ -88,13 +88,15 @@ class LaunchFlags:
                                   **self.remote(), **extra)
 
 
-def add_launch_flags(p: argparse.ArgumentParser, *, check: bool = False) -> None:
+def add_launch_flags(p: argparse.ArgumentParser, *, check: bool = False, np_required: bool = True) -> None:
     """Add the launch flags to ``p`` (``check``: those ``appliance check`` takes: -np optional, no
-    -x, --output-filename or COMMAND). Parse with ``allow_abbrev=False`` parsers: horovodrun's
-    single-dash long options (-np, -hostfile) must not be read as abbreviations."""
-    if check:
+    -x, --output-filename or COMMAND; ``np_required=False``: -np may be absent, as for ``horovodrun
+    --check-build``, and ``LaunchFlags.launch_config`` then says it is required). Parse with
+    ``allow_abbrev=False`` parsers: horovodrun's single-dash long options (-np, -hostfile) must not
+    be read as abbreviations."""
+    if check or not np_required:
         p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
-                       help="also check that N ranks fit the slots")
+                       help="also check that N ranks fit the slots" if check else "number of ranks")
     else:
         p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, metavar="N", help="number of ranks")
     hosts = p.add_mutually_exclusive_group()

@@ -78,8 +78,10 @@ print("err line", RANK, file=sys.stderr, flush=True)
 sys.stdout.write("partial last line"); sys.stdout.flush()
 wait_for("go")
 '''
-    env = ssh_cluster.env(APPL_FWD="forwarded", NOT_FORWARDED="stays-home", HOROVOD_FUSION_THRESHOLD="12345",
-                          NCCL_DEBUG="WARN")
+    host_specific = {"HOSTNAME": "launcher-only-host", "DISPLAY": ":77", "SSH_AUTH_SOCK": "/launcher/agent.sock",
+                     "PWD": "/launcher/pwd", "XDG_RUNTIME_DIR": "/run/user/launcher"}
+    env = ssh_cluster.env(APPL_FWD="forwarded", FOO="1", HOROVOD_FUSION_THRESHOLD="12345",
+                          NCCL_DEBUG="WARN", **host_specific)
     p = job.cli("-np", "4", "-H", f"localhost:1,{h1.address}:2,{h2.address}:1", "-p", str(PORT), "--verbose",
                 "--output-filename", str(outdir), "-x", "APPL_FWD", "-x", "APPL_SET=a b=c", "--", *job.argv(body),
                 env=env)
@@ -115,7 +117,10 @@ wait_for("go")
         assert e["APPL_FWD"] == "forwarded" and e["APPL_SET"] == "a b=c"  # -x NAME and -x NAME=VALUE
         assert e["HOROVOD_FUSION_THRESHOLD"] == "12345" and e["NCCL_DEBUG"] == "WARN"
         assert e["PATH"] == os.environ["PATH"]
-        assert ("NOT_FORWARDED" in e) == (rank == 0)  # remote ranks get only the forwarded names
+        assert e["FOO"] == "1"  # the launcher's environment reaches every rank, as with horovodrun
+        for name, value in host_specific.items():  # ... but not what names the launcher's machine
+            assert (e.get(name) == value) == (rank == 0), (rank, name, e.get(name))
+        assert (e["HOME"] == ssh_cluster.home) == (rank == 0)  # the remote login's own HOME
     # Output: every worker line prefixed, on both streams; the launcher's own lines are its own.
     for stream, text in (("stdout", out), ("stderr", err)):
         for line in text.splitlines():

@@ -191,15 +191,17 @@ def test_remote_argv_uses_the_remote_interpreter():
     assert remote_argv(["/usr/bin/python3", "t.py"], "/x/python") == ["/usr/bin/python3", "t.py"]
 
 
-def test_base_env_remote_forwards_only_the_listed_names():
+def test_base_env_remote_forwards_all_but_the_host_specific_names():
     environ = {"PATH": "/p", "PYTHONPATH": "/pp", "LD_LIBRARY_PATH": "/l", "HOROVOD_CYCLE_TIME": "2",
                "NCCL_DEBUG": "INFO", "APPLIANCE_SHM": "0", "HOME": "/root", "SECRET_TOKEN": "x", "TERM": "xterm",
-               "NCCL_SOCKET_IFNAME": "ib0"}
+               "NCCL_SOCKET_IFNAME": "ib0", "HOSTNAME": "me", "PWD": "/here", "OLDPWD": "/there", "SSH_CLIENT": "a",
+               "SSH_AUTH_SOCK": "/s", "DISPLAY": ":0", "XDG_RUNTIME_DIR": "/run/user/0", "BASH_FUNC_f%%": "() {}",
+               "USER": "root", "TMPDIR": "/tmp/me", "HOROVOD_SECRET_KEY": "k", "APPLIANCE_CONTAINER": "c@e"}
     ex = SSHExecutor("h", None, LaunchConfig.create(["p"], 1, environ={}), "10.0.0.2", "ens5")
     env = ex.base_env(environ)
     assert env == {"PATH": "/p", "PYTHONPATH": "/pp", "LD_LIBRARY_PATH": "/l", "HOROVOD_CYCLE_TIME": "2",
-                   "NCCL_DEBUG": "INFO", "APPLIANCE_SHM": "0", "NCCL_SOCKET_IFNAME": "ib0",
-                   "HOROVOD_GLOO_IFACE": "ens5"}  # a user's own NCCL_SOCKET_IFNAME wins
+                   "NCCL_DEBUG": "INFO", "APPLIANCE_SHM": "0", "NCCL_SOCKET_IFNAME": "ib0", "SECRET_TOKEN": "x",
+                   "TERM": "xterm", "HOROVOD_GLOO_IFACE": "ens5"}  # a user's own NCCL_SOCKET_IFNAME wins
     local = LocalExecutor("localhost", "10.0.0.1", "eth0").base_env({"HOME": "/root"})
     assert local == {"HOME": "/root", "HOROVOD_GLOO_IFACE": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
 
