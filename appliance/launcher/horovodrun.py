@@ -34,9 +34,9 @@ import sys
 from typing import Callable, Sequence
 
 from ..config import KNOBS
+from ..hvdcompat import HOROVOD_VERSION  # the Horovod release whose horovodrun and API this one follows
 from .flags import LaunchFlags, add_launch_flags, command_of
 
-HOROVOD_VERSION = "0.28.1"  # the Horovod release whose horovodrun and API this one follows
 USAGE = "horovodrun -np N [-H host:slots,... | --hostfile FILE] [options] [--] COMMAND... | --check-build"
 
 _MB = 1 << 20
