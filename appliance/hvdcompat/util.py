@@ -44,7 +44,7 @@ def get_average_backwards_compatibility_fun(reduce_ops):
             return op
         if average is not None:
             warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                          DeprecationWarning, stacklevel=2)
+                          DeprecationWarning, stacklevel=3)  # the caller of the collective
             return reduce_ops.Average if average else reduce_ops.Sum
         return reduce_ops.Average
     return impl

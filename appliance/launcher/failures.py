@@ -70,12 +70,15 @@ def _interrupted(sig: int) -> Outcome:
     return Outcome(128 + sig, reason=f"interrupted by {signal_name(sig)}", interrupted=sig)
 
 
-def blame(worker: Any, code: int, fault: dict | None, hosts: dict[int, str]) -> Outcome:
+def blame(worker: Any, code: int, fault: dict | None, hosts: dict[int, str],
+          finished: frozenset[int] = frozenset()) -> Outcome:
     """The outcome of a job whose first failed rank is ``worker`` (exited ``code``); ``hosts``: rank -> host
-    of every rank of the job (a report naming a rank outside it is not believed)."""
+    of every rank of the job (a report naming a rank outside it is not believed); ``finished``: ranks
+    that exited 0 (a rank that finished cleanly, e.g. shut down and took its store along, is no culprit)."""
     own = f"rank {worker.rank} (host {worker.host}) {getattr(worker, 'cause', None) or describe_exit(code)}"
     origin = fault.get("origin_rank") if fault else None
-    if not isinstance(origin, int) or isinstance(origin, bool) or origin == worker.rank or origin not in hosts:
+    if (not isinstance(origin, int) or isinstance(origin, bool) or origin == worker.rank or origin not in hosts
+            or origin in finished):
         return Outcome(exit_code(code), worker.rank, worker.host, own)
     host = hosts[origin]
     what = _KINDS.get(str(fault.get("kind")), "failed")  # type: ignore[union-attr]
@@ -118,7 +121,8 @@ def wait_for_end(group: Any, trap: Any, deadline: float | None, timeout_s: float
             time.sleep(0.02)  # everyone is gone; the first failed rank's report may trail its exit
             continue
         group.next_exit(min(POLL_S, grace_end - now))
-    outcome = blame(worker, code, getattr(worker, "fault", None), {w.rank: w.host for w in group.workers})
+    finished = frozenset(r for r, c in group.returncodes.items() if c == 0)
+    outcome = blame(worker, code, getattr(worker, "fault", None), {w.rank: w.host for w in group.workers}, finished)
     if cut_short is not None:
         outcome.interrupted = cut_short
         outcome.reason += f"; the survivors' grace was cut short by {signal_name(cut_short)}"

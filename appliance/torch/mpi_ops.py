@@ -22,6 +22,7 @@ and Adasum on more than one rank raise ``NotImplementedError`` naming issue 9; `
 from __future__ import annotations
 
 import operator
+import types
 import warnings
 from typing import Optional
 
@@ -30,6 +31,7 @@ import torch
 from appliance.runtime import api as _api
 from appliance.runtime import engine as _engine
 from appliance.runtime.engine import Adasum, Average, Kind, Max, Min, Product, Sum  # noqa: F401
+from appliance.hvdcompat.util import get_average_backwards_compatibility_fun
 from appliance.runtime.errors import HorovodInternalError, MismatchError  # noqa: F401
 from appliance.torch import _tensors
 from appliance.torch._tensors import from_result, stage
@@ -216,17 +218,8 @@ def rocm_built() -> bool:
 
 
 # --- argument handling shared by the collectives ---------------------------------------------
-def resolve_op(op, average):
-    """Horovod's handling of the deprecated ``average=`` argument."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
+# Horovod's handling of the deprecated ``average=`` argument (one definition, in hvdcompat.util).
+resolve_op = get_average_backwards_compatibility_fun(types.SimpleNamespace(Average=Average, Sum=Sum))
 
 
 def _core_op(op) -> int:

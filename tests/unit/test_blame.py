@@ -28,3 +28,10 @@ def test_no_report_self_unknown_or_foreign_origin_blames_the_failed_rank():
         assert (o.returncode, o.rank, o.host, o.reason) == (137, 1, "b", "rank 1 (host b) was killed by signal 9 (SIGKILL)")
     o = blame(SimpleNamespace(rank=1, host="b", cause="lost the SSH connection to b"), 255, None, HOSTS)
     assert o.reason == "rank 1 (host b) lost the SSH connection to b"
+
+
+def test_a_rank_that_finished_cleanly_is_not_blamed():
+    """Rank 0 shut down in order (exit 0) and took its store along; rank 1 then failed by itself and its
+    report names rank 0 as the origin: the culprit is rank 1."""
+    o = blame(SimpleNamespace(rank=1, host="b"), 1, report(0), HOSTS, finished=frozenset({0}))
+    assert (o.rank, o.host, o.returncode) == (1, "b", 1)
