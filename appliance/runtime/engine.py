@@ -141,25 +141,32 @@ class Engine:
             self.core = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
         except _core.CoreError as e:
             raise HorovodInternalError(f"rank {cfg.rank} of {cfg.size} could not join the job: {e}") from None
-        self._auto_names = 0
-        self._groups = 0
+        self._auto_names: dict[int, int] = {}  # process set id -> automatic names used
+        self._groups: dict[int, int] = {}  # process set id -> group ids used
+        self._sequences: dict = {}          # next_in_sequence
         self._mu = threading.Lock()
         self._keep: dict[int, Any] = {}     # handle -> objects whose memory the core may use
         self._abandoned: set[int] = set()   # handles nobody will wait for
 
-    def submit(self, kind, name, inp, out, *, op, prescale, postscale, root, splits, group, keep=None) -> int:
+    def submit(self, kind, name, inp, out, *, op, prescale, postscale, root, splits, group, keep=None,
+               process_set: int = 0) -> int:
         if self._abandoned:
             self.reap()
-        if name is None:
-            name = f"{Kind(kind).name.lower()}.noname.{self._auto_names}"
-            self._auto_names += 1
+        if name is None and kind == Kind.JOIN:
+            name = "join"  # the core names it; no automatic name is used up
+        elif name is None:
+            # One sequence per process set: the members of a set submit the same operations on it,
+            # whatever else each rank does (on other sets, or when another rank has joined).
+            n = self._auto_names.get(process_set, 0)
+            self._auto_names[process_set] = n + 1
+            name = f"{Kind(kind).name.lower()}.noname.{n}"
         def desc(b: Optional[Buffer]):
             if b is None:
                 return (0, 0, [], -1, 0)
             return (int(b.ptr), int(b.dtype), [int(d) for d in b.shape], int(b.device), int(b.stream))
         h = self.core.enqueue(int(kind), str(name), desc(inp), desc(out), int(op), float(prescale),
                               float(postscale), int(root), [int(s) for s in (splits or [])],
-                              int(group[0]), int(group[1]))
+                              int(group[0]), int(group[1]), int(process_set))
         if keep is not None:
             with self._mu:
                 self._keep[h] = keep
@@ -210,9 +217,26 @@ class Engine:
     def cuda_path(self) -> tuple:
         return tuple(self.core.cuda_path())
 
-    def new_group_id(self) -> int:
-        self._groups += 1
-        return self._groups
+    def next_in_sequence(self, key) -> int:
+        """0, 1, 2... per ``key`` for this runtime: names for helpers that issue several operations
+        (``broadcast_object``...), the same on every rank that makes the same calls."""
+        n = self._sequences.get(key, 0)
+        self._sequences[key] = n + 1
+        return n
+
+    def add_process_set(self, set_id: int, ranks: Sequence[int]) -> None:
+        """Register a set in the core (``appliance.runtime.process_sets`` makes it collective); its
+        automatic names and group ids start afresh, so a reused id agrees on its new members."""
+        self.core.add_process_set(int(set_id), [int(r) for r in ranks])
+        self._auto_names.pop(int(set_id), None)
+        self._groups.pop(int(set_id), None)
+
+    def remove_process_set(self, set_id: int) -> None:
+        self.core.remove_process_set(int(set_id))
+
+    def new_group_id(self, process_set: int = 0) -> int:
+        self._groups[process_set] = self._groups.get(process_set, 0) + 1
+        return self._groups[process_set]
 
     def shutdown(self) -> None:
         self.core.shutdown()  # every pending handle completes (fails): the core uses no memory now
@@ -262,18 +286,21 @@ def current() -> Engine:
 # --- the calls adapters make ------------------------------------------------------------------
 def submit(kind: Kind, name: Optional[str], inp: Optional[Buffer] = None, out: Optional[Buffer] = None, *,
            op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-           splits: Optional[Sequence[int]] = None, group: tuple = (0, 0), keep: Any = None) -> int:
+           splits: Optional[Sequence[int]] = None, group: tuple = (0, 0), keep: Any = None,
+           process_set: int = 0) -> int:
     """Enqueue one operation; return its handle. ``name`` None gets an automatic name.
 
     allreduce: ``out`` (same dtype/shape as ``inp``, may be ``inp``) receives the reduction.
     broadcast: ``out`` (may be ``inp``) receives root's data. allgather/alltoall/reducescatter:
     ``out`` is None; see ``Result``. ``group`` = (group id, number of members) makes the core
     schedule the members together (grouped_allreduce). ``keep``: objects (host memory) the
-    engine holds until the core is done with the handle. Raises ValueError when ``name`` is in
-    flight, HorovodInternalError when the job has failed.
+    engine holds until the core is done with the handle. ``process_set``: the id of a set added
+    with ``add_process_set`` (0 = every rank); ``root`` and ``splits`` then speak of the set's
+    ranks in member order. Raises ValueError when ``name`` is in flight or this rank is not in
+    the set, HorovodInternalError when the job has failed.
     """
     return current().submit(kind, name, inp, out, op=op, prescale=prescale, postscale=postscale,
-                            root=root, splits=splits, group=group, keep=keep)
+                            root=root, splits=splits, group=group, keep=keep, process_set=process_set)
 
 
 def poll(handle: int) -> bool:
@@ -291,9 +318,9 @@ def wait(handle: int, stream: Optional[int] = None) -> Result:
     return current().wait(handle, stream)
 
 
-def new_group_id() -> int:
-    """A fresh id for ``submit(group=...)``; the same sequence on every rank."""
-    return current().new_group_id()
+def new_group_id(process_set: int = 0) -> int:
+    """A fresh id for ``submit(group=...)``; the same sequence on every member of the set."""
+    return current().new_group_id(process_set)
 
 
 def capabilities() -> dict:

@@ -14,8 +14,9 @@ import io
 
 import torch
 
+from appliance.runtime import engine as _engine
 from appliance.torch.mpi_ops import (
-    check_process_set, allgather, broadcast_, broadcast_async_, global_process_set, rank, size, synchronize,
+    check_process_set, allgather, broadcast_, broadcast_async_, global_process_set, rank, synchronize,
 )
 
 try:
@@ -119,31 +120,39 @@ def _loads(t: torch.Tensor):
     return _pickle.loads(t.numpy().tobytes())
 
 
+def _names(kind: str, name, process_set, ps_id: int) -> tuple:
+    """The two operation names of an object collective: from ``name``, else from a per-set
+    sequence of these calls (independent of other operations and of the object's type)."""
+    if name is None:
+        name = f"{kind}.{_engine.current().next_in_sequence((kind, ps_id))}"
+    return f"{name}.sz", f"{name}.t"
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Root's ``obj`` (anything picklable) on every rank. Without ``name`` the two broadcasts
-    get automatic names, so ranks may pass objects of different types (e.g. None)."""
-    check_process_set(process_set)
-    names = (None, None) if name is None else (f"{name}.sz", f"{name}.t")
+    """Root's ``obj`` (anything picklable) on every rank of ``process_set``. Ranks may pass
+    objects of different types (e.g. None): the names do not depend on the object."""
+    names = _names("broadcast_object", name, process_set, check_process_set(process_set))
     if rank() == root_rank:
         payload = _dumps(obj)
-        broadcast_(torch.tensor([payload.numel()], dtype=torch.int64), root_rank, names[0])
-        broadcast_(payload, root_rank, names[1])
+        broadcast_(torch.tensor([payload.numel()], dtype=torch.int64), root_rank, names[0], process_set=process_set)
+        broadcast_(payload, root_rank, names[1], process_set=process_set)
         return obj
     length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, names[0])
+    broadcast_(length, root_rank, names[0], process_set=process_set)
     payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, names[1])
+    broadcast_(payload, root_rank, names[1], process_set=process_set)
     return _loads(payload)
 
 
-def allgather_object(obj, name=None):
-    """Every rank's ``obj`` (anything picklable), as a list in rank order."""
-    names = (None, None) if name is None else (f"{name}.sz", f"{name}.t")
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Every ``obj`` (anything picklable) of the ranks of ``process_set``, as a list in rank order."""
+    names = _names("allgather_object", name, process_set, check_process_set(process_set))
     payload = _dumps(obj)
-    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=names[0]).tolist()
-    gathered = allgather(payload, name=names[1])
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=names[0],
+                        process_set=process_set).tolist()
+    gathered = allgather(payload, name=names[1], process_set=process_set)
     out, start = [], 0
-    for r in range(size()):
-        out.append(_loads(gathered[start:start + lengths[r]]))
-        start += lengths[r]
+    for n in lengths:
+        out.append(_loads(gathered[start:start + n]))
+        start += n
     return out

@@ -30,6 +30,7 @@ import torch
 
 from appliance.runtime import api as _api
 from appliance.runtime import engine as _engine
+from appliance.runtime import process_sets as _ps
 from appliance.runtime.engine import Adasum, Average, Kind, Max, Min, Product, Sum  # noqa: F401
 from appliance.hvdcompat.util import get_average_backwards_compatibility_fun
 from appliance.runtime.errors import HorovodInternalError, MismatchError  # noqa: F401
@@ -40,101 +41,48 @@ _handles = _tensors.HandleTable()
 _REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 
-# --- process sets (only the global one) --------------------------------------------------
-class ProcessSet:
-    """A set of ranks. This runtime runs every collective on all ranks, so only a set that
-    holds every rank (``global_process_set``) can be used."""
-
-    def __init__(self, ranks_or_comm=None):
-        self.mpi_comm = None
-        self.ranks = None
-        if ranks_or_comm is not None and hasattr(ranks_or_comm, "Get_size"):
-            self.mpi_comm = ranks_or_comm
-        elif ranks_or_comm is not None:
-            self.ranks = sorted(int(r) for r in ranks_or_comm)
-        self.process_set_id = None
-
-    def _covers_all(self) -> bool:
-        if self is global_process_set or (self.ranks is None and self.mpi_comm is None):
-            return True
-        if self.mpi_comm is not None:
-            return int(self.mpi_comm.Get_size()) == size()
-        return self.ranks == list(range(size()))
-
-    def size(self) -> int:
-        check_process_set(self)
-        return size()
-
-    def rank(self) -> int:
-        check_process_set(self)
-        return rank()
-
-    def included(self) -> bool:
-        return self._covers_all() or (self.ranks is not None and rank() in self.ranks)
-
-    def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+# --- process sets (appliance.runtime.process_sets; Horovod's names) ----------------------------
+ProcessSet = _ps.ProcessSet
+global_process_set = _ps.global_process_set
+add_process_set = _ps.add_process_set
+remove_process_set = _ps.remove_process_set
 
 
-global_process_set = ProcessSet()
-global_process_set.process_set_id = 0
-
-
-def check_process_set(ps) -> None:
-    if ps is None or ps is global_process_set:
-        return
-    if isinstance(ps, ProcessSet) and ps._covers_all():
-        return
-    raise NotImplementedError(
-        f"{ps!r}: this runtime runs every collective on all {size()} ranks; process sets other "
-        "than hvd.global_process_set are not supported yet (issue 9)")
-
-
-def add_process_set(process_set) -> ProcessSet:
-    raise NotImplementedError(f"add_process_set({process_set!r}): process sets other than the global "
-                              "one are not supported by this runtime yet (issue 9)")
-
-
-def remove_process_set(process_set) -> bool:
-    if process_set is global_process_set:
-        return False  # Horovod: the global set cannot be removed
-    raise NotImplementedError("remove_process_set: process sets other than the global one are not supported "
-                              "by this runtime yet (issue 9)")
+def check_process_set(process_set) -> int:
+    """The core id of ``process_set=`` (ValueError when it is unregistered or lacks this rank)."""
+    return _ps.resolve(process_set)
 
 
 # --- lifecycle and basics -----------------------------------------------------------------
 def init(comm=None, process_sets=None) -> None:
     """Join the job the environment describes (a single rank without a launcher). A second
-    call is a no-op. ``comm`` (a list of ranks or an MPI communicator) and ``process_sets`` are
-    accepted when they ask for every rank; anything narrower raises NotImplementedError."""
+    call is a no-op. ``process_sets``: a list of ``ProcessSet`` (or rank lists) registered on
+    every rank, or ``"dynamic"`` to allow ``add_process_set`` later. ``comm`` (a list of ranks or
+    an MPI communicator) is accepted when it names every rank; narrower raises NotImplementedError."""
     fresh = not _api.is_initialized()
     _api.init()
-    if fresh:
-        _handles.clear()
+    if not fresh:
+        return
+    _handles.clear()
     try:
-        _check_init_args(comm, process_sets)
+        _check_comm(comm)
+        _ps.setup(process_sets)
     except Exception:
-        if fresh:
-            shutdown()
+        shutdown()
         raise
 
 
-def _check_init_args(comm, process_sets) -> None:
+def _check_comm(comm) -> None:
     n = size()
-    if comm is not None:
-        if hasattr(comm, "Get_size"):
-            ok = int(comm.Get_size()) == n
-        else:
-            ok = len(comm) == 0 or sorted(int(r) for r in comm) == list(range(n))
-        if not ok:
-            raise NotImplementedError(f"hvd.init(comm={comm!r}): this runtime always uses all {n} ranks "
-                                      "of the job; sub-communicators are not supported (issue 9)")
-    if process_sets is None or (isinstance(process_sets, str) and process_sets.lower() == "dynamic"):
+    if comm is None:
         return
-    for ps in process_sets:
-        if not isinstance(ps, ProcessSet):
-            ps = ProcessSet(ps)
-        check_process_set(ps)
+    if hasattr(comm, "Get_size"):
+        ok = int(comm.Get_size()) == n
+    else:
+        ok = len(comm) == 0 or sorted(int(r) for r in comm) == list(range(n))
+    if not ok:
+        raise NotImplementedError(f"hvd.init(comm={comm!r}): this runtime always uses all {n} ranks "
+                                  "of the job; use process sets (hvd.init(process_sets=[...])) for subsets")
 
 
 def shutdown() -> None:
@@ -222,11 +170,11 @@ def rocm_built() -> bool:
 resolve_op = get_average_backwards_compatibility_fun(types.SimpleNamespace(Average=Average, Sum=Sum))
 
 
-def _core_op(op) -> int:
+def _core_op(op, process_set=None) -> int:
     if op not in _REDUCE_OPS:
         raise ValueError(f"unknown reduction op {op!r} (use hvd.Average, Sum, Min, Max or Product)")
     if op == Adasum:
-        if size() == 1:
+        if _ps.size_of(process_set) == 1:
             return Sum  # one rank: Adasum of a single tensor is that tensor
         raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime yet (issue 9); "
                                   "use hvd.Average or hvd.Sum")
@@ -246,7 +194,7 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
 def _submit(kind, name, work, out=None, **kw) -> int:
     inp = None if work is None else _tensors.buffer(work)
     outb = None if out is None else _tensors.buffer(out)
-    return _engine.submit(kind, name, inp, outb, **kw)
+    return _engine.submit(kind, name, inp, outb, **kw)  # kw: op, scales, root, splits, group, process_set
 
 
 def _submit_all(calls) -> list:
@@ -265,12 +213,12 @@ def _submit_all(calls) -> list:
 
 # --- allreduce ---------------------------------------------------------------------------
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    check_process_set(process_set)
-    core_op = _core_op(op)
+    ps = check_process_set(process_set)
+    core_op = _core_op(op, process_set)
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
     h = _submit(Kind.ALLREDUCE, name, work, out, op=core_op, prescale=float(prescale_factor),
-                postscale=float(postscale_factor))
+                postscale=float(postscale_factor), process_set=ps)
     if inplace:
         return _handles.add([h], (tensor, work), lambda rs: _tensors.copy_back(tensor, work))
     return _handles.add([h], (tensor, work, out), lambda rs: _tensors.to_device(out, tensor))
@@ -298,13 +246,14 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 
 
 def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    check_process_set(process_set)
-    core_op = _core_op(op)
+    ps = check_process_set(process_set)
+    core_op = _core_op(op, process_set)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     outs = works if inplace else [_tensors.empty_like(w) for w in works]
-    group = (_engine.new_group_id(), len(tensors)) if tensors else (0, 0)
-    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor), group=group)
+    group = (_engine.new_group_id(ps), len(tensors)) if tensors else (0, 0)
+    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor), group=group,
+              process_set=ps)
     handles = _submit_all([(Kind.ALLREDUCE, _member_name(name, i), w, o, kw)
                            for i, (w, o) in enumerate(zip(works, outs))])
     if inplace:
@@ -338,17 +287,17 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Reduce a sparse COO tensor by gathering every rank's indices and values. Returns a
     callable that waits and yields the combined sparse tensor (as Horovod)."""
-    check_process_set(process_set)
+    n = _ps.size_of(process_set)
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     h_idx = allgather_async(t._indices().transpose(0, 1).contiguous(),
-                            name=None if name is None else f"{name}.indices")
-    h_val = allgather_async(t._values(), name=None if name is None else f"{name}.values")
+                            name=None if name is None else f"{name}.indices", process_set=process_set)
+    h_val = allgather_async(t._values(), name=None if name is None else f"{name}.values", process_set=process_set)
 
     def wait():
         values = synchronize(h_val)
         indices = synchronize(h_idx)
         if op == Average:
-            values = values / size()
+            values = values / n
         elif op != Sum:
             raise NotImplementedError("sparse allreduce supports op=Average and op=Sum only")
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.shape, check_invariants=False)
@@ -359,45 +308,36 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along the first dimension (which may differ
     per rank); ``synchronize`` returns the new tensor."""
-    check_process_set(process_set)
+    ps = check_process_set(process_set)
     work = stage(tensor)
     _first_dim(work, "allgather")
-    h = _submit(Kind.ALLGATHER, name, work)
+    h = _submit(Kind.ALLGATHER, name, work, process_set=ps)
     return _handles.add([h], (tensor, work), lambda rs: from_result(rs[0], tensor.dtype, tensor))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
-    check_process_set(process_set)
+    ps = check_process_set(process_set)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     for w in works:
         _first_dim(w, "allgather")
-    handles = _submit_all([(Kind.ALLGATHER, _member_name(name, i), w, None, {}) for i, w in enumerate(works)])
+    group = (_engine.new_group_id(ps), len(works)) if works else (0, 0)
+    handles = _submit_all([(Kind.ALLGATHER, _member_name(name, i), w, None, dict(process_set=ps, group=group))
+                           for i, w in enumerate(works)])
     finish = lambda rs: tuple(from_result(r, t.dtype, t) for r, t in zip(rs, tensors))  # noqa: E731
     return _handles.add(handles, (tuple(tensors), tuple(works)), finish)
 
 
 # --- broadcast ---------------------------------------------------------------------------
-def _check_root(root_rank) -> int:
-    n = size()
-    try:
-        root = operator.index(root_rank)
-    except TypeError:
-        root = -1
-    if not 0 <= root < n:
-        raise ValueError(f"root_rank={root_rank!r} is not a rank of this job (size {n})")
-    return root
-
-
 def _broadcast_async(tensor, inplace, root_rank, name, process_set) -> int:
-    check_process_set(process_set)
-    root = _check_root(root_rank)
+    ps = check_process_set(process_set)
+    root = _ps.root_of(process_set, root_rank)  # a job rank, as in Horovod; the core wants its index in the set
     work = stage(tensor)
     if inplace:
-        h = _submit(Kind.BROADCAST, name, work, work, root=root)
+        h = _submit(Kind.BROADCAST, name, work, work, root=root, process_set=ps)
         return _handles.add([h], (tensor, work), lambda rs: _tensors.copy_back(tensor, work))
     out = _tensors.empty_like(work)
-    h = _submit(Kind.BROADCAST, name, work, out, root=root)
+    h = _submit(Kind.BROADCAST, name, work, out, root=root, process_set=ps)
     return _handles.add([h], (tensor, work, out), lambda rs: _tensors.to_device(out, tensor))
 
 
@@ -420,9 +360,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Send rows ``splits[p]`` (consecutive, in rank order) of ``tensor`` to each rank p; without
     ``splits`` the first dimension is divided equally. ``synchronize`` returns
     ``(received tensor, rows received from each rank)``."""
-    check_process_set(process_set)
+    ps = check_process_set(process_set)
     work = stage(tensor)
-    rows, n = _first_dim(work, "alltoall"), size()
+    rows, n = _first_dim(work, "alltoall"), _ps.size_of(process_set)
     if splits is None:
         if rows % n:
             raise ValueError(f"alltoall without splits: the first dimension ({rows}) of the tensor is not "
@@ -436,7 +376,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if len(counts) != n or any(c < 0 for c in counts) or sum(counts) != rows:
             raise ValueError(f"alltoall splits {counts} must be {n} non-negative row counts summing to the "
                              f"first dimension of the tensor ({rows})")
-    h = _submit(Kind.ALLTOALL, name, work, splits=counts)
+    h = _submit(Kind.ALLTOALL, name, work, splits=counts, process_set=ps)
 
     def finish(rs):
         out = from_result(rs[0], tensor.dtype, tensor)
@@ -449,24 +389,26 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         postscale_factor=1.0) -> int:
     """Start reducing ``tensor`` (same shape on every rank) and keep this rank's block of the
     first dimension: rank r gets ``dim0 // size`` rows, one more when ``r < dim0 % size``."""
-    check_process_set(process_set)
-    core_op = _core_op(op)
+    ps = check_process_set(process_set)
+    core_op = _core_op(op, process_set)
     work = stage(tensor)
     _first_dim(work, "reducescatter")
     h = _submit(Kind.REDUCESCATTER, name, work, op=core_op, prescale=float(prescale_factor),
-                postscale=float(postscale_factor))
+                postscale=float(postscale_factor), process_set=ps)
     return _handles.add([h], (tensor, work), lambda rs: from_result(rs[0], tensor.dtype, tensor))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
-    check_process_set(process_set)
-    core_op = _core_op(op)
+    ps = check_process_set(process_set)
+    core_op = _core_op(op, process_set)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     for w in works:
         _first_dim(w, "reducescatter")
-    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor))
+    group = (_engine.new_group_id(ps), len(works)) if works else (0, 0)
+    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor), group=group,
+              process_set=ps)
     handles = _submit_all([(Kind.REDUCESCATTER, _member_name(name, i), w, None, kw) for i, w in enumerate(works)])
     finish = lambda rs: tuple(from_result(r, t.dtype, t) for r, t in zip(rs, tensors))  # noqa: E731
     return _handles.add(handles, (tuple(tensors), tuple(works)), finish)
@@ -496,9 +438,9 @@ def join(device=-1) -> int:
 
 
 def barrier(process_set=global_process_set) -> None:
-    """Return once every rank has entered the barrier."""
-    check_process_set(process_set)
-    _engine.wait(_engine.submit(Kind.BARRIER, None))
+    """Return once every rank of ``process_set`` has entered the barrier."""
+    ps = check_process_set(process_set)
+    _engine.wait(_engine.submit(Kind.BARRIER, None, process_set=ps))
 
 
 # The out-of-place, autograd-aware collectives (they build on the functions above), their

@@ -23,8 +23,9 @@ import torch
 
 from appliance.torch.compression import Compression
 from appliance.torch.functions import broadcast_object
+from appliance.runtime import process_sets as _ps
 from appliance.torch.mpi_ops import (
-    Adasum, Average, check_process_set, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
+    Adasum, Average, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
     sparse_allreduce_async, synchronize,
 )
 
@@ -100,7 +101,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = groups
         self._p_to_group = {}
         self._group_counts = {}
-        if size() > 1:
+        if size() > 1 and self.process_set.included() is not False:
             self._register_hooks()
 
     # --- Horovod's public extras -------------------------------------------------------------
@@ -135,7 +136,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _form_groups(self):
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         # Rank 0's parameter order decides the groups, so they are the same everywhere.
-        order = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=0)
+        root = self.process_set.ranks[0] if self.process_set.process_set_id else 0
+        order = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=root,
+                                 process_set=self.process_set)
         params.sort(key=lambda p: order.index(self._parameter_names.get(p)))
         if isinstance(self._groups, list):
             wanted = {id(p) for p in params}
@@ -165,11 +168,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tensor = p.grad
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                return sparse_allreduce_async(tensor, name=name, op=self.op), None
+                return sparse_allreduce_async(tensor, name=name, op=self.op, process_set=self.process_set), None
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scale_factors()
-        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post)
+        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post,
+                                  process_set=self.process_set)
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, ps):
@@ -177,7 +181,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
         pre, post = self._scale_factors()
         handle = grouped_allreduce_async_(list(compressed), name=name, op=self.op, prescale_factor=pre,
-                                          postscale_factor=post)
+                                          postscale_factor=post, process_set=self.process_set)
         return handle, ctxs
 
     def _make_hook(self, p):
@@ -291,7 +295,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    check_process_set(process_set)
+    _ps.require_registered(process_set)
     if op == Adasum and size() > 1:
         raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not implemented by this runtime "
                                   "yet (issue 9); use op=hvd.Average")

@@ -138,7 +138,7 @@ PYBIND11_MODULE(_core, m) {
       .def("enqueue",
            [](Runtime& rt, int kind, const std::string& name, const DescTuple& in, const DescTuple& out, int op,
               double prescale, double postscale, int root, std::vector<int64_t> splits, uint32_t group_id,
-              uint32_t group_size) {
+              uint32_t group_size, int32_t process_set) {
              if (!op_kind_valid(static_cast<uint8_t>(kind))) throw std::invalid_argument("unknown operation kind");
              if (!reduce_op_valid(static_cast<uint8_t>(op))) throw std::invalid_argument("unknown reduce op " + std::to_string(op));
              Request q;
@@ -150,9 +150,15 @@ PYBIND11_MODULE(_core, m) {
              q.sig.root = root;
              q.sig.group_id = group_id;
              q.sig.group_size = group_size;
+             q.sig.process_set = process_set;
              q.splits = std::move(splits);
              return rt.enqueue(std::move(q), to_desc(in), to_desc(out));
-           })
+           },
+           py::arg("kind"), py::arg("name"), py::arg("inp"), py::arg("out"), py::arg("op"), py::arg("prescale"),
+           py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
+           py::arg("process_set") = 0)
+      .def("add_process_set", &Runtime::add_process_set, py::arg("id"), py::arg("ranks"))
+      .def("remove_process_set", &Runtime::remove_process_set, py::arg("id"))
       .def("poll", &Runtime::poll)
       .def("stats",
            [](const Runtime& rt) {

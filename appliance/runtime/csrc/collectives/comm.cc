@@ -48,6 +48,19 @@ Comm::Comm(int rank, int size, std::vector<std::unique_ptr<Channel>> channels, s
                                                      std::to_string(channels_[r]->peer()));
     APPLIANCE_ASSERT(max_frame_ <= channels_[r]->max_payload(), "max_frame above the channel's frame bound");
   }
+  for (auto& ch : channels_) peers_.push_back(ch.get());
+}
+
+Comm::Comm(Comm& parent, const std::vector<int>& members)
+    : rank_(-1), size_(static_cast<int>(members.size())), max_frame_(parent.max_frame_), watch_(parent.watch_),
+      last_service_(Clock::now()) {
+  for (int i = 0; i < size_; ++i) {
+    const int r = members[i];
+    APPLIANCE_ASSERT(r >= 0 && r < parent.size_ && (i == 0 || r > members[i - 1]), "process set members must be sorted job ranks");
+    if (r == parent.rank_) rank_ = i;
+    peers_.push_back(parent.peers_[r]);
+  }
+  APPLIANCE_ASSERT(rank_ >= 0, "a process set's Comm on a rank outside the set");
 }
 
 Comm::~Comm() = default;
@@ -198,16 +211,16 @@ void Comm::exchange(const std::vector<SendOp>& sends, std::vector<RecvOp>& recvs
   for (const SendOp& s : sends) {
     APPLIANCE_ASSERT(s.peer >= 0 && s.peer < size_ && s.peer != rank_, "send to rank " + std::to_string(s.peer));
     APPLIANCE_ASSERT(!(seen[s.peer] & 1), "two sends to rank " + std::to_string(s.peer) + " in one exchange");
-    APPLIANCE_ASSERT(!channels_[s.peer]->sending(), "channel to rank " + std::to_string(s.peer) + " mid-frame");
+    APPLIANCE_ASSERT(!peers_[s.peer]->sending(), "channel to rank " + std::to_string(s.peer) + " mid-frame");
     seen[s.peer] |= 1;
-    ss.push_back(SendState{&s, channels_[s.peer].get()});
+    ss.push_back(SendState{&s, peers_[s.peer]});
   }
   for (RecvOp& r : recvs) {
     APPLIANCE_ASSERT(r.peer >= 0 && r.peer < size_ && r.peer != rank_, "receive from rank " + std::to_string(r.peer));
     APPLIANCE_ASSERT(!(seen[r.peer] & 2), "two receives from rank " + std::to_string(r.peer) + " in one exchange");
-    APPLIANCE_ASSERT(!channels_[r.peer]->receiving(), "channel from rank " + std::to_string(r.peer) + " mid-frame");
+    APPLIANCE_ASSERT(!peers_[r.peer]->receiving(), "channel from rank " + std::to_string(r.peer) + " mid-frame");
     seen[r.peer] |= 2;
-    rs.push_back(RecvState{&r, channels_[r.peer].get()});
+    rs.push_back(RecvState{&r, peers_[r.peer]});
   }
   backoff_.reset();
   for (;;) {

@@ -1,6 +1,11 @@
 // Comm: what collective algorithms see of the world. Ranks 0..size-1, one data Channel per
 // peer, and a progress engine that moves several sends and receives at once.
 //
+// A process set's Comm is a view of the job's Comm (the constructor taking a parent and the
+// members' job ranks): ranks 0..members-1 in member order, the parent's channels to those
+// members, the parent's Watch, its own workspace. Both are used from one thread, one
+// collective at a time, so their frames never interleave on a shared channel.
+//
 // Messages are DATA frames; a message longer than `max_frame` goes as several frames. A
 // receive must name the exact byte count the sender sends (plans make both sides agree);
 // any other length is a protocol error naming the peer. Zero-byte messages are legal and
@@ -68,12 +73,15 @@ class Comm {
  public:
   // channels[r] is the channel to rank r (nullptr for r == rank).
   Comm(int rank, int size, std::vector<std::unique_ptr<Channel>> channels, size_t max_frame);
+  // A view for a process set: `members` are job ranks (sorted, holding parent.rank()). The
+  // parent must outlive the view.
+  Comm(Comm& parent, const std::vector<int>& members);
   ~Comm();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t max_frame() const { return max_frame_; }
-  Channel& channel(int peer) { return *channels_[peer]; }
+  Channel& channel(int peer) { return *peers_[peer]; }
 
   static constexpr int kWatchPeriodMs = 100;
 
@@ -101,7 +109,8 @@ class Comm {
   size_t frame_size(size_t piece) const;
 
   int rank_, size_;
-  std::vector<std::unique_ptr<Channel>> channels_;
+  std::vector<std::unique_ptr<Channel>> channels_;  // owned (the job's Comm; empty in a view)
+  std::vector<Channel*> peers_;                      // by rank of this Comm (nullptr for self)
   size_t max_frame_;
   Watch watch_;
   Clock::time_point last_service_;

@@ -16,11 +16,36 @@ std::string rank_list(const std::vector<int>& v) {
 }
 }  // namespace
 
-Coordinator::Coordinator(CoordinatorOptions o) : o_(o), joined_(o.size, 0), left_(o.size, 0) {}
+Coordinator::Coordinator(CoordinatorOptions o) : o_(o), joined_(o.size, 0), left_(o.size, 0) {
+  for (int r = 0; r < o_.size; ++r) all_.push_back(r);
+}
+
+std::string Coordinator::add_process_set(int32_t id, std::vector<int> members) {
+  if (id <= 0) return "process set id " + std::to_string(id) + " is reserved";
+  if (sets_.count(id)) return "process set " + std::to_string(id) + " exists already";
+  if (members.empty()) return "a process set needs at least one rank";
+  std::sort(members.begin(), members.end());
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i] < 0 || members[i] >= o_.size || (i && members[i] == members[i - 1]))
+      return "process set " + std::to_string(id) + ": rank list " + rank_list(members) + " is not a set of ranks below " +
+             std::to_string(o_.size);
+  sets_[id] = std::move(members);
+  return "";
+}
+
+void Coordinator::remove_process_set(int32_t id) { sets_.erase(id); }
+
+const std::vector<int>* Coordinator::members(int32_t set) const {
+  if (set == 0) return &all_;
+  auto it = sets_.find(set);
+  return it == sets_.end() ? nullptr : &it->second;
+}
 
 bool Coordinator::complete(const Pending& p) const {
-  for (int r = 0; r < o_.size; ++r)
-    if (!p.reqs[r] && !joined_[r] && !left_[r]) return false;
+  const std::vector<int>* m = members(p.set);
+  if (!m) return true;  // validate() fails it: the set is unknown
+  for (int r : *m)
+    if (!p.reqs[r] && !(p.set == 0 && joined_[r]) && !left_[r]) return false;
   return true;
 }
 
@@ -56,6 +81,7 @@ void Coordinator::on_request(int rank, Request req, Time now) {
     p.reqs.resize(o_.size);
     p.first_seen = now;
     p.kind = req.sig.kind;
+    p.set = req.sig.process_set;
     it = pending_.emplace(req.name, std::move(p)).first;
   }
   Pending& p = it->second;
@@ -81,12 +107,13 @@ void Coordinator::promote_if_complete(const std::string& name, Time now) {
   if (ready_.empty() && groups_.empty()) first_ready_ = now;
   const Signature& s = e.sigs[0];
   if (s.group_size > 1) {
-    auto& members = groups_[s.group_id];
+    const auto key = std::make_pair(s.process_set, s.group_id);
+    auto& members = groups_[key];
     members.push_back(std::move(e));
     if (members.size() < s.group_size) return;
     if (ready_.empty()) first_ready_ = now;
     for (auto& m : members) ready_.push_back(std::move(m));
-    groups_.erase(s.group_id);
+    groups_.erase(key);
     return;
   }
   if (ready_.empty()) first_ready_ = now;
@@ -96,16 +123,8 @@ void Coordinator::promote_if_complete(const std::string& name, Time now) {
 PlanEntry Coordinator::validate(Pending& p) {
   PlanEntry e;
   int ref = -1;
-  std::vector<int> gone, joined;
-  for (int r = 0; r < o_.size; ++r) {
-    if (p.reqs[r]) {
-      if (ref < 0) ref = r;
-    } else if (left_[r]) {
-      gone.push_back(r);
-    } else if (joined_[r]) {
-      joined.push_back(r);
-    }
-  }
+  for (int r = 0; r < o_.size && ref < 0; ++r)
+    if (p.reqs[r]) ref = r;
   APPLIANCE_ASSERT(ref >= 0, "no request for " + p.name);
   const Request& rq = *p.reqs[ref];
   e.kind = rq.sig.kind;
@@ -117,26 +136,46 @@ PlanEntry Coordinator::validate(Pending& p) {
     e.error = std::move(why);
     return e;
   };
+  const std::vector<int>* m = members(p.set);
+  if (!m)
+    return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "': process set " + std::to_string(p.set) +
+                " is not registered (removed, or not added on every rank)", Code::kInvalid);
+  std::vector<int> gone, joined, outsiders;
+  for (int r = 0; r < o_.size; ++r) {
+    const bool member = p.set == 0 || std::binary_search(m->begin(), m->end(), r);
+    if (p.reqs[r]) {
+      if (!member) outsiders.push_back(r);
+    } else if (!member) {
+    } else if (left_[r]) {
+      gone.push_back(r);
+    } else if (p.set == 0 && joined_[r]) {
+      joined.push_back(r);
+    }
+  }
+  const std::string set_text = p.set ? " in process set " + std::to_string(p.set) : "";
+  if (!outsiders.empty())
+    return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "': rank(s) " + rank_list(outsiders) +
+                " submitted it but are not in process set " + std::to_string(p.set) + " " + rank_list(*m));
   if (!gone.empty())
-    return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "': rank(s) " + rank_list(gone) +
+    return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "'" + set_text + ": rank(s) " + rank_list(gone) +
                 " shut down without submitting it",
                 Code::kAborted);
   if (!joined.empty() && e.kind != OpKind::kAllreduce)
     return fail(std::string(op_kind_name(e.kind)) + " '" + p.name + "' cannot run while rank(s) " +
-                rank_list(joined) + " have joined; only allreduce can",
-                Code::kInvalid);
+                rank_list(joined) + " have joined; only allreduce can");  // a cross-rank conflict: MismatchError
   for (int r = ref + 1; r < o_.size; ++r) {
     if (!p.reqs[r]) continue;
-    std::string m = describe_mismatch(p.name, ref, rq, r, *p.reqs[r]);
-    if (!m.empty()) return fail(m);
+    std::string why = describe_mismatch(p.name, ref, rq, r, *p.reqs[r]);
+    if (!why.empty()) return fail(why + set_text);
   }
+  const int P = static_cast<int>(m->size());
   if (e.kind == OpKind::kAllgather) {
-    for (int r = 0; r < o_.size; ++r) e.sizes.push_back(p.reqs[r]->sig.shape[0]);
+    for (int r : *m) e.sizes.push_back(p.reqs[r]->sig.shape[0]);
   } else if (e.kind == OpKind::kAlltoall) {
-    for (int r = 0; r < o_.size; ++r) {
+    for (int r : *m) {
       const Request& q = *p.reqs[r];
       if (q.splits.empty()) {
-        for (int d = 0; d < o_.size; ++d) e.sizes.push_back(q.sig.shape[0] / o_.size);
+        for (int d = 0; d < P; ++d) e.sizes.push_back(q.sig.shape[0] / P);
       } else {
         e.sizes.insert(e.sizes.end(), q.splits.begin(), q.splits.end());
       }
@@ -162,7 +201,7 @@ std::vector<PlanEntry> Coordinator::take_plan(Time now) {
 }
 
 void Coordinator::fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready) {
-  using Key = std::tuple<uint8_t, uint8_t, double, double, int32_t, std::vector<uint8_t>>;  // device index: one buffer per device
+  using Key = std::tuple<uint8_t, uint8_t, double, double, int32_t, std::vector<uint8_t>, int32_t>;  // device index: one buffer per device; process set
   std::map<Key, std::pair<size_t, size_t>> open;  // key -> (index in out, bytes)
   for (auto& e : ready) {
     const Signature& s = e.sigs[0];
@@ -171,7 +210,7 @@ void Coordinator::fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>&
       out.push_back(std::move(e));
       continue;
     }
-    Key k{static_cast<uint8_t>(s.dtype), static_cast<uint8_t>(s.op), s.prescale, s.postscale, s.device, e.joined};
+    Key k{static_cast<uint8_t>(s.dtype), static_cast<uint8_t>(s.op), s.prescale, s.postscale, s.device, e.joined, s.process_set};
     auto it = open.find(k);
     if (it != open.end() && it->second.second + s.nbytes() <= o_.fusion_threshold) {
       PlanEntry& f = out[it->second.first];
@@ -204,9 +243,10 @@ std::vector<std::string> Coordinator::stall_warnings(Time now, Status* abort) {
     Pending& p = kv.second;
     const double waited = std::chrono::duration<double>(now - p.first_seen).count();
     Stalled st{&p, waited, {}, {}};
-    for (int r = 0; r < o_.size; ++r) {
+    const std::vector<int>* m = members(p.set);
+    for (int r : m ? *m : all_) {
       if (p.reqs[r]) st.have.push_back(r);
-      else if (!joined_[r] && !left_[r]) st.missing.push_back(r);
+      else if (!(p.set == 0 && joined_[r]) && !left_[r]) st.missing.push_back(r);
     }
     if (o_.stall_shutdown_s > 0 && waited >= o_.stall_shutdown_s) over.push_back(st);
     if (o_.stall_check_s <= 0 || waited < o_.stall_check_s) continue;

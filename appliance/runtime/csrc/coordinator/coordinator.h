@@ -7,8 +7,11 @@
 // issued at once unless another name is ready on only some ranks (more is coming), in which
 // case it waits up to the cycle time so that it can fuse.
 //
+// Process sets: a request names its set (0 = every rank); a name is complete when every member
+// of its set is ready, and validation, sizes and plans speak of the set's ranks in member order.
+// Sets are added and removed (add_process_set/remove_process_set) in the same order on every rank.
 // Joined ranks (hvd.join) count as ready for allreduces and contribute zeros; other kinds
-// fail while a rank is joined. A rank that left (shutdown) fails every name it never submitted.
+// fail while a rank is joined (on the ranks that submitted them: the joined rank is not told). A rank that left (shutdown) fails every name it never submitted.
 // Stall check: names waiting on some ranks for too long are reported, at most one report per
 // warning period listing every stalled name (oldest first) with its missing ranks; past the shutdown time
 // the job aborts with Code::kStalled, blaming the lowest missing rank of the oldest name.
@@ -45,6 +48,10 @@ class Coordinator {
   // A rank shut down in order; it will submit nothing more.
   void on_rank_left(int rank);
 
+  // Process sets by id (> 0); members are sorted job ranks. Returns "" or why not.
+  std::string add_process_set(int32_t id, std::vector<int> members);
+  void remove_process_set(int32_t id);
+
   // Plan entries to issue now; empty when nothing is due (see next_deadline()).
   std::vector<PlanEntry> take_plan(Time now);
   // When take_plan() should be called again at the latest (Time::max() when idle).
@@ -62,12 +69,14 @@ class Coordinator {
  private:
   struct Pending {
     std::string name;
+    int32_t set = 0;
     OpKind kind = OpKind::kAllreduce;
     std::vector<std::optional<Request>> reqs;  // per rank
     int count = 0;
     Time first_seen{};
   };
 
+  const std::vector<int>* members(int32_t set) const;  // nullptr: unknown set
   bool complete(const Pending& p) const;
   void promote_if_complete(const std::string& name, Time now);
   PlanEntry validate(Pending& p);
@@ -76,8 +85,10 @@ class Coordinator {
   CoordinatorOptions o_;
   std::unordered_map<std::string, Pending> pending_;
   std::vector<PlanEntry> ready_;                 // validated, in readiness order
-  std::map<uint32_t, std::vector<PlanEntry>> groups_;  // group id -> members validated so far
+  std::map<std::pair<int32_t, uint32_t>, std::vector<PlanEntry>> groups_;  // (set, group id) -> members validated so far
   Time first_ready_{};
+  std::vector<int> all_;                          // 0..size-1: the global set
+  std::map<int32_t, std::vector<int>> sets_;      // the other sets
   std::vector<uint8_t> joined_, left_;
   int joined_count_ = 0;
   int last_joined_ = -1;

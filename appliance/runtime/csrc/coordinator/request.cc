@@ -7,7 +7,7 @@ namespace appliance {
 bool Signature::operator==(const Signature& o) const {
   return kind == o.kind && dtype == o.dtype && shape == o.shape && op == o.op && prescale == o.prescale &&
          postscale == o.postscale && root == o.root && (device < 0) == (o.device < 0) &&
-         group_id == o.group_id && group_size == o.group_size;
+         group_id == o.group_id && group_size == o.group_size && process_set == o.process_set;
 }
 
 int64_t Signature::numel() const {
@@ -23,7 +23,7 @@ int64_t Signature::row_elems() const {
 }
 
 bool Signature::cacheable() const {
-  return kind == OpKind::kAllreduce || kind == OpKind::kBroadcast || kind == OpKind::kReducescatter;
+  return process_set == 0 && (kind == OpKind::kAllreduce || kind == OpKind::kBroadcast || kind == OpKind::kReducescatter);
 }
 
 void Signature::encode(Writer& w) const {
@@ -37,6 +37,7 @@ void Signature::encode(Writer& w) const {
   w.i32(device);
   w.u32(group_id);
   w.u32(group_size);
+  w.i32(process_set);
 }
 
 Signature Signature::decode(Reader& r) {
@@ -59,6 +60,8 @@ Signature Signature::decode(Reader& r) {
   s.device = r.i32();
   s.group_id = r.u32();
   s.group_size = r.u32();
+  s.process_set = r.i32();
+  if (s.process_set < 0) r.fail("negative process set id " + std::to_string(s.process_set));
   return s;
 }
 
@@ -104,6 +107,8 @@ std::string describe_mismatch(const std::string& name, int ra, const Request& a,
     head("dtype") << dtype_name(x.dtype) << ", rank " << rb << " has " << dtype_name(y.dtype);
   } else if ((x.device < 0) != (y.device < 0)) {
     head("device") << (x.device < 0 ? "cpu" : "cuda") << ", rank " << rb << " has " << (y.device < 0 ? "cpu" : "cuda");
+  } else if (x.process_set != y.process_set) {
+    head("process set") << x.process_set << ", rank " << rb << " has " << y.process_set;
   } else if (x.group_id != y.group_id || x.group_size != y.group_size) {
     head("group") << x.group_id << "/" << x.group_size << ", rank " << rb << " has " << y.group_id << "/" << y.group_size;
   } else if (x.kind == OpKind::kAllgather || x.kind == OpKind::kAlltoall) {

@@ -26,6 +26,7 @@ struct Signature {
   int32_t root = 0;
   int32_t device = -1;  // -1 host, >= 0 CUDA device (only host vs CUDA must agree)
   uint32_t group_id = 0, group_size = 0;
+  int32_t process_set = 0;  // 0 = every rank; otherwise an id registered on every rank (root, splits: set ranks)
 
   bool operator==(const Signature& o) const;
   bool operator!=(const Signature& o) const { return !(*this == o); }

@@ -31,6 +31,23 @@ std::string Runtime::cuda_path(std::string* why) const {
 }
 
 Backend& Runtime::backend_for(const PlanEntry& e, const std::vector<OpState*>& ops) {
+  const int32_t set = e.sigs.empty() ? 0 : e.sigs[0].process_set;
+  if (set != 0) {
+    // A process set runs on its Comm view: host memory directly, CUDA memory through host
+    // staging (NCCL communicators exist for the global set only; making one is job-wide).
+    SetComm& sc = *set_comm(set);
+    if (e.sigs[0].device < 0) return *sc.cpu;
+    if (cuda_.library.empty()) {  // not loaded yet (the global set's first CUDA entry loads it too)
+      cuda_ = load_cuda_api(cfg_.cudart_candidates);
+      if (!cuda_.usable())
+        throw Error(Code::kInternal, "this rank has CUDA tensors but the collective core cannot use the CUDA runtime: " + cuda_.why,
+                    cfg_.rank, cfg_.host);
+    }
+    if (!sc.staging) sc.staging = std::make_unique<StagingBackend>(*sc.cpu, cuda_);
+    if (warned_.insert("process-set-staging").second)
+      log_line(cfg_.rank, "warning: CUDA tensors of process sets other than the global one go through host memory");
+    return *sc.staging;
+  }
   if (e.sigs.empty() || e.sigs[0].device < 0) return *cpu_;
   if (!cuda_ready_) {
     int device = join_device_.load();

@@ -116,10 +116,13 @@ int Runtime::poll_timeout_ms() const {
 
 void Runtime::intake() {
   std::deque<OpPtr> fresh;
+  std::deque<SetChange> changes;
   {
     std::lock_guard<std::mutex> g(qmu_);
     fresh.swap(queue_);
+    changes.swap(set_changes_);
   }
+  apply_set_changes(changes);  // before the requests queued after them
   if (fresh.empty()) return;
   ReadyMsg m;
   m.epoch = plans_applied_;
@@ -185,7 +188,11 @@ void Runtime::dispatch_inbox() {
     Plan plan;
     try {
       type = peek_ctrl_type(m.payload, from);
-      if (type == CtrlType::kPlan && !coord_) plan = decode_plan(m.payload, cache_, cfg_.size, from);
+      if (type == CtrlType::kPlan && !coord_)
+        plan = decode_plan(m.payload, cache_, cfg_.size, from, [this](int32_t id) {
+          auto it = set_sizes_.find(id);
+          return it == set_sizes_.end() ? 0 : it->second;
+        });
     } catch (const Error& e) {
       throw Error(Code::kProtocol, e.status().message, m.from, host_of(m.from));
     }
@@ -252,6 +259,16 @@ void Runtime::run_plan(Plan& plan) {
 }
 
 void Runtime::run_entry(const PlanEntry& e) {
+  const int32_t set = e.sigs.empty() ? 0 : e.sigs[0].process_set;
+  if (set != 0 && e.ok && !set_comm(set)) {
+    // Not a member: nothing of this entry runs here. (A member whose set is gone cannot have
+    // an ok entry: the coordinator fails names of unknown sets.)
+    for (const std::string& n : e.names)
+      if (inflight_.count(n))
+        throw Error(Code::kProtocol, "the plan runs '" + n + "' in process set " + std::to_string(set) +
+                                         ", which this rank is not in", 0, host_of(0));
+    return;
+  }
   std::vector<OpPtr> ops(e.names.size());
   std::vector<OpState*> raw(e.names.size(), nullptr);
   const bool joined_here = !e.joined.empty() && e.joined[cfg_.rank];
@@ -261,7 +278,8 @@ void Runtime::run_entry(const PlanEntry& e) {
       ops[i] = it->second;
       raw[i] = ops[i].get();
       inflight_.erase(it);
-    } else if (!(joined_here && e.kind == OpKind::kAllreduce)) {
+    } else if (e.ok && !(joined_here && e.kind == OpKind::kAllreduce)) {
+      // A failed entry may name ops this rank never submitted (it had joined): nothing to fail here.
       throw Error(Code::kProtocol, "the plan names " + std::string(op_kind_name(e.kind)) + " '" + e.names[i] +
                                        "', which this rank never submitted", 0, host_of(0));
     }

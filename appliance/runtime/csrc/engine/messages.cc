@@ -88,7 +88,8 @@ std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
   return w.take();
 }
 
-Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from) {
+Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from,
+                 const std::function<int(int32_t)>& set_size) {
   Reader r(payload.data(), payload.size(), "PLAN message from " + from);
   expect_type(r, CtrlType::kPlan);
   Plan p;
@@ -129,9 +130,13 @@ Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache
     e.joined_last = r.i32();
     auto joined = r.bytes(static_cast<size_t>(size));
     e.joined.assign(joined.begin(), joined.end());
-    if (e.kind == OpKind::kAllgather && e.ok && e.sizes.size() != static_cast<size_t>(size))
+    // Sizes speak of the entry's process set (all ranks for set 0).
+    const int32_t set = e.sigs[0].process_set;
+    const int P = set == 0 ? size : (set_size ? set_size(set) : -1);
+    if (e.ok && set != 0 && P <= 0) r.fail("entry for process set " + std::to_string(set) + ", which this rank does not know");
+    if (e.kind == OpKind::kAllgather && e.ok && e.sizes.size() != static_cast<size_t>(P))
       r.fail("allgather entry without one size per rank");
-    if (e.kind == OpKind::kAlltoall && e.ok && e.sizes.size() != static_cast<size_t>(size) * size)
+    if (e.kind == OpKind::kAlltoall && e.ok && e.sizes.size() != static_cast<size_t>(P) * P)
       r.fail("alltoall entry without a full split matrix");
     if (!e.joined.empty() && e.joined.size() != static_cast<size_t>(size)) r.fail("joined vector of wrong length");
     p.entries.push_back(std::move(e));

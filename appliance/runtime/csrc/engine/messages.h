@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "coordinator/request.h"
@@ -33,7 +34,9 @@ std::vector<uint8_t> encode_ready(const ReadyMsg& m);
 ReadyMsg decode_ready(const std::vector<uint8_t>& payload, const std::string& from);
 
 std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache);
-Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from);
+// set_size(id): ranks in process set `id` (<= 0 when unknown); sizes of its entries are checked against it.
+Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from,
+                 const std::function<int(int32_t)>& set_size = nullptr);
 
 std::vector<uint8_t> encode_resend(const std::vector<uint32_t>& ids);
 std::vector<uint32_t> decode_resend(const std::vector<uint8_t>& payload, const std::string& from);

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
@@ -75,9 +76,8 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
     throw;
   }
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
-  CollectiveOptions copts;
-  copts.chunk_bytes = cfg_.chunk_bytes;
-  cpu_ = std::make_unique<CpuBackend>(*comm_, copts);
+  copts_.chunk_bytes = cfg_.chunk_bytes;
+  cpu_ = std::make_unique<CpuBackend>(*comm_, copts_);
   if (cfg_.rank == 0) {
     CoordinatorOptions co;
     co.size = cfg_.size;
@@ -130,11 +130,13 @@ void Runtime::shutdown() {
 
 int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   Signature& s = req.sig;
-  const int P = cfg_.size;
   auto bad = [&](const std::string& why) {
     throw std::invalid_argument(std::string(op_kind_name(s.kind)) + " '" + req.name + "': " + why);
   };
-  if (s.kind == OpKind::kJoin) req.name = "__join__";
+  if (s.kind == OpKind::kJoin) {
+    req.name = "__join__";
+    s.process_set = 0;  // join is job-wide
+  }
   if (req.name.empty()) bad("empty tensor name");
   if (s.op == ReduceOp::kAdasum) bad("the Adasum reduction is not supported by this runtime");
   s.shape = in.shape;
@@ -147,6 +149,17 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   if (needs_rows && s.shape.empty()) bad("needs a tensor with at least one dimension");
   if (s.numel() > 0 && s.kind != OpKind::kBarrier && s.kind != OpKind::kJoin && in.ptr == 0) bad("null data pointer");
   if ((s.kind == OpKind::kAllreduce || s.kind == OpKind::kBroadcast) && s.numel() > 0 && out.ptr == 0) bad("null output pointer");
+  int P = cfg_.size;
+  if (s.process_set != 0) {
+    std::lock_guard<std::mutex> g(qmu_);
+    auto it = known_sets_.find(s.process_set);
+    if (it == known_sets_.end()) bad("process set " + std::to_string(s.process_set) + " is not registered on this rank");
+    const std::vector<int>& m = it->second;
+    if (!std::binary_search(m.begin(), m.end(), cfg_.rank))
+      bad("rank " + std::to_string(cfg_.rank) + " is not in process set " + std::to_string(s.process_set) + " " + shape_str(std::vector<int64_t>(m.begin(), m.end())));
+    P = static_cast<int>(m.size());
+    req.name = "ps" + std::to_string(s.process_set) + "/" + req.name;  // names are per set
+  }
   if (s.kind == OpKind::kBroadcast && (s.root < 0 || s.root >= P))
     bad("root rank " + std::to_string(s.root) + " is not within size " + std::to_string(P));
   if (s.kind == OpKind::kAlltoall) {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include <map>
 #include <set>
 
 #include "backends/backend.h"
@@ -91,6 +92,11 @@ class Runtime {
     return op;
   }
   void shutdown();
+  // Process sets (engine/process_sets.cc). Every rank adds and removes the same sets in the
+  // same order (the adapter makes that collective); `members` are job ranks. add throws
+  // std::invalid_argument for a bad id or rank list; ops on a set are ordered after its add.
+  void add_process_set(int32_t id, std::vector<int> members);
+  void remove_process_set(int32_t id);
   // Where CUDA outputs of allgather/alltoall/reducescatter come from (set by the adapter before
   // its first CUDA operation; called on the background thread).
   void set_device_allocator(DeviceAllocator a);
@@ -109,6 +115,20 @@ class Runtime {
   void issue_plans();
   void run_plan(Plan& plan);
   void run_entry(const PlanEntry& e);
+  // --- process sets (engine/process_sets.cc) ---
+  struct SetChange {
+    bool add;
+    int32_t id;
+    std::vector<int> members;
+  };
+  struct SetComm {  // this rank's side of a process set it belongs to
+    std::vector<int> members;
+    std::unique_ptr<Comm> comm;
+    std::unique_ptr<CpuBackend> cpu;
+    std::unique_ptr<StagingBackend> staging;
+  };
+  void apply_set_changes(std::deque<SetChange>& changes);
+  SetComm* set_comm(int32_t id);  // nullptr: not a member (or unknown)
   // --- devices (engine/devices.cc) ---
   Backend& backend_for(const PlanEntry& e, const std::vector<OpState*>& ops);
   void setup_cuda(int device);
@@ -171,12 +191,17 @@ class Runtime {
 
   std::mutex qmu_;
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
+  std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
+  std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
   bool stopping_ = false;
   Status terminal_;          // set once the runtime can run nothing more
   bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)
 
   // background-thread state
   std::unordered_map<std::string, OpPtr> inflight_;  // announced, waiting for a plan
+  std::map<int32_t, SetComm> sets_;                  // process sets this rank is in
+  std::map<int32_t, int> set_sizes_;                 // every registered process set -> its number of ranks
+  CollectiveOptions copts_;
   std::deque<Inbound> inbox_;
   uint64_t plans_applied_ = 0;
   uint64_t plan_seq_ = 0;

@@ -1,0 +1,76 @@
+// Process sets on a Runtime: the caller-side table (enqueue checks membership, root and splits
+// against it) and the background thread's side (the coordinator's table on rank 0, and on every
+// member a Comm view with its own CPU backend, plus host staging for CUDA tensors: NCCL
+// communicators exist for the global set only).
+//
+// Order: add/remove queue a change under the queue lock; the background thread applies changes
+// before the requests queued after them, so an op on a new set is always announced after the
+// set exists on its rank. Across ranks the adapter makes add/remove collective (a global barrier
+// after the change), so rank 0's coordinator knows a set before any member's request for it.
+#include <algorithm>
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include "common/log.h"
+#include "engine/runtime.h"
+
+namespace appliance {
+
+void Runtime::add_process_set(int32_t id, std::vector<int> members) {
+  std::sort(members.begin(), members.end());
+  if (id <= 0) throw std::invalid_argument("process set id " + std::to_string(id) + " is reserved (0 is the global set)");
+  if (members.empty()) throw std::invalid_argument("a process set needs at least one rank");
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i] < 0 || members[i] >= cfg_.size || (i && members[i] == members[i - 1]))
+      throw std::invalid_argument("process set ranks " + shape_str(std::vector<int64_t>(members.begin(), members.end())) +
+                                  " are not distinct ranks below the job size " + std::to_string(cfg_.size));
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (known_sets_.count(id)) throw std::invalid_argument("process set " + std::to_string(id) + " exists already");
+    known_sets_[id] = members;
+    set_changes_.push_back(SetChange{true, id, std::move(members)});
+  }
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void Runtime::remove_process_set(int32_t id) {
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (!known_sets_.erase(id)) throw std::invalid_argument("process set " + std::to_string(id) + " is not registered");
+    set_changes_.push_back(SetChange{false, id, {}});
+  }
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void Runtime::apply_set_changes(std::deque<SetChange>& changes) {
+  for (SetChange& c : changes) {
+    if (!c.add) {
+      if (coord_) coord_->remove_process_set(c.id);
+      sets_.erase(c.id);
+      set_sizes_.erase(c.id);
+      continue;
+    }
+    if (coord_) {
+      std::string why = coord_->add_process_set(c.id, c.members);
+      APPLIANCE_ASSERT(why.empty(), why);
+    }
+    set_sizes_[c.id] = static_cast<int>(c.members.size());
+    if (!std::binary_search(c.members.begin(), c.members.end(), cfg_.rank)) continue;
+    SetComm sc;
+    sc.members = c.members;
+    sc.comm = std::make_unique<Comm>(*comm_, c.members);
+    sc.cpu = std::make_unique<CpuBackend>(*sc.comm, copts_);
+    sets_[c.id] = std::move(sc);
+  }
+  changes.clear();
+}
+
+Runtime::SetComm* Runtime::set_comm(int32_t id) {
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : &it->second;
+}
+
+}  // namespace appliance
