@@ -14,8 +14,9 @@ Environment: none read here; ``init`` reads the job layout through ``appliance.c
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET; none = a single rank).
 
 Failure modes: every call before ``init`` raises ``ValueError`` (as Horovod); unsupported
-dtypes/devices and bad arguments raise ``ValueError``; process sets other than the global one
-and Adasum on more than one rank raise ``NotImplementedError`` naming issue 9; ``synchronize`` raises
+dtypes/devices and bad arguments raise ``ValueError`` (Adasum on integer tensors too); reducescatter
+with Adasum raises ``HorovodInternalError`` (as Horovod); process sets other than the global one
+raise ``NotImplementedError`` naming issue 9; ``synchronize`` raises
 ``HorovodInternalError`` when the job failed (names the origin rank and host) and
 ``MismatchError`` when ranks disagree on a tensor (the runtime stays usable).
 """
@@ -222,14 +223,13 @@ def rocm_built() -> bool:
 resolve_op = get_average_backwards_compatibility_fun(types.SimpleNamespace(Average=Average, Sum=Sum))
 
 
-def _core_op(op) -> int:
+def _core_op(op, allreduce: bool = True) -> int:
+    """The core's op code. Adasum is an allreduce of floating point tensors (the core refuses
+    other dtypes with ``ValueError``); any other collective raises Horovod's error for it."""
     if op not in _REDUCE_OPS:
-        raise ValueError(f"unknown reduction op {op!r} (use hvd.Average, Sum, Min, Max or Product)")
-    if op == Adasum:
-        if size() == 1:
-            return Sum  # one rank: Adasum of a single tensor is that tensor
-        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime yet (issue 9); "
-                                  "use hvd.Average or hvd.Sum")
+        raise ValueError(f"unknown reduction op {op!r} (use hvd.Average, Sum, Adasum, Min, Max or Product)")
+    if op == Adasum and not allreduce:
+        raise HorovodInternalError("Reducescatter does not support Adasum (ops: Average, Sum, Min, Max, Product)")
     return op
 
 
@@ -450,7 +450,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Start reducing ``tensor`` (same shape on every rank) and keep this rank's block of the
     first dimension: rank r gets ``dim0 // size`` rows, one more when ``r < dim0 % size``."""
     check_process_set(process_set)
-    core_op = _core_op(op)
+    core_op = _core_op(op, allreduce=False)
     work = stage(tensor)
     _first_dim(work, "reducescatter")
     h = _submit(Kind.REDUCESCATTER, name, work, op=core_op, prescale=float(prescale_factor),
@@ -461,7 +461,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     check_process_set(process_set)
-    core_op = _core_op(op)
+    core_op = _core_op(op, allreduce=False)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     for w in works:
