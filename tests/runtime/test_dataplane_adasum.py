@@ -53,7 +53,7 @@ def test_adasum_matches_recursive_reference_power_of_two(P, name, tol):
     rng = np.random.default_rng(P)
     for n in (1, 2, 7, 301, 2503):
         xs = [rng.standard_normal(n).astype(DTYPES[name]) for _ in range(P)]
-        outs = adasum(P, xs, name, max_frame=256)
+        outs = adasum(P, xs, name, max_frame=256, chunk_bytes=44)  # dots taken per piece
         want = adasum_ref(xs)
         for r, o in enumerate(outs):
             np.testing.assert_allclose(o, want, rtol=tol, atol=tol, err_msg=f"{name} n={n} rank {r}")
@@ -76,7 +76,7 @@ def test_fused_tensors_each_get_their_own_dot_products(P):
     rng = np.random.default_rng(40 + P)
     counts = [3, 0, 250, 1, 48]
     xs = [rng.standard_normal(sum(counts)) for _ in range(P)]
-    outs = adasum(P, xs, counts=counts)
+    outs = adasum(P, xs, counts=counts, chunk_bytes=24)  # pieces cut across tensors
     want = adasum_ref(xs, counts)
     assert not np.allclose(want, adasum_ref(xs)), "per-tensor and whole-buffer Adasum should differ here"
     bounds = np.cumsum([0] + counts)

@@ -4,7 +4,7 @@ Usage: torch_adasum.py. Checks ``hvd.allreduce(op=hvd.Adasum)`` (sync, async, in
 grouped, scale factors, float16) against a torch reference of the recursive Adasum (ranks past
 the largest power of 2 folded into rank r - Q first, as collectives/adasum.cc does), its two
 properties (orthogonal inputs add up, equal inputs give the input), the refusals (integer
-tensors, reducescatter) with the runtime usable afterwards, and
+tensors, reducescatter) with the runtime usable afterwards, a joined rank (zeros), and
 ``DistributedOptimizer(op=hvd.Adasum)``: one step equals start + Adasum(local deltas) computed
 here for every rank, parameters stay identical on all ranks, and a small regression trains.
 Reports ``{"ok": true, "rank", "size", "losses": [...]}`` through ``_report``; a failed check
@@ -100,6 +100,18 @@ def refusals(P, r):
     assert torch.equal(s, torch.full((3,), float(P))), s
 
 
+def joined(P, r):
+    # a rank that has joined contributes zeros, which Adasum leaves out (Adasum(a, 0) = a)
+    xs = [rand("join", q, 33) for q in range(P)]
+    if r == P - 1:
+        last = hvd.join()
+    else:
+        got = hvd.allreduce(xs[r], op=hvd.Adasum, name="join.adasum")
+        close(got, adasum_ref(xs[:-1] + [torch.zeros(33, dtype=torch.float64)]), "Adasum with a joined rank", 1e-12)
+        last = hvd.join()
+    assert 0 <= last < P, last
+
+
 def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
@@ -177,6 +189,7 @@ def main() -> None:
     try:
         collectives(P, r)
         refusals(P, r)
+        joined(P, r)
         optimizer_one_step(P, r)
         data["losses"] = optimizer_trains(P, r)
         data["ok"] = True

@@ -13,8 +13,10 @@
 //     level: l+1 recursive-doubling steps of 24T bytes.
 //   gather half: L steps, the segments travel back (distance halving): a ring-free allgather.
 //   bytes on the wire per rank: 2N(P-1)/P (as the ring); messages: 2L + L(L+1)/2, against the
-//   ring's 2(P-1): fewer for P >= 8 and latency-bound sizes. Compute: 2 passes over N(P-1)/P
-//   (dots, then combine); dots in double, combination in float (float16/bfloat16 widened).
+//   ring's 2(P-1): fewer for P >= 8 and latency-bound sizes. Compute: 2 passes over N(P-1)/P:
+//   the dots, taken on each received piece (chunk_bytes) as it arrives, overlapping the
+//   transfer, then the combination, which needs the level's completed sums; dots in double,
+//   combination in float (float16/bfloat16 widened).
 // Non-power-of-2 P: the Q = 2^floor(log2 P) lowest ranks run VHDD. Before it, each extra rank
 //   Q+i sends its whole buffer to rank i, which folds it in locally (rank i's input becomes
 //   Adasum(g_i, g_{Q+i}), with whole-vector dot products, no communication); after it, rank i
@@ -106,8 +108,13 @@ double coefficient(double dot, double own_normsq) { return own_normsq > 0 ? 1.0 
 template <typename E>
 class Adasum {
  public:
-  Adasum(Comm& c, uint8_t* buf, const std::vector<size_t>& counts)
-      : c_(c), buf_(buf), esz_(sizeof(typename E::Store)), bounds_(counts.size() + 1, 0), sums_(3 * counts.size()) {
+  Adasum(Comm& c, uint8_t* buf, const std::vector<size_t>& counts, size_t chunk_bytes)
+      : c_(c),
+        buf_(buf),
+        esz_(sizeof(typename E::Store)),
+        grain_(std::max(esz_, chunk_bytes - chunk_bytes % esz_)),
+        bounds_(counts.size() + 1, 0),
+        sums_(3 * counts.size()) {
     std::partial_sum(counts.begin(), counts.end(), bounds_.begin() + 1);
   }
 
@@ -125,9 +132,11 @@ class Adasum {
     }
     const bool folds = r + Q < P;
     uint8_t* ws = static_cast<uint8_t*>(c_.workspace(folds ? bytes : (total - total / 2) * esz_));
-    if (folds) {
+    if (folds) {  // whole vectors on one rank: the sums need no communication
       c_.recv(r + Q, ws, bytes);
-      level(0, total, buf_, ws, buf_, [](std::vector<double>&) {});
+      std::fill(sums_.begin(), sums_.end(), 0.0);
+      accumulate(0, total, buf_, ws);
+      combine_range(0, total, buf_, ws, buf_);
     }
     vhdd(Q, ws);
     if (folds) c_.send(r + Q, buf_, bytes);
@@ -138,15 +147,16 @@ class Adasum {
     size_t begin, len;
   };
 
-  // Combine a and b over the elements [begin, begin+len) (pointers at that offset), with the
-  // per-tensor sums completed by `reduce`, into dst.
-  template <typename Reduce>
-  void level(size_t begin, size_t len, const uint8_t* a, const uint8_t* b, uint8_t* dst, Reduce&& reduce) {
-    std::fill(sums_.begin(), sums_.end(), 0.0);
+  // Add the per-tensor partial sums of a and b over the elements [begin, begin+len) (the
+  // pointers are at element `begin`) to sums_.
+  void accumulate(size_t begin, size_t len, const uint8_t* a, const uint8_t* b) {
     for_tensors(begin, len, [&](size_t k, size_t at, size_t n) {
       partials<E>(a + at * esz_, b + at * esz_, n, &sums_[3 * k]);
     });
-    reduce(sums_);
+  }
+
+  // With sums_ complete: dst = Adasum(a, b) per tensor over [begin, begin+len).
+  void combine_range(size_t begin, size_t len, const uint8_t* a, const uint8_t* b, uint8_t* dst) {
     for_tensors(begin, len, [&](size_t k, size_t at, size_t n) {
       const double dot = sums_[3 * k], aa = sums_[3 * k + 1], bb = sums_[3 * k + 2];
       combine<E>(dst + at * esz_, a + at * esz_, b + at * esz_, n, coefficient(dot, aa), coefficient(dot, bb));
@@ -175,16 +185,26 @@ class Adasum {
       const size_t h = s.len / 2;
       const Seg keep = left ? Seg{s.begin, h} : Seg{s.begin + h, s.len - h};
       const Seg give = left ? Seg{s.begin + h, s.len - h} : Seg{s.begin, h};
-      c_.sendrecv(peer, buf_ + give.begin * esz_, give.len * esz_, peer, ws, keep.len * esz_);
       uint8_t* mine = buf_ + keep.begin * esz_;
-      auto group_sum = [&](std::vector<double>& v) {
-        const size_t nb = v.size() * sizeof(double);
-        for (int e = 1; e <= d; e <<= 1) {
-          c_.sendrecv(r ^ e, v.data(), nb, r ^ e, peer_sums.data(), nb);
-          for (size_t i = 0; i < v.size(); ++i) v[i] += peer_sums[i];
-        }
-      };
-      level(keep.begin, keep.len, left ? mine : ws, left ? ws : mine, mine, group_sum);
+      const uint8_t* a = left ? mine : ws;
+      const uint8_t* b = left ? ws : mine;
+      // The partial sums are taken piece by piece as the partner's half arrives (cache-hot).
+      std::fill(sums_.begin(), sums_.end(), 0.0);
+      std::vector<SendOp> sends{SendOp{peer, buf_ + give.begin * esz_, give.len * esz_}};
+      std::vector<RecvOp> recvs(1);
+      recvs[0].peer = peer;
+      recvs[0].data = ws;
+      recvs[0].len = keep.len * esz_;
+      recvs[0].grain = grain_;
+      recvs[0].on_piece = [&](size_t off, size_t n) { accumulate(keep.begin + off / esz_, n / esz_, a + off, b + off); };
+      c_.exchange(sends, recvs);
+      // Complete the sums over the 2d ranks of this level (recursive doubling, XOR partners).
+      const size_t nb = sums_.size() * sizeof(double);
+      for (int e = 1; e <= d; e <<= 1) {
+        c_.sendrecv(r ^ e, sums_.data(), nb, r ^ e, peer_sums.data(), nb);
+        for (size_t i = 0; i < sums_.size(); ++i) sums_[i] += peer_sums[i];
+      }
+      combine_range(keep.begin, keep.len, a, b, mine);
       held.push_back(s);
       s = keep;
     }
@@ -202,19 +222,21 @@ class Adasum {
   Comm& c_;
   uint8_t* buf_;
   size_t esz_;
+  size_t grain_;                // whole elements of at most chunk_bytes: partial sums per piece
   std::vector<size_t> bounds_;  // tensor k is elements [bounds_[k], bounds_[k+1])
   std::vector<double> sums_;    // per tensor: a.b, |a|^2, |b|^2
 };
 
 }  // namespace
 
-void adasum_allreduce(Comm& c, void* buf, const std::vector<size_t>& counts, DataType dt, const CollectiveOptions&) {
+void adasum_allreduce(Comm& c, void* buf, const std::vector<size_t>& counts, DataType dt, const CollectiveOptions& o) {
   auto* b = static_cast<uint8_t*>(buf);
+  const size_t chunk = o.chunk_bytes;
   switch (dt) {
-    case DataType::kFloat32: return Adasum<Plain<float>>(c, b, counts).run();
-    case DataType::kFloat64: return Adasum<Plain<double>>(c, b, counts).run();
-    case DataType::kFloat16: return Adasum<Half>(c, b, counts).run();
-    case DataType::kBFloat16: return Adasum<BHalf>(c, b, counts).run();
+    case DataType::kFloat32: return Adasum<Plain<float>>(c, b, counts, chunk).run();
+    case DataType::kFloat64: return Adasum<Plain<double>>(c, b, counts, chunk).run();
+    case DataType::kFloat16: return Adasum<Half>(c, b, counts, chunk).run();
+    case DataType::kBFloat16: return Adasum<BHalf>(c, b, counts, chunk).run();
     default:
       throw Error(Code::kInvalid, std::string("adasum: dtype ") + dtype_name(dt) +
                                       " is not a floating point type (Adasum reduces float16, bfloat16, "
