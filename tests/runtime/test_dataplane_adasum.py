@@ -65,10 +65,11 @@ def test_adasum_non_power_of_two_folds_extra_ranks_into_partners(P):
     rng = np.random.default_rng(30 + P)
     for n in (1, 5, 1001):
         xs = [rng.standard_normal(n) for _ in range(P)]
-        outs = adasum(P, xs)
         want = adasum_ref(xs)
-        for r, o in enumerate(outs):
-            np.testing.assert_allclose(o, want, rtol=1e-12, atol=1e-12, err_msg=f"P={P} n={n} rank {r}")
+        for chunk in (40, 1 << 20):  # the fold's dot products piece by piece, or in one piece
+            outs = adasum(P, xs, chunk_bytes=chunk)
+            for r, o in enumerate(outs):
+                np.testing.assert_allclose(o, want, rtol=1e-12, atol=1e-12, err_msg=f"P={P} n={n} rank {r}")
 
 
 @pytest.mark.parametrize("P", (2, 3, 4))

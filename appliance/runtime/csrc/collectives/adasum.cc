@@ -133,9 +133,8 @@ class Adasum {
     const bool folds = r + Q < P;
     uint8_t* ws = static_cast<uint8_t*>(c_.workspace(folds ? bytes : (total - total / 2) * esz_));
     if (folds) {  // whole vectors on one rank: the sums need no communication
-      c_.recv(r + Q, ws, bytes);
       std::fill(sums_.begin(), sums_.end(), 0.0);
-      accumulate(0, total, buf_, ws);
+      receive_accumulating(r + Q, ws, 0, total, buf_, ws);
       combine_range(0, total, buf_, ws, buf_);
     }
     vhdd(Q, ws);
@@ -153,6 +152,22 @@ class Adasum {
     for_tensors(begin, len, [&](size_t k, size_t at, size_t n) {
       partials<E>(a + at * esz_, b + at * esz_, n, &sums_[3 * k]);
     });
+  }
+
+  // Receive len elements from `peer` into `into` (while sending `send`, if any), adding the
+  // partial sums of a and b (at element `begin`; one of them is `into`) to sums_ piece by
+  // piece as they arrive, so the dot products overlap the transfer and read cache-hot data.
+  void receive_accumulating(int peer, uint8_t* into, size_t begin, size_t len, const uint8_t* a, const uint8_t* b,
+                            SendOp send = SendOp{-1, nullptr, 0}) {
+    std::vector<SendOp> sends;
+    if (send.peer >= 0) sends.push_back(send);
+    std::vector<RecvOp> recvs(1);
+    recvs[0].peer = peer;
+    recvs[0].data = into;
+    recvs[0].len = len * esz_;
+    recvs[0].grain = grain_;
+    recvs[0].on_piece = [&](size_t off, size_t n) { accumulate(begin + off / esz_, n / esz_, a + off, b + off); };
+    c_.exchange(sends, recvs);
   }
 
   // With sums_ complete: dst = Adasum(a, b) per tensor over [begin, begin+len).
@@ -188,16 +203,9 @@ class Adasum {
       uint8_t* mine = buf_ + keep.begin * esz_;
       const uint8_t* a = left ? mine : ws;
       const uint8_t* b = left ? ws : mine;
-      // The partial sums are taken piece by piece as the partner's half arrives (cache-hot).
       std::fill(sums_.begin(), sums_.end(), 0.0);
-      std::vector<SendOp> sends{SendOp{peer, buf_ + give.begin * esz_, give.len * esz_}};
-      std::vector<RecvOp> recvs(1);
-      recvs[0].peer = peer;
-      recvs[0].data = ws;
-      recvs[0].len = keep.len * esz_;
-      recvs[0].grain = grain_;
-      recvs[0].on_piece = [&](size_t off, size_t n) { accumulate(keep.begin + off / esz_, n / esz_, a + off, b + off); };
-      c_.exchange(sends, recvs);
+      receive_accumulating(peer, ws, keep.begin, keep.len, a, b,
+                           SendOp{peer, buf_ + give.begin * esz_, give.len * esz_});
       // Complete the sums over the 2d ranks of this level (recursive doubling, XOR partners).
       const size_t nb = sums_.size() * sizeof(double);
       for (int e = 1; e <= d; e <<= 1) {
