@@ -6,8 +6,8 @@ core without linking against libtorch: tensors are handed to the core as data po
 A script started without a launcher runs as a single rank.
 
 Not provided yet (issue 9; each exists as a name and raises ``NotImplementedError`` naming the
-feature when used): ``SyncBatchNorm``, ``elastic``, Adasum on more than one rank, process sets
-other than the global one, and the timeline. Environment: read by ``init``
+feature when used): ``SyncBatchNorm``, ``elastic``, process sets other than the global one,
+and the timeline. Environment: read by ``init``
 through ``appliance.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
 rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
 """

@@ -14,8 +14,9 @@ Environment: none read here; ``init`` reads the job layout through ``appliance.c
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET; none = a single rank).
 
 Failure modes: every call before ``init`` raises ``ValueError`` (as Horovod); unsupported
-dtypes/devices and bad arguments raise ``ValueError``; process sets other than the global one
-and Adasum on more than one rank raise ``NotImplementedError`` naming issue 9; ``synchronize`` raises
+dtypes/devices and bad arguments raise ``ValueError`` (Adasum on integer tensors too); reducescatter
+with Adasum raises ``HorovodInternalError`` (as Horovod); process sets other than the global one
+raise ``NotImplementedError`` naming issue 9; ``synchronize`` raises
 ``HorovodInternalError`` when the job failed (names the origin rank and host) and
 ``MismatchError`` when ranks disagree on a tensor (the runtime stays usable).
 """
@@ -170,14 +171,13 @@ def rocm_built() -> bool:
 resolve_op = get_average_backwards_compatibility_fun(types.SimpleNamespace(Average=Average, Sum=Sum))
 
 
-def _core_op(op, process_set=None) -> int:
+def _core_op(op, allreduce: bool = True) -> int:
+    """The core's op code. Adasum is an allreduce of floating point tensors (the core refuses
+    other dtypes with ``ValueError``); any other collective raises Horovod's error for it."""
     if op not in _REDUCE_OPS:
-        raise ValueError(f"unknown reduction op {op!r} (use hvd.Average, Sum, Min, Max or Product)")
-    if op == Adasum:
-        if _ps.size_of(process_set) == 1:
-            return Sum  # one rank: Adasum of a single tensor is that tensor
-        raise NotImplementedError("op=hvd.Adasum is not implemented by this runtime yet (issue 9); "
-                                  "use hvd.Average or hvd.Sum")
+        raise ValueError(f"unknown reduction op {op!r} (use hvd.Average, Sum, Adasum, Min, Max or Product)")
+    if op == Adasum and not allreduce:
+        raise HorovodInternalError("Reducescatter does not support Adasum (ops: Average, Sum, Min, Max, Product)")
     return op
 
 
@@ -214,7 +214,7 @@ def _submit_all(calls) -> list:
 # --- allreduce ---------------------------------------------------------------------------
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
     ps = check_process_set(process_set)
-    core_op = _core_op(op, process_set)
+    core_op = _core_op(op)
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
     h = _submit(Kind.ALLREDUCE, name, work, out, op=core_op, prescale=float(prescale_factor),
@@ -247,7 +247,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 
 def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
     ps = check_process_set(process_set)
-    core_op = _core_op(op, process_set)
+    core_op = _core_op(op)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     outs = works if inplace else [_tensors.empty_like(w) for w in works]
@@ -390,7 +390,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Start reducing ``tensor`` (same shape on every rank) and keep this rank's block of the
     first dimension: rank r gets ``dim0 // size`` rows, one more when ``r < dim0 % size``."""
     ps = check_process_set(process_set)
-    core_op = _core_op(op, process_set)
+    core_op = _core_op(op, allreduce=False)
     work = stage(tensor)
     _first_dim(work, "reducescatter")
     h = _submit(Kind.REDUCESCATTER, name, work, op=core_op, prescale=float(prescale_factor),
@@ -401,7 +401,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     ps = check_process_set(process_set)
-    core_op = _core_op(op, process_set)
+    core_op = _core_op(op, allreduce=False)
     tensors = list(tensors)
     works = [stage(t) for t in tensors]
     for w in works:

@@ -6,7 +6,8 @@ optimizer's own ``step`` does the update) and shares ``opt.param_groups``. With 
 rank, a hook on every parameter starts an in-place ``allreduce_async_`` of its gradient as
 soon as backward has accumulated it ``backward_passes_per_step`` times; ``synchronize()`` waits
 for them all (starting the ones whose gradient never came, with zeros), and ``step()`` calls
-it unless inside ``skip_synchronize()``.
+it unless inside ``skip_synchronize()``. With ``op=hvd.Adasum`` and more than one rank it
+builds Horovod's delta optimizer instead (``appliance.torch.adasum_optimizer``).
 
 Owns the per-optimizer handle map and counters. Reads no environment (Horovod's elastic
 ``HOROVOD_ELASTIC`` hook registration at size 1 is not supported). Failure modes: ``ValueError``
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
+from appliance.torch.adasum_optimizer import DistributedAdasumOptimizer
 from appliance.torch.compression import Compression
 from appliance.torch.functions import broadcast_object
 from appliance.runtime import process_sets as _ps
@@ -36,11 +38,38 @@ def _split(items: list, n: int) -> list:
     return [items[i * q + min(i, r):(i + 1) * q + min(i + 1, r)] for i in range(n)]
 
 
+def _parameter_names(param_groups, named_parameters) -> dict:
+    """{parameter: allreduce name}, checked as Horovod does (tuples, unique names, every
+    parameter named); without ``named_parameters``, ``allreduce.noname.<group>.<index>``."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                            for i, group in enumerate(param_groups) for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually "
+                         "produced by model.named_parameters().")
+    seen, dups = set(), set()
+    for k, _ in named_parameters:
+        (dups if k in seen else seen).add(k)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         + ", ".join(sorted(dups)))
+    all_ids = {id(v) for group in param_groups for v in group["params"]}
+    unnamed = all_ids - {id(v) for _, v in named_parameters}
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not "
+                         "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed)))
+    return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+
+
 def local_step(optimizer) -> None:
     """One step of the optimizer on this rank alone: for a ``DistributedOptimizer``, the wrapped
     optimizer's own step (no allreduce); for any other, its ``step()``."""
     if isinstance(optimizer, _DistributedOptimizer):
         super(_DistributedOptimizer, optimizer).step()
+    elif isinstance(optimizer, DistributedAdasumOptimizer):
+        super(DistributedAdasumOptimizer, optimizer).step()
     else:
         optimizer.step()
 
@@ -53,27 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  process_set=global_process_set):
         super().__init__(params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
-                                for i, group in enumerate(self.param_groups) for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually "
-                             "produced by model.named_parameters().")
-        seen, dups = set(), set()
-        for k, _ in named_parameters:
-            (dups if k in seen else seen).add(k)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                             + ", ".join(sorted(dups)))
-        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
-        unnamed = all_ids - {id(v) for _, v in named_parameters}
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not "
-                             "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed)))
-
-        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for v in self._parameter_names}
         self.op = op
@@ -285,6 +294,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     accumulation steps before the allreduce; ``gradient_predivide_factor``: for op=Average,
     divide by it before the sum and by ``size/factor`` after; ``groups``: an int (that many
     groups) or lists of parameters allreduced together; ``num_groups``: deprecated ``groups``.
+    ``op=hvd.Adasum`` (more than one rank): Horovod's delta optimizer, where each rank steps
+    locally and the parameter updates are combined with Adasum (``appliance.torch.adasum_optimizer``;
+    ``groups`` and ``sparse_as_dense`` do not apply there).
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -297,8 +309,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("backward_passes_per_step must be > 0")
     _ps.require_registered(process_set)
     if op == Adasum and size() > 1:
-        raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not implemented by this runtime "
-                                  "yet (issue 9); use op=hvd.Average")
+        cls = type(optimizer.__class__.__name__, (DistributedAdasumOptimizer, optimizer.__class__), {})
+        names = _parameter_names(optimizer.param_groups, named_parameters)
+        return cls(optimizer.param_groups, names, compression, backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set)

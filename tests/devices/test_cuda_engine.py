@@ -16,7 +16,7 @@ def test_ranks_sharing_one_gpu_go_through_host_memory(run_ranks, fake_libs, np_)
     names = " and ".join(str(r) for r in range(np_)) if np_ == 2 else "0, 1 and 2"
     for r in range(np_):
         assert ranks[r].get("ok"), ranks[r]
-        assert ranks[r]["checked"] == 15
+        assert ranks[r]["checked"] == 16
         path, why = ranks[r]["cuda_path"]
         assert path == "staging" and f"ranks {names} share one GPU" in why
     # The warning is printed once per reason, by each rank, on stderr.
@@ -51,7 +51,7 @@ def test_one_rank_runs_every_kind_through_the_nccl_backend(run_ranks, fake_libs)
            "FAKE_CUDA_EVENT_POLLS": "2000"}
     ranks = run_ranks(1, "fake_cuda", "solo", env=env, timeout=60)
     assert ranks[0].get("ok"), ranks[0]
-    assert ranks[0]["checked"] == 13 and ranks[0]["cuda_path"] == ["nccl", ""]
+    assert ranks[0]["checked"] == 14 and ranks[0]["cuda_path"] == ["nccl", ""]
     # the 6 ops waited for on stream 0 through NCCL were each ordered by a stream wait, not a
     # host wait (the fused batch is waited for on the host, the int16 op stages on the host),
     # plus the fusion buffer's own ordering before each fused entry
@@ -62,3 +62,4 @@ def test_one_rank_runs_every_kind_through_the_nccl_backend(run_ranks, fake_libs)
     assert ranks[0]["events_outstanding"] == fused, ranks[0]
     # the one int16 reduction went through host memory, and said so once
     assert ranks.output(stream="stderr").count("go through host memory: NCCL has no int16 reductions") == 1
+    assert ranks.output(stream="stderr").count("go through host memory: NCCL has no Adasum") == 1

@@ -88,6 +88,12 @@ def staging(P):
     got = r.output.view(np.float32).reshape(r.shape)
     assert got.shape[0] == 5 // P + (1 if RANK < 5 % P else 0) and np.allclose(got, sum(range(1, P + 1)))
     checked += 1
+    # Adasum (always through host memory): orthogonal inputs add up.
+    ada = np.zeros(4 * P, dtype=np.float32)
+    ada[4 * RANK:4 * RANK + 4] = RANK + 1
+    engine.wait(submit(Kind.ALLREDUCE, "adasum", ada, ada, op=rt.Adasum))
+    assert np.array_equal(ada, np.repeat(np.arange(1, P + 1, dtype=np.float32), 4)), ada
+    checked += 1
     # Host tensors still run on the CPU backend between CUDA ones.
     assert np.allclose(rt.allreduce(np.ones(3), op=rt.Sum), P)
     checked += 1
@@ -138,7 +144,10 @@ def solo():
     m = np.ones((4, 3), dtype=np.float32)
     r = run(Kind.REDUCESCATTER, "rs", m, op=rt.Sum, prescale=4.0)
     assert np.allclose(r.output.view(np.float32).reshape(r.shape), 4.0)
-    checked += 5
+    ada = np.arange(6, dtype=np.float32)
+    run(Kind.ALLREDUCE, "adasum", ada, ada, op=rt.Adasum)  # staged: NCCL has no Adasum
+    assert (ada == np.arange(6)).all()
+    checked += 6
     return checked
 
 

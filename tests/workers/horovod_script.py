@@ -3,9 +3,9 @@
 Runs with docker/pyshim on PYTHONPATH (the ``horovod`` compatibility package). Usage:
 horovod_script.py [--lose-rank-1]. Checks allreduce (with ``hvd.mpi_ops.Compression.none``), the
 autograd Function names, ``handle_average_backwards_compatibility``, ``is_homogeneous``, threads
-from ``horovod.runner.util.threads`` running collectives, and that later features fail loudly by
-name (process sets, Adasum, SyncBatchNorm, elastic). With ``--lose-rank-1`` rank 1 vanishes
-(``os._exit(0)``, no shutdown) and the other ranks catch ``horovod.common.exceptions.HorovodInternalError``
+from ``horovod.runner.util.threads`` running collectives, Adasum (of equal tensors: the tensor),
+and that later features fail loudly by name (process sets, SyncBatchNorm, elastic). With
+``--lose-rank-1`` rank 1 vanishes (``os._exit(0)``, no shutdown) and the other ranks catch ``horovod.common.exceptions.HorovodInternalError``
 from their next allreduce. Reports through ``_report``.
 """
 import os
@@ -62,11 +62,11 @@ def main() -> None:
 
     data["loud"] = [
         loud(lambda: hvd.add_process_set([0])),
-        loud(lambda: hvd.allreduce(t, op=hvd.Adasum)),
         loud(lambda: hvd.SyncBatchNorm(4)),
         loud(lambda: hvd.elastic.run(main)),
         loud(lambda: hvd.elastic.TorchState(model=None)),
     ]
+    data["adasum"] = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum, name="adasum").tolist()
     # the runtime is still usable after those refusals
     hvd.barrier()
     data["after"] = float(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after").item())

@@ -138,6 +138,9 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
     auto start = Clock::now();
     if (spec.kind == "allreduce") {
       allreduce(comm, buf.data(), buf.size() / esz, spec.dtype, spec.op, spec.opts);
+    } else if (spec.kind == "adasum") {
+      std::vector<size_t> counts = spec.counts.empty() ? std::vector<size_t>{buf.size() / esz} : spec.counts;
+      adasum_allreduce(comm, buf.data(), counts, spec.dtype, spec.opts);
     } else if (spec.kind == "broadcast") {
       broadcast(comm, buf.data(), buf.size(), spec.root, spec.opts);
     } else if (spec.kind == "allgatherv") {
@@ -162,7 +165,7 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
     res.seconds += std::chrono::duration<double>(Clock::now() - start).count();
     res.exit_s = since(t0);
   }
-  if (spec.kind == "allreduce" || spec.kind == "broadcast") {
+  if (spec.kind == "allreduce" || spec.kind == "adasum" || spec.kind == "broadcast") {
     res.output = std::move(buf);
   } else {
     res.output = std::move(out);
@@ -180,6 +183,11 @@ void validate(const CollectiveSpec& spec, const std::vector<std::vector<uint8_t>
       size_t tot = std::accumulate(spec.send_bytes[r].begin(), spec.send_bytes[r].end(), size_t{0});
       if (tot != inputs[r].size()) throw Error(Code::kInvalid, "input size != sum(send_bytes[rank])");
     }
+  }
+  if (spec.kind == "adasum" && !spec.counts.empty()) {
+    size_t tot = std::accumulate(spec.counts.begin(), spec.counts.end(), size_t{0}) * dtype_size(spec.dtype);
+    for (auto& in : inputs)
+      if (in.size() != tot) throw Error(Code::kInvalid, "adasum: input size != sum(counts) elements");
   }
   if (spec.kind == "reducescatter") {
     if (static_cast<int>(spec.counts.size()) != P) throw Error(Code::kInvalid, "counts needs P entries");

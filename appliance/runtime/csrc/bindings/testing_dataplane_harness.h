@@ -33,12 +33,12 @@ struct FaultSpec {
 };
 
 struct CollectiveSpec {
-  std::string kind;  // allreduce allgatherv broadcast alltoallv reducescatter barrier
+  std::string kind;  // allreduce adasum allgatherv broadcast alltoallv reducescatter barrier
   int nranks = 2;
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
-  std::vector<size_t> counts;                   // reducescatter: elements per rank
+  std::vector<size_t> counts;                   // reducescatter: elements per rank; adasum: per tensor
   std::vector<std::vector<size_t>> send_bytes;  // alltoallv: [rank][peer]
   bool alias = false;     // allgatherv: in = out + offset; reducescatter: out = buf block
   CollectiveOptions opts;

@@ -1,8 +1,9 @@
 // The collective algorithms, one file each (collectives/<name>.cc), each opening with its
 // cost model in terms of ranks P and bytes N. Transport-agnostic: they only use Comm.
 // All calls are collective: every rank calls the same function with agreeing sizes.
-// Reductions accept Sum, Min, Max and Product (Error(kInvalid) otherwise). Errors from the
-// Comm (peer lost, protocol, watch) propagate unchanged; the Comm is then unusable.
+// Reductions accept Sum, Min, Max and Product (Error(kInvalid) otherwise); Adasum has its own
+// entry point. Errors from the Comm (peer lost, protocol, watch) propagate unchanged; the
+// Comm is then unusable.
 //
 // IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
@@ -53,6 +54,12 @@ void alltoallv(Comm& c, const void* in, const std::vector<size_t>& send_bytes, v
 // rank's reduced block: counts[rank] elements, the block at offset sum(counts[0..rank)).
 void reducescatter(Comm& c, void* buf, void* out, const std::vector<size_t>& counts, DataType dt,
                    ReduceOp op, const CollectiveOptions& o);
+
+// Adasum allreduce (collectives/adasum.cc), in place: `buf` holds counts.size() tensors back
+// to back (counts[i] elements each, the same on every rank), and each is combined with its own
+// dot products. float16, bfloat16, float32, float64 (Error(kInvalid) otherwise). Any P (ranks
+// beyond the largest power of 2 are folded in first, see adasum.cc).
+void adasum_allreduce(Comm& c, void* buf, const std::vector<size_t>& counts, DataType dt, const CollectiveOptions& o);
 
 // Returns when every rank has entered.
 void barrier(Comm& c);

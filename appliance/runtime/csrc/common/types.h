@@ -27,7 +27,7 @@ const char* dtype_name(DataType t);
 bool dtype_valid(uint8_t raw);
 bool dtype_is_integer(DataType t);  // true for the integer types and bool
 
-// Values follow Horovod's (hvd.Average == 0, hvd.Sum == 1, ...). Adasum is not supported.
+// Values follow Horovod's (hvd.Average == 0, hvd.Sum == 1, ...). Adasum: allreduce of floats only.
 enum class ReduceOp : uint8_t {
   kAverage = 0,
   kSum = 1,

@@ -138,9 +138,11 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     s.process_set = 0;  // join is job-wide
   }
   if (req.name.empty()) bad("empty tensor name");
-  if (s.op == ReduceOp::kAdasum) bad("the Adasum reduction is not supported by this runtime");
   s.shape = in.shape;
   s.dtype = in.dtype;
+  if (s.op == ReduceOp::kAdasum && s.kind == OpKind::kReducescatter) bad("Adasum is an allreduce only");
+  if (s.op == ReduceOp::kAdasum && s.kind == OpKind::kAllreduce && dtype_is_integer(s.dtype))
+    bad(std::string("Adasum needs floating point tensors, not ") + dtype_name(s.dtype));
   s.device = in.device;
   if (s.kind == OpKind::kJoin && s.device >= 0) join_device_ = s.device;
   for (int64_t d : s.shape)

@@ -1,6 +1,7 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <cstring>
+#include <numeric>
 
 #include "collectives/reduce.h"
 
@@ -46,14 +47,16 @@ void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& o
     void* buf = o.out.data();
     if (o.in.ptr != o.out.ptr && n) std::memcpy(buf, o.in.data(), s.nbytes());
     scale(buf, n, s.dtype, s.prescale);
-    allreduce(comm_, buf, n, s.dtype, op, opts_);
+    reduce(buf, {n}, s.dtype, op);
     scale(buf, n, s.dtype, post);
     return;
   }
   std::vector<FusedPiece> pieces;
+  std::vector<size_t> counts;
   size_t total = 0;
   for (size_t i = 0; i < e.names.size(); ++i) {
     size_t bytes = e.sigs[i].nbytes();
+    counts.push_back(static_cast<size_t>(e.sigs[i].numel()));
     pieces.push_back(FusedPiece{ops[i] ? ops[i]->in.data() : nullptr, ops[i] ? ops[i]->out.data() : nullptr, bytes});
     total += bytes;
   }
@@ -61,9 +64,16 @@ void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& o
   fusion_pack(buf, pieces);
   size_t n = total / dtype_size(s.dtype);
   scale(buf, n, s.dtype, s.prescale);
-  allreduce(comm_, buf, n, s.dtype, op, opts_);
+  reduce(buf, counts, s.dtype, op);
   scale(buf, n, s.dtype, post);
   fusion_unpack(buf, pieces);
+}
+
+void CpuBackend::reduce(void* buf, const std::vector<size_t>& counts, DataType dt, ReduceOp op) {
+  // Adasum combines each tensor of a fused buffer with its own dot products; the element-wise
+  // ops do not care where one tensor ends.
+  if (op == ReduceOp::kAdasum) return adasum_allreduce(comm_, buf, counts, dt, opts_);
+  allreduce(comm_, buf, std::accumulate(counts.begin(), counts.end(), size_t{0}), dt, op, opts_);
 }
 
 void CpuBackend::do_allgather(const PlanEntry& e, OpState& o) {

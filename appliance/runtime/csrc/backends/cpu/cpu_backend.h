@@ -1,6 +1,7 @@
 // CpuBackend: runs plan entries on host memory with the algorithms in collectives/.
 // Completes every entry within launch(). Owns the fusion/scratch buffer. Average = Sum with postscale / size; integer scaling
-// truncates (collectives/reduce.h).
+// truncates (collectives/reduce.h). Adasum runs collectives/adasum.cc, per tensor of a fused
+// entry; prescale and postscale apply around it as for Sum.
 #pragma once
 
 #include "backends/backend.h"
@@ -19,6 +20,8 @@ class CpuBackend final : public Backend {
 
  private:
   void do_allreduce(const PlanEntry& e, const std::vector<OpState*>& ops);
+  // In place over tensors of counts[i] elements back to back: ring allreduce, or Adasum.
+  void reduce(void* buf, const std::vector<size_t>& counts, DataType dt, ReduceOp op);
   void do_allgather(const PlanEntry& e, OpState& op);
   void do_broadcast(const PlanEntry& e, OpState& op);
   void do_alltoall(const PlanEntry& e, OpState& op);

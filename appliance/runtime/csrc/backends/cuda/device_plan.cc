@@ -72,6 +72,7 @@ CudaPath select_cuda_backend(const PlanEntry& e, CudaPath path, std::string* why
     if (why) *why = reason;
     return CudaPath::kStaging;
   };
+  if (s.op == ReduceOp::kAdasum) return staged("NCCL has no Adasum; it runs on the host (collectives/adasum.cc)");
   if (s.dtype == DataType::kInt16 || s.dtype == DataType::kBool)
     return staged(std::string("NCCL has no ") + dtype_name(s.dtype) + " reductions");
   const bool scaled = s.prescale != 1.0 || s.postscale != 1.0;

@@ -9,8 +9,8 @@
 //    a collective includes every rank, so one rank without NCCL moves them all to host
 //    memory. The reason names the ranks concerned.
 // 2. select_cuda_backend (per entry): NCCL runs every kind, but a reduction NCCL lacks
-//    (int16 or bool elements; scale factors on Min/Max/Product or on integers; integer
-//    Average) goes through host staging with its reason.
+//    (Adasum; int16 or bool elements; scale factors on Min/Max/Product or on integers;
+//    integer Average) goes through host staging with its reason.
 #pragma once
 
 #include <cstdint>
