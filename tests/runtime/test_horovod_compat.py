@@ -29,8 +29,10 @@ def test_horovod_script_runs_unchanged(run_ranks, np):
         assert rep["threads"] == [i * tri for i in range(4)]
         assert rep["after"] == np
         names = " ".join(rep["loud"])
-        for feature in ("add_process_set", "Adasum", "SyncBatchNorm", "elastic"):
+        for feature in ("add_process_set", "Adasum"):
             assert feature in names
+        mean = sum(q * (q + 1) for q in range(np)) / sum(q + 1 for q in range(np))
+        assert rep["sbn_running_mean"] == pytest.approx([mean] * 4) and rep["elastic"] == 0, rep
 
 
 def test_lost_peer_is_caught_as_horovod_internal_error(run_ranks):

@@ -3,8 +3,9 @@
 Runs with docker/pyshim on PYTHONPATH (the ``horovod`` compatibility package). Usage:
 horovod_script.py [--lose-rank-1]. Checks allreduce (with ``hvd.mpi_ops.Compression.none``), the
 autograd Function names, ``handle_average_backwards_compatibility``, ``is_homogeneous``, threads
-from ``horovod.runner.util.threads`` running collectives, and that later features fail loudly by
-name (process sets, Adasum, SyncBatchNorm, elastic). With ``--lose-rank-1`` rank 1 vanishes
+from ``horovod.runner.util.threads`` running collectives, ``hvd.SyncBatchNorm`` (global batch
+statistics) and ``hvd.elastic.run`` with an ``ObjectState`` (synced from rank 0), and that later
+features fail loudly by name (process sets, Adasum). With ``--lose-rank-1`` rank 1 vanishes
 (``os._exit(0)``, no shutdown) and the other ranks catch ``horovod.common.exceptions.HorovodInternalError``
 from their next allreduce. Reports through ``_report``.
 """
@@ -63,10 +64,12 @@ def main() -> None:
     data["loud"] = [
         loud(lambda: hvd.add_process_set([0])),
         loud(lambda: hvd.allreduce(t, op=hvd.Adasum)),
-        loud(lambda: hvd.SyncBatchNorm(4)),
-        loud(lambda: hvd.elastic.run(main)),
-        loud(lambda: hvd.elastic.TorchState(model=None)),
     ]
+    # SyncBatchNorm: rank r normalises r + 1 rows of value r with the statistics of every rank
+    bn = hvd.SyncBatchNorm(4, momentum=1.0)
+    bn(torch.full((r + 1, 4), float(r)))
+    data["sbn_running_mean"] = bn.running_mean.tolist()
+    data["elastic"] = hvd.elastic.run(lambda state: state.value)(hvd.elastic.ObjectState(value=r))
     # the runtime is still usable after those refusals
     hvd.barrier()
     data["after"] = float(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after").item())

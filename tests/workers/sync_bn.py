@@ -2,9 +2,9 @@
 on the whole job's batch.
 
 Usage: sync_bn.py (run by the launcher on N ranks, or alone as one rank). Rank r's batch has
-``r + 1`` samples in most cases (``r + 2`` or ``r`` in some, so rank 0's may be empty; the batch sizes differ per rank) and every input is
-reproducible from (case, rank), so each rank builds the concatenated global batch and runs a
-``torch.nn.BatchNorm{1,2,3}d`` (or a whole reference model) on it. Checked per case, in float64
+``r + 1`` samples in most cases (``r + 2`` or ``r`` in some, so rank 0's may be empty; a lone rank
+gets more than one) and every input is reproducible from (case, rank), so each rank builds the
+concatenated global batch and runs a ``torch.nn.BatchNorm{1,2,3}d`` (or a whole reference model) on it. Checked per case, in float64
 and float32: this rank's slice of the output and of the input gradient, the running mean and
 variance, ``num_batches_tracked``, and the weight and bias gradients summed over ranks (each
 rank's share is its own, as in Horovod). Also: eval mode (running statistics, no collective),
