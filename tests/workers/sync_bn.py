@@ -1,16 +1,17 @@
-"""Worker for tests/runtime/test_sync_batch_norm.py: ``hvd.SyncBatchNorm`` against ``torch.nn.BatchNorm``
-on the whole job's batch.
+"""Worker for tests/runtime/test_sync_batch_norm.py: ``hvd.SyncBatchNorm`` against
+``torch.nn.BatchNorm`` on the whole job's batch.
 
 Usage: sync_bn.py (run by the launcher on N ranks, or alone as one rank). Rank r's batch has
 ``r + 1`` samples in most cases (``r + 2`` or ``r`` in some, so rank 0's may be empty; a lone rank
 gets more than one) and every input is reproducible from (case, rank), so each rank builds the
-concatenated global batch and runs a ``torch.nn.BatchNorm{1,2,3}d`` (or a whole reference model) on it. Checked per case, in float64
-and float32: this rank's slice of the output and of the input gradient, the running mean and
-variance, ``num_batches_tracked``, and the weight and bias gradients summed over ranks (each
-rank's share is its own, as in Horovod). Also: eval mode (running statistics, no collective),
-``track_running_stats=False`` in eval (batch statistics over all ranks), ``momentum=None``, two
-layers of different widths in one model (the collective names are reused), and a
-``DistributedOptimizer`` training step. Reports ``{"ok", "rank", "size", "cases"}`` via ``_report``.
+concatenated global batch and runs a ``torch.nn.BatchNorm{1,2,3}d`` (or a whole reference model)
+on it. Checked per case, in float64 and float32: this rank's slice of the output and of the
+input gradient, the running mean and variance, ``num_batches_tracked``, and the weight and bias
+gradients summed over ranks (each rank's share is its own, as in Horovod). Also: eval mode
+(running statistics, no collective), ``track_running_stats=False`` in eval (batch statistics
+over all ranks), ``momentum=None``, two layers of different widths in one model (the collective
+names are reused), and a ``DistributedOptimizer`` training step. Reports
+``{"ok", "rank", "size", "cases"}`` via ``_report``.
 """
 import os
 import sys
