@@ -5,8 +5,8 @@ Usage: elastic_worker.py <case>[,<case>...]. Cases:
                  and counters to the last commit and leaves ``run``; no reset callback runs.
   hosts_updated  rank 0 alone is told of new hosts; the next ``commit`` raises HostsUpdatedInterrupt
                  on every rank, ``run`` re-initialises the runtime, calls the reset callbacks and
-                 ``func`` again after syncing rank 0's state; for a removal (``skip_sync``) it
-                 does not sync.
+                 ``func`` again after syncing rank 0's state (for a removal, ``skip_sync``, without);
+                 a DistributedOptimizer made before the reset still averages gradients after it.
   object_sync    ``ObjectState`` and ``TorchState`` start different on every rank; ``run`` makes
                  everyone's equal to rank 0's.
   sampler        ``ElasticSampler``: the partition covers the dataset, recorded batches are skipped
@@ -104,6 +104,10 @@ def restore():
 def hosts_updated():
     P, r = hvd.size(), hvd.rank()
     out = {}
+    model = _model(4)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    _train_step(model, opt, 0)
     for kind in (hvd.elastic.HostUpdateResult.added, hvd.elastic.HostUpdateResult.removed):
         state = hvd.elastic.ObjectState(tag="start", commits=0)
         resets, calls = [], []
@@ -121,6 +125,10 @@ def hosts_updated():
                 state.commit()  # rank 0's notification reaches every rank here
                 raise AssertionError("commit after a host update did not raise HostsUpdatedInterrupt")
             state.commit()  # the notification was consumed: no second interrupt
+            _train_step(model, opt, 1)  # an optimizer made before the reset still averages gradients
+            params = [p.detach().clone() for p in model.parameters()]  # (BatchNorm buffers stay local)
+            root = hvd.broadcast_object(params if r == 0 else None, root_rank=0)
+            assert all(torch.equal(a, b) for a, b in zip(params, root)), "ranks diverged after the reset"
             return hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.reset.{int(kind)}").item()
 
         total = train(state, kind)
