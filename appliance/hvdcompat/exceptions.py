@@ -2,8 +2,8 @@
 
 ``HorovodInternalError`` is the runtime's own class (``appliance.runtime.errors``), so an
 ``except horovod.common.exceptions.HorovodInternalError`` catches what ``appliance.torch``
-raises. ``HostsUpdatedInterrupt`` (elastic host changes; never raised until elastic exists,
-issue 9) and ``HorovodVersionMismatchError`` (an ``ImportError``) are Horovod's.
+raises. ``HostsUpdatedInterrupt`` (elastic host changes: raised by a
+``commit`` after a host-set notification, see ``appliance.hvdcompat.elastic``) and ``HorovodVersionMismatchError`` (an ``ImportError``) are Horovod's.
 Owns nothing; reads no environment.
 """
 from __future__ import annotations

@@ -5,9 +5,11 @@ The same names, defaults and semantics as Horovod's PyTorch API (``init``, ``all
 core without linking against libtorch: tensors are handed to the core as data pointers.
 A script started without a launcher runs as a single rank.
 
+``SyncBatchNorm`` reduces batch statistics over every rank; ``elastic`` (``run``, ``TorchState``,
+``ObjectState``, ``ElasticSampler``) runs Horovod elastic scripts on the job's fixed set of hosts
+(a lost rank restores the last commit and raises ``HorovodInternalError`` out of ``run``).
 Not provided yet (issue 9; each exists as a name and raises ``NotImplementedError`` naming the
-feature when used): ``SyncBatchNorm``, ``elastic``, process sets other than the global one,
-and the timeline. Environment: read by ``init``
+feature when used): the timeline. Environment: read by ``init``
 through ``appliance.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
 rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
 """

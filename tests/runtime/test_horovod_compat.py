@@ -29,9 +29,11 @@ def test_horovod_script_runs_unchanged(run_ranks, np):
         assert rep["threads"] == [i * tri for i in range(4)]
         assert rep["after"] == np
         names = " ".join(rep["loud"])
-        for feature in ("add_process_set", "SyncBatchNorm", "elastic"):
-            assert feature in names
+        assert "timeline" in " ".join(rep["loud"])
         assert rep["adasum"] == [2.0, 2.0, 2.0]
+        mean = sum(q * (q + 1) for q in range(np)) / sum(q + 1 for q in range(np))
+        assert rep["sbn_running_mean"] == pytest.approx([mean] * 4) and rep["elastic"] == 0, rep
+        assert rep["even_set"] == [float(sum(q for q in range(0, np, 2)))] * 2
 
 
 def test_lost_peer_is_caught_as_horovod_internal_error(run_ranks):

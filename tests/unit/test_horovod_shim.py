@@ -19,6 +19,7 @@ INSTALLER = SHIM / "install_horovod.py"
 MODULES = """horovod horovod.torch horovod.torch.mpi_ops horovod.torch.functions horovod.torch.optimizer
 horovod.torch.compression horovod.torch.elastic horovod.torch.sync_batch_norm horovod.common
 horovod.common.exceptions horovod.common.util horovod.common.process_sets horovod.common.basics
+horovod.common.elastic horovod.torch.elastic.state horovod.torch.elastic.sampler
 horovod.runner horovod.runner.util horovod.runner.util.threads""".split()
 
 # Horovod 0.28.1: horovod/torch/__init__.py's exports (all of them now), the extra public names of
@@ -47,6 +48,8 @@ OTHER_NAMES = {
     "horovod.runner": "run",
     "horovod.runner.util.threads": "execute_function_multithreaded in_thread on_event",
     "horovod.torch.elastic": "run State ObjectState TorchState ElasticSampler",
+    "horovod.torch.elastic.state": "TorchState ObjectState get_handler_registry set_handler_registry",
+    "horovod.common.elastic": "State ObjectState run_fn",
     "horovod": "run __version__",
 }
 
@@ -108,11 +111,6 @@ def test_later_features_fail_loudly_by_name():
         from horovod.common.basics import HorovodBasics
         calls = {
             "add_process_set": lambda: hvd.add_process_set([0]),
-            "SyncBatchNorm": lambda: hvd.SyncBatchNorm(8),
-            "elastic.run": lambda: hvd.elastic.run(print),
-            "TorchState": lambda: hvd.elastic.TorchState(model=None, optimizer=None),
-            "ObjectState": lambda: hvd.elastic.ObjectState(epoch=0),
-            "ElasticSampler": lambda: hvd.elastic.ElasticSampler([1, 2]),
             "timeline": lambda: hvd.start_timeline("/tmp/t.json"),
             "process_sets": lambda: HorovodBasics().init(process_sets=[[0]]),
         }
@@ -126,7 +124,37 @@ def test_later_features_fail_loudly_by_name():
             else:
                 print("SILENT", name)
     """)
-    assert "SILENT" not in out and out.count("LOUD") == 8, out
+    assert "SILENT" not in out and out.count("LOUD") == 3, out
+
+
+def test_sync_batch_norm_and_elastic_on_one_rank():
+    pytest.importorskip("torch")
+    ok("""
+        import torch, horovod.torch as hvd
+        from horovod.common.elastic import ObjectState
+        from horovod.torch.elastic.state import TorchState
+        assert TorchState is hvd.elastic.TorchState and issubclass(hvd.elastic.ObjectState, ObjectState)
+        hvd.init()
+        bn, ref = hvd.SyncBatchNorm(3), torch.nn.BatchNorm2d(3)
+        assert isinstance(bn, torch.nn.modules.batchnorm._BatchNorm)
+        x = torch.randn(4, 3, 2, 2)
+        assert torch.allclose(bn(x), ref(x)) and torch.allclose(bn.running_var, ref.running_var)
+        state = TorchState(model=torch.nn.Linear(2, 2), epoch=0)
+        w = state.model.weight.detach().clone()
+        def train(state):
+            state.epoch = 1
+            state.commit()
+            state.epoch = 2
+            with torch.no_grad():
+                state.model.weight.add_(1)
+            raise hvd.HorovodInternalError("x")
+        try:
+            hvd.elastic.run(train)(state)
+        except hvd.HorovodInternalError:
+            pass
+        assert state.epoch == 1 and torch.equal(state.model.weight, w)
+        hvd.shutdown()
+    """)
 
 
 def test_threads_and_util_helpers():

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-# horovod/torch/__init__.py's exports, minus SyncBatchNorm and the elastic package (not provided).
+# horovod/torch/__init__.py's exports.
 HOROVOD_TORCH_NAMES = """
 Compression allgather_object broadcast_object broadcast_optimizer_state broadcast_parameters
 allreduce allreduce_async allreduce_ allreduce_async_ grouped_allreduce grouped_allreduce_async
@@ -16,7 +16,7 @@ grouped_reducescatter_async join barrier poll synchronize init shutdown is_initi
 start_timeline stop_timeline size local_size cross_size rank local_rank cross_rank
 mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built ccl_built
 cuda_built rocm_built ProcessSet global_process_set add_process_set remove_process_set Average Sum
-Adasum Min Max Product HorovodInternalError DistributedOptimizer
+Adasum Min Max Product HorovodInternalError DistributedOptimizer SyncBatchNorm elastic
 """.split()
 
 

@@ -4,7 +4,8 @@ Runs with docker/pyshim on PYTHONPATH (the ``horovod`` compatibility package). U
 horovod_script.py [--lose-rank-1]. Checks allreduce (with ``hvd.mpi_ops.Compression.none``), the
 autograd Function names, ``handle_average_backwards_compatibility``, ``is_homogeneous``, threads
 from ``horovod.runner.util.threads`` running collectives, Adasum (of equal tensors: the tensor),
-and that later features fail loudly by name (process sets, SyncBatchNorm, elastic). With
+``hvd.SyncBatchNorm`` (global batch statistics), ``hvd.elastic.run`` with an ``ObjectState`` (synced
+from rank 0), a process set of the even ranks, and that the timeline fails loudly by name. With
 ``--lose-rank-1`` rank 1 vanishes (``os._exit(0)``, no shutdown) and the other ranks catch ``horovod.common.exceptions.HorovodInternalError``
 from their next allreduce. Reports through ``_report``.
 """
@@ -33,6 +34,7 @@ def loud(fn) -> str:
 
 
 def main() -> None:
+    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"  # as Horovod's own tests: add_process_set after init
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     data = {"rank": r, "size": n, "version": horovod.__version__, "pow2": num_rank_is_power_2(n)}
@@ -62,11 +64,21 @@ def main() -> None:
 
     data["loud"] = [
         loud(lambda: hvd.add_process_set([0])),
-        loud(lambda: hvd.SyncBatchNorm(4)),
-        loud(lambda: hvd.elastic.run(main)),
-        loud(lambda: hvd.elastic.TorchState(model=None)),
+        loud(lambda: hvd.start_timeline("/tmp/timeline.json")),
     ]
     data["adasum"] = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum, name="adasum").tolist()
+    # SyncBatchNorm: rank r normalises r + 1 rows of value r with the statistics of every rank
+    bn = hvd.SyncBatchNorm(4, momentum=1.0)
+    bn(torch.full((r + 1, 4), float(r)))
+    data["sbn_running_mean"] = bn.running_mean.tolist()
+    data["elastic"] = hvd.elastic.run(lambda state: state.value)(hvd.elastic.ObjectState(value=r))
+    # a process set of the even ranks (every rank adds it; only its members use it)
+    even = hvd.add_process_set(list(range(0, hvd.size(), 2)))
+    if even.included():
+        data["even_set"] = hvd.allreduce(torch.full((2,), float(r)), op=hvd.Sum, process_set=even).tolist()
+    else:
+        data["even_set"] = [float(sum(range(0, hvd.size(), 2)))] * 2
+    hvd.remove_process_set(even)
     # the runtime is still usable after those refusals
     hvd.barrier()
     data["after"] = float(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after").item())

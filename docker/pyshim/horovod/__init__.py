@@ -6,8 +6,8 @@ launches through ``appliance.launcher.launch``. ``__version__`` is the Horovod r
 is compatible with (``appliance.__version__`` is the appliance's own). Nothing else of Horovod
 (TensorFlow, Keras, MXNet, Spark, Ray) is provided: importing those fails with ImportError, as on
 a Horovod built without them. Features not implemented yet (process sets other than the global
-one, SyncBatchNorm, elastic, the timeline) exist as names and raise NotImplementedError naming
-issue 9.
+a Horovod built without them. The timeline exists as names and raises NotImplementedError naming
+issue 9. Elastic scripts run on a fixed set of hosts (a lost rank ends the job).
 
 Installed into the image by docker/pyshim/install_horovod.py (also the way to install it
 elsewhere); it sits on sys.path after site-packages, so it never shadows a real Horovod.

@@ -1,2 +1,2 @@
 """``horovod.common``: framework-independent parts (``exceptions``, ``util``, ``basics``,
-``process_sets``), re-exported from ``appliance.hvdcompat`` and ``appliance.torch``."""
+``elastic``, ``process_sets``), re-exported from ``appliance.hvdcompat`` and ``appliance.torch``."""
