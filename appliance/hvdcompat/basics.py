@@ -2,13 +2,15 @@
 
 Horovod builds one per framework library; here every instance is a view of the one runtime
 (``appliance.runtime.api``), so ``HorovodBasics().rank()`` equals ``hvd.rank()``. The reduce-op
-constants (``Average``... ``Product``) are the runtime's. Process sets other than the global one
-and the timeline raise ``NotImplementedError`` naming issue 9, as in ``appliance.torch``.
+constants (``Average``... ``Product``) are the runtime's; ``init(process_sets=...)`` registers
+process sets as ``hvd.init`` does. The timeline raises ``NotImplementedError`` naming issue 9,
+as in ``appliance.torch``.
 Does not import torch. Failure modes: ``ValueError`` before ``init`` (as Horovod).
 """
 from __future__ import annotations
 
 from appliance.runtime import api
+from appliance.runtime import process_sets as _ps
 from appliance.runtime.engine import Adasum, Average, Max, Min, Product, Sum
 from appliance.hvdcompat import util
 
@@ -23,10 +25,15 @@ class HorovodBasics:
         self.pkg_path = pkg_path
 
     def init(self, comm=None, process_sets=None):
-        if comm is not None or process_sets not in (None, "dynamic"):
-            raise NotImplementedError("HorovodBasics.init(comm=..., process_sets=...): process sets and "
-                                      "sub-communicators are not implemented by this runtime yet (issue 9)")
+        fresh = not api.is_initialized()
         api.init()
+        if fresh:
+            try:
+                _ps.check_comm(comm)
+                _ps.setup(process_sets)
+            except Exception:
+                api.shutdown()
+                raise
 
     def shutdown(self):
         api.shutdown()

@@ -141,7 +141,6 @@ class Engine:
             self.core = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
         except _core.CoreError as e:
             raise HorovodInternalError(f"rank {cfg.rank} of {cfg.size} could not join the job: {e}") from None
-        self._auto_names: dict[int, int] = {}  # process set id -> automatic names used
         self._groups: dict[int, int] = {}  # process set id -> group ids used
         self._sequences: dict = {}          # next_in_sequence
         self._mu = threading.Lock()
@@ -152,14 +151,8 @@ class Engine:
                process_set: int = 0) -> int:
         if self._abandoned:
             self.reap()
-        if name is None and kind == Kind.JOIN:
-            name = "join"  # the core names it; no automatic name is used up
-        elif name is None:
-            # One sequence per process set: the members of a set submit the same operations on it,
-            # whatever else each rank does (on other sets, or when another rank has joined).
-            n = self._auto_names.get(process_set, 0)
-            self._auto_names[process_set] = n + 1
-            name = f"{Kind(kind).name.lower()}.noname.{n}"
+        if name is None:
+            name = ""  # the core names it "<kind>.noname.<n>", counting per process set
         def desc(b: Optional[Buffer]):
             if b is None:
                 return (0, 0, [], -1, 0)
@@ -228,7 +221,6 @@ class Engine:
         """Register a set in the core (``appliance.runtime.process_sets`` makes it collective); its
         automatic names and group ids start afresh, so a reused id agrees on its new members."""
         self.core.add_process_set(int(set_id), [int(r) for r in ranks])
-        self._auto_names.pop(int(set_id), None)
         self._groups.pop(int(set_id), None)
 
     def remove_process_set(self, set_id: int) -> None:

@@ -128,6 +128,21 @@ def _register(ps: ProcessSet) -> None:
     _table[set_id] = ps
 
 
+def check_comm(comm) -> None:
+    """``hvd.init(comm=...)``: a list of ranks or an MPI communicator naming every rank is
+    accepted; anything narrower raises NotImplementedError (use process sets)."""
+    n = api.size()
+    if comm is None:
+        return
+    if hasattr(comm, "Get_size"):
+        ok = int(comm.Get_size()) == n
+    else:
+        ok = len(comm) == 0 or sorted(int(r) for r in comm) == list(range(n))
+    if not ok:
+        raise NotImplementedError(f"hvd.init(comm={comm!r}): this runtime always uses all {n} ranks "
+                                  "of the job; use process sets (hvd.init(process_sets=[...])) for subsets")
+
+
 def setup(process_sets=None) -> None:
     """At init: forget earlier sets, then register the static ones (every rank passes the same list,
     in the same order; an entry that repeats an earlier set is left unregistered, as in Horovod).

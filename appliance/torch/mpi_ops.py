@@ -66,24 +66,11 @@ def init(comm=None, process_sets=None) -> None:
         return
     _handles.clear()
     try:
-        _check_comm(comm)
+        _ps.check_comm(comm)
         _ps.setup(process_sets)
     except Exception:
         shutdown()
         raise
-
-
-def _check_comm(comm) -> None:
-    n = size()
-    if comm is None:
-        return
-    if hasattr(comm, "Get_size"):
-        ok = int(comm.Get_size()) == n
-    else:
-        ok = len(comm) == 0 or sorted(int(r) for r in comm) == list(range(n))
-    if not ok:
-        raise NotImplementedError(f"hvd.init(comm={comm!r}): this runtime always uses all {n} ranks "
-                                  "of the job; use process sets (hvd.init(process_sets=[...])) for subsets")
 
 
 def shutdown() -> None:

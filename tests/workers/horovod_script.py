@@ -63,7 +63,6 @@ def main() -> None:
     data["threads"] = [got[i] for i in range(4)]
 
     data["loud"] = [
-        loud(lambda: hvd.add_process_set([0])),
         loud(lambda: hvd.start_timeline("/tmp/timeline.json")),
     ]
     data["adasum"] = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum, name="adasum").tolist()

@@ -278,8 +278,11 @@ void Runtime::run_entry(const PlanEntry& e) {
       ops[i] = it->second;
       raw[i] = ops[i].get();
       inflight_.erase(it);
-    } else if (e.ok && !(joined_here && e.kind == OpKind::kAllreduce)) {
-      // A failed entry may name ops this rank never submitted (it had joined): nothing to fail here.
+      continue;
+    }
+    if (set == 0) note_skipped_name(e.names[i]);
+    // A failed entry, or an allreduce this rank joined out of, may name ops it never submitted.
+    if (e.ok && !(joined_here && e.kind == OpKind::kAllreduce)) {
       throw Error(Code::kProtocol, "the plan names " + std::string(op_kind_name(e.kind)) + " '" + e.names[i] +
                                        "', which this rank never submitted", 0, host_of(0));
     }
@@ -306,6 +309,20 @@ void Runtime::run_entry(const PlanEntry& e) {
   }
   for (auto& op : ops)
     if (op) handles_.complete(op, Status::Ok());
+}
+
+void Runtime::note_skipped_name(const std::string& name) {
+  static const std::string kMark = ".noname.";
+  const size_t at = name.rfind(kMark);
+  if (at == std::string::npos || at + kMark.size() >= name.size()) return;
+  uint64_t n = 0;
+  for (size_t i = at + kMark.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || n > (UINT64_MAX - 9) / 10) return;
+    n = n * 10 + static_cast<uint64_t>(name[i] - '0');
+  }
+  std::lock_guard<std::mutex> g(qmu_);
+  uint64_t& next = auto_names_[0];
+  next = std::max(next, n + 1);
 }
 
 void Runtime::heartbeats() {

@@ -131,13 +131,14 @@ void Runtime::shutdown() {
 int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   Signature& s = req.sig;
   auto bad = [&](const std::string& why) {
-    throw std::invalid_argument(std::string(op_kind_name(s.kind)) + " '" + req.name + "': " + why);
+    throw std::invalid_argument(std::string(op_kind_name(s.kind)) + (req.name.empty() ? "" : " '" + req.name + "'") + ": " + why);
   };
   if (s.kind == OpKind::kJoin) {
     req.name = "__join__";
     s.process_set = 0;  // join is job-wide
   }
-  if (req.name.empty()) bad("empty tensor name");
+  // No name: "<kind>.noname.<n>", n counting per process set, given once the op is accepted.
+  const bool auto_name = req.name.empty();
   s.shape = in.shape;
   s.dtype = in.dtype;
   if (s.op == ReduceOp::kAdasum && s.kind == OpKind::kReducescatter) bad("Adasum is an allreduce only");
@@ -160,7 +161,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     if (!std::binary_search(m.begin(), m.end(), cfg_.rank))
       bad("rank " + std::to_string(cfg_.rank) + " is not in process set " + std::to_string(s.process_set) + " " + shape_str(std::vector<int64_t>(m.begin(), m.end())));
     P = static_cast<int>(m.size());
-    req.name = "ps" + std::to_string(s.process_set) + "/" + req.name;  // names are per set
+    if (!auto_name) req.name = "ps" + std::to_string(s.process_set) + "/" + req.name;  // names are per set
   }
   if (s.kind == OpKind::kBroadcast && (s.root < 0 || s.root >= P))
     bad("root rank " + std::to_string(s.root) + " is not within size " + std::to_string(P));
@@ -191,6 +192,12 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     s.device = -1;  // no data: runs on the host
   }
 
+  if (auto_name) {
+    std::lock_guard<std::mutex> g(qmu_);
+    const uint64_t n = auto_names_[s.process_set]++;
+    req.name = (s.process_set ? "ps" + std::to_string(s.process_set) + "/" : std::string()) + op_kind_name(s.kind) +
+               ".noname." + std::to_string(n);
+  }
   auto op = std::make_shared<OpState>();
   op->req = std::move(req);
   op->in = std::move(in);

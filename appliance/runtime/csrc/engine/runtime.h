@@ -115,6 +115,9 @@ class Runtime {
   void issue_plans();
   void run_plan(Plan& plan);
   void run_entry(const PlanEntry& e);
+  // A joined rank skips the ops the others run; it counts their automatic names as used so
+  // that its later unnamed ops keep matching theirs.
+  void note_skipped_name(const std::string& name);
   // --- process sets (engine/process_sets.cc) ---
   struct SetChange {
     bool add;
@@ -193,6 +196,7 @@ class Runtime {
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
   std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
+  std::map<int32_t, uint64_t> auto_names_;           // process set -> automatic names given
   bool stopping_ = false;
   Status terminal_;          // set once the runtime can run nothing more
   bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)
