@@ -115,7 +115,7 @@ def _agree(what: str, ranks: list) -> None:
 def _register(ps: ProcessSet) -> None:
     ranks = ps.ranks
     n = api.size()
-    if not ranks or ranks[0] < 0 or ranks[-1] >= n or len(set(ranks)) != len(ranks):
+    if ranks and (ranks[0] < 0 or ranks[-1] >= n or len(set(ranks)) != len(ranks)):
         raise ValueError(f"process set {ranks}: needs distinct ranks from 0 to {n - 1}")
     for other in _table.values():
         if other.ranks == ranks:
@@ -123,7 +123,8 @@ def _register(ps: ProcessSet) -> None:
     set_id = 1
     while set_id in _table:
         set_id += 1
-    engine.current().add_process_set(set_id, ranks)
+    if ranks:  # an empty set (e.g. the odd ranks of a one-rank job) has no operations to run
+        engine.current().add_process_set(set_id, ranks)
     ps.process_set_id = set_id
     _table[set_id] = ps
 
@@ -198,7 +199,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if _table.get(set_id) is not process_set:
         return False
     _agree(f"remove_process_set(id {set_id})", [set_id])
-    engine.current().remove_process_set(set_id)
+    if process_set.ranks:
+        engine.current().remove_process_set(set_id)
     del _table[set_id]
     process_set._invalidate()
     api.barrier()

@@ -232,10 +232,18 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     return synchronize(_allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set))
 
 
+def _one_device_kind(tensors, what: str) -> None:
+    kinds = {t.device.type for t in tensors}
+    if len(kinds) > 1:  # as Horovod: one group runs on one kind of device
+        raise MismatchError(f"{what}: the tensors of one group are on {' and '.join(sorted(kinds))}; "
+                            "put them on one device (or use separate calls)")
+
+
 def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
     ps = check_process_set(process_set)
     core_op = _core_op(op)
     tensors = list(tensors)
+    _one_device_kind(tensors, "grouped allreduce")
     works = [stage(t) for t in tensors]
     outs = works if inplace else [_tensors.empty_like(w) for w in works]
     group = (_engine.new_group_id(ps), len(tensors)) if tensors else (0, 0)
@@ -305,6 +313,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     ps = check_process_set(process_set)
     tensors = list(tensors)
+    _one_device_kind(tensors, "grouped allgather")
     works = [stage(t) for t in tensors]
     for w in works:
         _first_dim(w, "allgather")
@@ -390,6 +399,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     ps = check_process_set(process_set)
     core_op = _core_op(op, allreduce=False)
     tensors = list(tensors)
+    _one_device_kind(tensors, "grouped reducescatter")
     works = [stage(t) for t in tensors]
     for w in works:
         _first_dim(w, "reducescatter")

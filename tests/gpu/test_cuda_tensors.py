@@ -3,7 +3,8 @@
 1 rank through NCCL; 2 ranks on one GPU through host staging (NCCL refuses them); N ranks on
 N GPUs through NCCL; the dtype x op matrix with fp16/bf16 and scale factors; allgather with
 differing first dimensions, broadcast, alltoall with splits, uneven reducescatter; async
-handles; a DistributedOptimizer step that equals one process.
+handles; a DistributedOptimizer step that equals one process; process sets, Adasum,
+SyncBatchNorm and join on CUDA tensors.
 """
 import pytest
 import torch
@@ -42,3 +43,14 @@ def test_optimizer_step_equals_one_process(run_ranks):
     env = {} if GPUS >= 2 else {"TORCH_GPU_PIN": "0"}
     ranks = run_ranks(n, "torch_gpu", "optimizer", env=env, timeout=300)
     check(ranks, n, "nccl" if GPUS >= 2 else "staging")
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_horovod_features_on_cuda_tensors(run_ranks, n):
+    """Process sets (host staging per set), Adasum (host staging), SyncBatchNorm and join on CUDA."""
+    ranks = run_ranks(n, "gpu_features", timeout=300)
+    for r in range(n):
+        want = ["process_set"] if r % 2 == 0 else []
+        want += ["adasum", "sync_batch_norm"] + (["join"] if n > 1 else [])
+        assert ranks[r]["ok"] and ranks[r]["checked"] == want, ranks[r]
+    assert ranks[0]["path"] == ("nccl" if n == 1 or GPUS >= 2 else "staging")

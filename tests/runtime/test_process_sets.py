@@ -28,7 +28,7 @@ def test_static_and_dynamic_sets(run_ranks, np_):
         assert dyn["removed"] == [True, False] and dyn["global_removed"] is False
         if r in (0, np_ - 1):
             assert dyn["use_removed"][0] == "ValueError" and "not registered" in dyn["use_removed"][1]
-        assert dyn["reused_id"] == 1
+        assert dyn["reused_id"] == 1 and dyn["empty_id"] == 3
 
 
 @pytest.mark.timeout(200)

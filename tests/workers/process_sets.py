@@ -42,8 +42,11 @@ def case_dynamic(r, n, out):
     again = hvd.remove_process_set(first)
     use_removed = caught(lambda: hvd.allreduce(torch.ones(1), process_set=first)) if r in (0, n - 1) else None
     third = hvd.add_process_set([0])  # takes the smallest free id: first's
+    empty = hvd.add_process_set([])   # allowed (the odd ranks of a one-rank job): nobody runs on it
+    empty_id = empty.process_set_id
+    hvd.remove_process_set(empty)
     out["dynamic"] = {"ids": ids, "dup": dup, "removed": [removed, again], "use_removed": use_removed,
-                      "reused_id": third.process_set_id, "global_removed": hvd.remove_process_set(hvd.global_process_set)}
+                      "reused_id": third.process_set_id, "empty_id": empty_id, "global_removed": hvd.remove_process_set(hvd.global_process_set)}
     hvd.remove_process_set(second)
     hvd.remove_process_set(third)
 

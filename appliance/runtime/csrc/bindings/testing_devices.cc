@@ -23,7 +23,7 @@ void bind_testing_devices(py::module_& m) {
     return py::make_tuple(c.path == CudaPath::kNccl ? "nccl" : "staging", c.reason);
   });
   // One CUDA entry under the NCCL path -> ("nccl" | "staging", why)
-  m.def("select_cuda_backend", [](int kind, int dtype, int op, double prescale, double postscale) {
+  m.def("select_cuda_backend", [](int kind, int dtype, int op, double prescale, double postscale, int size) {
     PlanEntry e;
     e.kind = static_cast<OpKind>(kind);
     Signature s;
@@ -36,9 +36,9 @@ void bind_testing_devices(py::module_& m) {
     e.sigs.push_back(s);
     e.names.push_back("t");
     std::string why;
-    CudaPath p = select_cuda_backend(e, CudaPath::kNccl, &why);
+    CudaPath p = select_cuda_backend(e, CudaPath::kNccl, size, &why);
     return py::make_tuple(p == CudaPath::kNccl ? "nccl" : "staging", why);
-  });
+  }, py::arg("kind"), py::arg("dtype"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("size") = 2);
   m.def("nccl_premul_factor", [](int op, double prescale, double postscale, int size) {
     Signature s;
     s.op = static_cast<ReduceOp>(op);

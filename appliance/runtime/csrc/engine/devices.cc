@@ -59,7 +59,7 @@ Backend& Runtime::backend_for(const PlanEntry& e, const std::vector<OpState*>& o
     setup_cuda(device < 0 ? 0 : device);
   }
   std::string why;
-  if (select_cuda_backend(e, cuda_decision_.path, &why) == CudaPath::kNccl) return *nccl_;
+  if (select_cuda_backend(e, cuda_decision_.path, cfg_.size, &why) == CudaPath::kNccl) return *nccl_;
   if (why.empty()) why = cuda_decision_.reason;
   if (warned_.insert(why).second)
     log_line(cfg_.rank, "warning: CUDA tensors go through host memory: " + why);

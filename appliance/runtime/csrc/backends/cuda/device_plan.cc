@@ -64,7 +64,7 @@ CudaDecision decide_cuda_path(const std::vector<DeviceReport>& ranks) {
   return d;
 }
 
-CudaPath select_cuda_backend(const PlanEntry& e, CudaPath path, std::string* why) {
+CudaPath select_cuda_backend(const PlanEntry& e, CudaPath path, int size, std::string* why) {
   if (path == CudaPath::kStaging) return CudaPath::kStaging;
   if (e.kind != OpKind::kAllreduce && e.kind != OpKind::kReducescatter) return CudaPath::kNccl;
   const Signature& s = e.sigs[0];
@@ -82,6 +82,8 @@ CudaPath select_cuda_backend(const PlanEntry& e, CudaPath path, std::string* why
   if (dtype_is_integer(s.dtype) && (scaled || s.op == ReduceOp::kAverage))
     return staged(std::string("integer ") + (scaled ? "scale factors" : "Average") + " on " + dtype_name(s.dtype) +
                   " truncates on the host, as on the CPU path");
+  if (size == 1 && sum_like && nccl_premul_factor(s, size) != 1.0)
+    return staged("a scaled sum on one rank is scaled on the host (NCCL 2.28's one-rank PreMulSum misses the last element)");
   return CudaPath::kNccl;
 }
 

@@ -10,7 +10,9 @@
 //    memory. The reason names the ranks concerned.
 // 2. select_cuda_backend (per entry): NCCL runs every kind, but a reduction NCCL lacks
 //    (Adasum; int16 or bool elements; scale factors on Min/Max/Product or on integers;
-//    integer Average) goes through host staging with its reason.
+//    integer Average) goes through host staging with its reason; so does a scaled sum on a
+//    job of one rank (NCCL 2.28.9 leaves the last element of a one-rank PreMulSum unscaled for
+//    some sizes, e.g. 4913 float32 elements; torch.distributed shows the same).
 #pragma once
 
 #include <cstdint>
@@ -41,8 +43,8 @@ struct CudaDecision {
 
 CudaDecision decide_cuda_path(const std::vector<DeviceReport>& ranks);
 
-// For an entry on CUDA tensors under `path`: kNccl, or kStaging with *why set.
-CudaPath select_cuda_backend(const PlanEntry& e, CudaPath path, std::string* why);
+// For an entry on CUDA tensors under `path` in a job of `size` ranks: kNccl, or kStaging with *why set.
+CudaPath select_cuda_backend(const PlanEntry& e, CudaPath path, int size, std::string* why);
 
 // The single factor a sum-like NCCL reduction applies to each input (prescale, postscale and
 // Average's 1/size folded together), or 1.0.

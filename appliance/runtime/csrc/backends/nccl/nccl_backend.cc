@@ -106,6 +106,7 @@ ncclRedOp_t NcclBackend::red_op(const Signature& s, bool* created) {
     case ReduceOp::kMax: return kNcclMax;
     case ReduceOp::kProduct: return kNcclProd;
     case ReduceOp::kAverage:
+      if (f == 1.0) return kNcclSum;  // one rank, no scales: a copy
       if (s.prescale == 1.0 && s.postscale == 1.0) return kNcclAvg;
       break;
     default:
