@@ -52,14 +52,16 @@ def test_one_rank_runs_every_kind_through_the_nccl_backend(run_ranks, fake_libs)
     ranks = run_ranks(1, "fake_cuda", "solo", env=env, timeout=60)
     assert ranks[0].get("ok"), ranks[0]
     assert ranks[0]["checked"] == 14 and ranks[0]["cuda_path"] == ["nccl", ""]
-    # the 6 ops waited for on stream 0 through NCCL were each ordered by a stream wait, not a
-    # host wait (the fused batch is waited for on the host, the int16 op stages on the host),
-    # plus the fusion buffer's own ordering before each fused entry
+    # the 4 ops waited for on stream 0 through NCCL were each ordered by a stream wait, not a
+    # host wait (the fused batch is waited for on the host; the int16 op, and the scaled sums of
+    # this one-rank job, stage on the host), plus the fusion buffer's own ordering before each
+    # fused entry
     fused = ranks[0]["fused_entries"]  # the batch fuses into one entry or a few, as it arrives
-    assert ranks[0]["stream_waits"] == 6 + fused, ranks[0]
+    assert ranks[0]["stream_waits"] == 4 + fused, ranks[0]
     # shutdown right after a stream-ordered op let all device work finish before the teardown:
     # only the fusion buffer's event records (never queried, only waited on) are left
     assert ranks[0]["events_outstanding"] == fused, ranks[0]
     # the one int16 reduction went through host memory, and said so once
     assert ranks.output(stream="stderr").count("go through host memory: NCCL has no int16 reductions") == 1
     assert ranks.output(stream="stderr").count("go through host memory: NCCL has no Adasum") == 1
+    assert ranks.output(stream="stderr").count("go through host memory: a scaled sum on one rank") == 1

@@ -123,11 +123,12 @@ def solo():
         b = np.zeros_like(a)
         keep.append((a, b))
         outs.append((i, b))
-        hs.append(engine.submit(Kind.ALLREDUCE, f"f.{i}", dev(a), dev(b), op=rt.Average, prescale=2.0))
+        # unscaled: a one-rank job scales sums on the host, and this batch is to fuse on the device
+        hs.append(engine.submit(Kind.ALLREDUCE, f"f.{i}", dev(a), dev(b), op=rt.Average))
     for h in hs:
         engine.wait(h)
     for i, b in outs:
-        assert (b == 2.0 * i).all(), (i, b)
+        assert (b == float(i)).all(), (i, b)
     checked += 8
     s16 = np.arange(4, dtype=np.int16)
     run(Kind.ALLREDUCE, "i16", s16, s16, op=rt.Sum)  # staged: NCCL has no int16 reductions
