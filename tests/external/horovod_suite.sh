@@ -13,7 +13,8 @@
 # What it does: installs the suite's own test dependencies (pytest, mock, cloudpickle) into a
 # host directory that is mounted into the container (the image stays as users get it), then runs
 # `horovodrun -np NP python -m pytest test_torch.py` in the container, from the checkout mounted
-# read-only, and prints each rank's pytest summary. Exit code: pytest's on rank 0 (non-zero when
+# read-only, and prints each rank's pytest summary. Each rank's full output is kept in
+# HOROVOD_SUITE_OUT (default: a fresh directory under /tmp, printed at the end). Exit code: pytest's on rank 0 (non-zero when
 # any test failed; real Horovod 0.28.1 also fails 3 tests on torch 2.13, see README "Coming from
 # Horovod").
 set -euo pipefail
@@ -36,11 +37,15 @@ if [ ! -f "$deps/.ok-$pyver" ]; then
 fi
 
 name="horovod-suite-$$"
+out="${HOROVOD_SUITE_OUT:-$(mktemp -d /tmp/horovod-suite.XXXXXX)}"
+mkdir -p "$out"
 trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
 docker run --name "$name" --rm --network none --shm-size 1g \
-    -v "$src:/horovod:ro" -v "$deps/site:/suite-deps:ro" \
+    -v "$src:/horovod:ro" -v "$deps/site:/suite-deps:ro" -v "$out:/tmp/out" \
     -e PYTHONPATH=/suite-deps -e PYTHONDONTWRITEBYTECODE=1 \
     -w /horovod/test/parallel --entrypoint /bin/bash "$image" -c \
     "horovodrun -np $np --output-filename /tmp/out python -m pytest -q -p no:cacheprovider test_torch.py >/tmp/run.log 2>&1; rc=\$?;
      for r in \$(seq 0 $((np - 1))); do echo \"rank \$r: \$(grep -E '(passed|failed)' /tmp/out/rank.\$r/stdout | tail -n 1)\"; done;
-     grep -hE '^(FAILED|ERROR) ' /tmp/out/rank.0/stdout || true; exit \$rc"
+     grep -hE '^(FAILED|ERROR) ' /tmp/out/rank.0/stdout || true; cp /tmp/run.log /tmp/out/; exit \$rc" || rc=$?
+echo "outputs: $out"
+exit "${rc:-0}"

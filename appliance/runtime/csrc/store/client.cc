@@ -156,10 +156,18 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, AuthParams aut
     try {
       // A slow store host still gets a few seconds for the handshake itself.
       auth_connect(impl_->fd, auth, kStoreServerRank, kStoreChannel, std::max(d, deadline_after_ms(5000)));
+      // One round trip before anyone relies on the connection: a store that is going away
+      // (the previous generation of this job, while a rank re-initialises faster than rank 0)
+      // can accept and then close, which surfaces here, where a retry is still harmless.
+      add("__connected__", 0);
       return;
     } catch (const Error& e) {
       ::close(impl_->fd);
       impl_->fd = -1;
+      impl_->broken.reset();
+      impl_->replies.clear();
+      impl_->waiting.clear();
+      impl_->send_seq = impl_->recv_seq = 0;
       // A store of another job id answered, or one that is going away reset us: the previous
       // generation of this job (a rank re-initialised faster than rank 0). Wait for the
       // current one until the deadline.
