@@ -2,11 +2,21 @@
 
 #include <cstring>
 
+#include "collectives/reduce.h"
+
 namespace appliance {
 
 namespace {
 cudaStream_t stream_of(const TensorDesc& d) { return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(d.stream)); }
 uint64_t addr(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+// On the device a 16-bit tensor is scaled by a factor of its own type (NCCL's scalar, Horovod's
+// CUDA kernels); the host scales in float32. Rounding the factors first gives the device's results.
+double as_device_factor(double f, DataType dt) {
+  if (dt == DataType::kFloat16) return half_to_float(float_to_half(static_cast<float>(f)));
+  if (dt == DataType::kBFloat16) return bfloat16_to_float(float_to_bfloat16(static_cast<float>(f)));
+  return f;
+}
 }  // namespace
 
 std::unique_ptr<Pending> StagingBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
@@ -39,7 +49,12 @@ std::unique_ptr<Pending> StagingBackend::launch(const PlanEntry& e, const std::v
     raw[i] = sh.get();
     shadows[i] = std::move(sh);
   }
-  cpu_.execute(e, raw);
+  PlanEntry scaled = e;
+  for (Signature& sig : scaled.sigs) {
+    sig.prescale = as_device_factor(sig.prescale, sig.dtype);
+    sig.postscale = as_device_factor(sig.postscale, sig.dtype);
+  }
+  cpu_.execute(scaled, raw);
   for (size_t i = 0; i < ops.size(); ++i) {
     OpState* op = ops[i];
     if (!op) continue;

@@ -3,7 +3,9 @@
 // pending work), the CPU backend runs the collective, and results are copied back to the
 // device on the same stream before the entry counts as done. Outputs the core allocates
 // (allgather, alltoall, reducescatter) stay in host memory; the adapter moves them to the
-// tensor's device. Used when NCCL cannot run the entry (device_plan.h says why).
+// tensor's device. Used when NCCL cannot run the entry (device_plan.h says why). Scale factors
+// of 16-bit tensors are first rounded to the tensor's type, as on the device (NCCL's scalar,
+// Horovod's CUDA kernels), so staged and device results agree.
 // Failure modes: a failing CUDA copy throws Error(kInternal) naming the call.
 #pragma once
 
