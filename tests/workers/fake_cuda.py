@@ -117,6 +117,12 @@ def solo():
     assert (o == x).all()
     run(Kind.ALLREDUCE, "scaled", x, o, op=rt.Sum, prescale=0.5, postscale=3.0)
     assert np.allclose(o, x * 1.5)
+    # staged (a scaled sum on one rank): a float16 tensor is scaled by the factor rounded to
+    # float16, as on the device, not by the float32 factor the host path would use
+    h = np.arange(1, 200, dtype=np.float16)
+    ho = np.zeros_like(h)
+    run(Kind.ALLREDUCE, "scaled16", h, ho, op=rt.Sum, prescale=0.1)
+    assert (ho == (h.astype(np.float32) * np.float32(np.float16(0.1))).astype(np.float16)).all()
     hs, outs = [], []
     for i in range(6):  # fused on the device
         a = np.full(5 + i, float(i), dtype=np.float64)
