@@ -163,9 +163,11 @@ def setup(process_sets=None) -> None:
         _dynamic = True
         return
     sets = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets]
-    wanted = [_ranks_of(ps) for ps in sets]
+    wanted = [global_process_set.ranks if ps is global_process_set else _ranks_of(ps) for ps in sets]
     _agree("hvd.init(process_sets=...)", [x for r in wanted for x in [-1, *r]])
     for ps in sets:
+        if ps is global_process_set:
+            continue
         if ps.ranks == global_process_set.ranks or any(o.ranks == ps.ranks for o in _table.values()):
             ps._invalidate()
             continue

@@ -18,6 +18,7 @@ def test_static_and_dynamic_sets(run_ranks, np_):
     for r, (rep, dyn_rep) in enumerate(zip(static, dynamic)):
         st = rep["static"]
         assert st["ids"] == [1, 2, None]  # the repeated set is left unregistered, as in Horovod
+        assert st["global"] == [0, np_]
         assert st["sizes"] == [len(evens), len(odds)]
         assert st["ranks_in"] == [evens.index(r) if r in evens else -1, odds.index(r) if r in odds else -1]
         assert st["included"] == [r in evens, r in odds]

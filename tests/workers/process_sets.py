@@ -27,6 +27,7 @@ def case_static(r, n, out):
     # hvd.init(process_sets=[...]) registered the sets given on the command line (see main)
     evens, odds, repeat = SETS
     out["static"] = {"ids": [evens.process_set_id, odds.process_set_id, repeat.process_set_id],
+                     "global": [hvd.global_process_set.process_set_id, hvd.global_process_set.size()],
                      "sizes": [evens.size(), odds.size()], "ranks_in": [evens.rank(), odds.rank()],
                      "included": [evens.included(), odds.included()]}
     mine = evens if r % 2 == 0 else odds
@@ -161,7 +162,7 @@ def main():
         n = int(os.environ["HOROVOD_SIZE"])
         SETS = (hvd.ProcessSet(list(range(0, n, 2))), hvd.ProcessSet(list(range(1, n, 2))),
                 hvd.ProcessSet(list(range(0, n, 2))))
-        hvd.init(process_sets=list(SETS))
+        hvd.init(process_sets=[hvd.global_process_set, *SETS])  # the global set may be listed too
     else:
         hvd.init(process_sets="dynamic")
     r, n = hvd.rank(), hvd.size()
