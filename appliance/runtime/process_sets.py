@@ -43,6 +43,7 @@ class ProcessSet:
         self.mpi_comm = None
         self.ranks = None
         self.process_set_id = None
+        self._removed = False  # removed sets stay unusable, even one of every rank
         if ranks_or_comm is None:
             return
         if hasattr(ranks_or_comm, "Get_size"):
@@ -126,6 +127,7 @@ def _register(ps: ProcessSet) -> None:
     if ranks:  # an empty set (e.g. the odd ranks of a one-rank job) has no operations to run
         engine.current().add_process_set(set_id, ranks)
     ps.process_set_id = set_id
+    ps._removed = False
     _table[set_id] = ps
 
 
@@ -205,6 +207,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         engine.current().remove_process_set(set_id)
     del _table[set_id]
     process_set._invalidate()
+    process_set._removed = True
     api.barrier()
     return True
 
@@ -214,21 +217,24 @@ def require_registered(process_set) -> None:
     not be in it: e.g. a DistributedOptimizer built on every rank for one set)."""
     if process_set is None or getattr(process_set, "process_set_id", None) == 0:
         return
+    if (getattr(process_set, "process_set_id", 0) is None and not process_set._removed
+            and process_set.ranks == list(range(api.size()))):
+        return  # a never registered set of every rank is the global set
     if not isinstance(process_set, ProcessSet) or _table.get(process_set.process_set_id) is not process_set:
         raise ValueError(f"{process_set!r} is not a registered process set (hvd.add_process_set or "
                          "hvd.init(process_sets=...))")
 
 
 def resolve(process_set) -> int:
-    """The core id for ``process_set=`` (None or the global set: 0); ValueError when it is not
-    registered or does not hold this rank."""
+    """The core id for ``process_set=`` (None, the global set or an unregistered set of every
+    rank: 0); ValueError when it is not registered or does not hold this rank."""
     if process_set is None or process_set is global_process_set:
         return 0
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set= takes a ProcessSet (hvd.add_process_set), got {process_set!r}")
     set_id = process_set.process_set_id
-    if set_id == 0:
-        return 0
+    if set_id == 0 or (set_id is None and not process_set._removed and process_set.ranks == list(range(api.size()))):
+        return 0  # a never registered set of every rank is the global set
     if set_id is None or _table.get(set_id) is not process_set:
         raise ValueError(f"{process_set!r} is not registered (add it with hvd.add_process_set or "
                          "hvd.init(process_sets=...); removed sets cannot be used)")
