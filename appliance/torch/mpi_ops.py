@@ -366,9 +366,17 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         counts, rdtype, rdevice = [rows // n] * n, torch.int32, torch.device("cpu")
     else:
         if isinstance(splits, torch.Tensor):
+            if splits.dtype not in (torch.int32, torch.int64):
+                # Horovod refuses any other dtype, whatever the values (a float tensor from
+                # torch.empty would otherwise pass on some ranks and not on others)
+                raise ValueError(f"alltoall splits must be a tensor of 32- or 64-bit integers, got {splits.dtype}")
             counts, rdtype, rdevice = [int(s) for s in splits.reshape(-1).tolist()], splits.dtype, splits.device
         else:
-            counts, rdtype, rdevice = [int(s) for s in splits], torch.int32, torch.device("cpu")
+            try:
+                counts = [operator.index(s) for s in splits]
+            except TypeError:
+                raise ValueError(f"alltoall splits must be integers, got {list(splits)!r}") from None
+            rdtype, rdevice = torch.int32, torch.device("cpu")
         if len(counts) != n or any(c < 0 for c in counts) or sum(counts) != rows:
             raise ValueError(f"alltoall splits {counts} must be {n} non-negative row counts summing to the "
                              f"first dimension of the tensor ({rows})")

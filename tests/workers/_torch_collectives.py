@@ -204,6 +204,10 @@ def alltoall(hvd):
         expect_raises(ValueError, lambda: hvd.alltoall(x), "alltoall rows not divisible without splits")
     expect_raises(ValueError, lambda: hvd.alltoall(x, splits=[1] * P + [1]), "alltoall splits of wrong length")
     expect_raises(ValueError, lambda: hvd.alltoall(x, splits=[P + 2] + [0] * (P - 1)), "alltoall splits sum")
+    # a float splits tensor is refused whatever its values (as Horovod), so every rank refuses it
+    y = torch.zeros(P, 2)  # splits of ones would be valid as integers
+    expect_raises(ValueError, lambda: hvd.alltoall(y, splits=torch.ones(P)), "float splits")
+    expect_raises(ValueError, lambda: hvd.alltoall(y, splits=[1.0] * P), "float splits list")
 
 
 def reducescatter(hvd):
