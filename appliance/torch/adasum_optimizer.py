@@ -31,7 +31,20 @@ import torch
 from appliance.torch.mpi_ops import Adasum, allreduce_async_, global_process_set, synchronize
 
 
-class DistributedAdasumOptimizer(torch.optim.Optimizer):
+class PendingReductionGuard:
+    """Horovod's rule for both distributed optimizers: ``zero_grad()`` between backward and
+    ``step()`` (reductions started by the gradient hooks still pending in ``self._handles``)
+    raises AssertionError."""
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                                 "cause a race condition.")
+        return super().zero_grad(set_to_none)
+
+
+class DistributedAdasumOptimizer(PendingReductionGuard, torch.optim.Optimizer):
     """Mixed in before the user's optimizer class by ``DistributedOptimizer(op=hvd.Adasum)``;
     ``param_names`` maps each parameter to its (unique) allreduce name."""
 
@@ -109,10 +122,3 @@ class DistributedAdasumOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
         return loss
-
-    def zero_grad(self, set_to_none: bool = True):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                                 "cause a race condition.")
-        return super().zero_grad(set_to_none)

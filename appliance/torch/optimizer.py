@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from appliance.torch.adasum_optimizer import DistributedAdasumOptimizer
+from appliance.torch.adasum_optimizer import DistributedAdasumOptimizer, PendingReductionGuard
 from appliance.torch.compression import Compression
 from appliance.torch.functions import broadcast_object
 from appliance.runtime import process_sets as _ps
@@ -74,7 +74,7 @@ def local_step(optimizer) -> None:
         optimizer.step()
 
 
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
     """Mixed in before the user's optimizer class by ``DistributedOptimizer``."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
@@ -275,13 +275,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
-
-    def zero_grad(self, set_to_none: bool = True):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                                 "cause a race condition.")
-        return super().zero_grad(set_to_none)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
