@@ -315,6 +315,12 @@ def new_group_id(process_set: int = 0) -> int:
     return current().new_group_id(process_set)
 
 
+def link_kinds() -> list:
+    """Transport of this rank's data link to every rank: "shm", "tcp" ("self" for this rank)."""
+    core = current().core
+    return [core.link_kind(r) for r in range(core.size)]
+
+
 def capabilities() -> dict:
     """What executes here: see ``appliance.runtime.devices`` (cuda, nccl, nccl_version, why...)."""
     return devices.capabilities()

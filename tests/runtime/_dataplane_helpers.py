@@ -2,8 +2,9 @@
 
 Wraps the ``_core._testing`` hooks with numpy: dtype tables (bfloat16 travels as its uint16
 bit pattern, since numpy has no bfloat16), random inputs per dtype, numpy reference
-reductions, and ``run`` which executes one collective on N threads over socketpairs and
-fails the test with every rank's error if any rank failed.
+reductions, and ``run`` which executes one collective on N threads over socketpairs (or
+shared-memory links, ``TRANSPORT``) and fails the test with every rank's error if any rank
+failed.
 """
 from __future__ import annotations
 
@@ -89,8 +90,15 @@ def reduce_ref(arrays: list[np.ndarray], name: str, op: str) -> np.ndarray:
     return fn.reduce(s, axis=0, dtype=st)
 
 
+# The links ``run`` uses unless a test names one: "tcp" (socketpairs) or "shm" (shared-memory
+# rings with a socketpair doorbell). Test modules parametrize it through the ``transport``
+# fixture so every collective runs over both.
+TRANSPORT = {"name": "tcp"}
+
+
 def run(kind: str, nranks: int, inputs: list, **kw) -> list[bytes]:
     """Run a collective; assert every rank succeeded; return per-rank output bytes."""
+    kw.setdefault("transport", TRANSPORT["name"])
     res = T.run_collective(kind, nranks, [bytes(memoryview(np.ascontiguousarray(x)).cast("B"))
                                           if isinstance(x, np.ndarray) else bytes(x) for x in inputs], **kw)
     errs = [e for e in res["errors"] if e is not None]

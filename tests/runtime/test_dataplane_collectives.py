@@ -1,5 +1,5 @@
 """Every collective of the data plane against numpy, on 2, 3 and 5 ranks run as threads over
-socketpairs (``_core._testing.run_collective``). Sizes 0, 1, odd and multi-chunk; small
+socketpairs and again over shared-memory links (``_core._testing.run_collective``). Sizes 0, 1, odd and multi-chunk; small
 ``chunk_bytes``/``max_frame`` push messages through the multi-frame and multi-piece paths,
 and one large case crosses the channel's small-frame threshold.
 """
@@ -8,8 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _dataplane_helpers import (DTYPES, FLOATS, OPS, T, as_values, code, esize, gen, op_code,
+from _dataplane_helpers import (DTYPES, FLOATS, OPS, TRANSPORT, T, as_values, code, esize, gen, op_code,
                                 outputs_as, reduce_ref, run)
+
+
+@pytest.fixture(autouse=True, params=["tcp", "shm"])
+def transport(request):
+    TRANSPORT["name"] = request.param
+    yield request.param
+    TRANSPORT["name"] = "tcp"
 
 RANKS = (2, 3, 5)
 # (elements, chunk_bytes, max_frame)
@@ -128,9 +135,9 @@ def test_reducescatter_uneven_counts_every_dtype_op(P):
 
 
 @pytest.mark.parametrize("P", (1,) + RANKS)
-def test_barrier_waits_for_the_last_rank(P):
+def test_barrier_waits_for_the_last_rank(P, transport):
     late = P - 1
-    res = T.run_collective("barrier", P, [b""] * P, delay_rank=late, delay_ms=150)
+    res = T.run_collective("barrier", P, [b""] * P, delay_rank=late, delay_ms=150, transport=transport)
     assert res["errors"] == [None] * P
     for r in range(P):
         assert res["exit"][r] >= res["enter"][late], f"rank {r} left the barrier before rank {late} entered"

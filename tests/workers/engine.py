@@ -289,6 +289,17 @@ def case_stats(n):
     report({"first": first, "second": second})
 
 
+def case_links():
+    """Which transport each data link uses, and a large allreduce over it (many ring laps)."""
+    rt.init()
+    kinds = engine.link_kinds()
+    x = data(rt.rank(), np.float32, 3_000_001)
+    got = rt.allreduce(x, op=rt.Sum, name="big")
+    check("big", got, reference(rt.Sum, [data(r, np.float32, 3_000_001) for r in range(rt.size())], rt.size()),
+          np.float32)
+    report({"links": kinds, "ok": True})
+
+
 def case_join():
     rt.init()
     r, P = rt.rank(), rt.size()

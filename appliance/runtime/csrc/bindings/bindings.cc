@@ -135,6 +135,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("cross_rank", [](const Runtime& r) { return r.topology().cross_rank; })
       .def_property_readonly("cross_size", [](const Runtime& r) { return r.topology().cross_size; })
       .def("host_of", &Runtime::host_of)
+      .def("link_kind", &Runtime::link_kind)
       .def("enqueue",
            [](Runtime& rt, int kind, const std::string& name, const DescTuple& in, const DescTuple& out, int op,
               double prescale, double postscale, int root, std::vector<int64_t> splits, uint32_t group_id,

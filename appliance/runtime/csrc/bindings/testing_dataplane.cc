@@ -161,7 +161,8 @@ void bind_harness(py::module_& m, const py::object& exc) {
       [exc](const std::string& kind, int nranks, const std::vector<py::bytes>& inputs, int dtype, int op, int root,
             const std::vector<size_t>& counts, const std::vector<std::vector<size_t>>& send_bytes, size_t chunk_bytes,
             size_t max_frame, int broadcast_algo, bool alias, int iterations, bool sync, int delay_rank,
-            int delay_ms, int sockbuf, bool watch_fd, const py::dict& fault, int64_t timeout_ms) {
+            int delay_ms, int sockbuf, bool watch_fd, const py::dict& fault, int64_t timeout_ms,
+            const std::string& transport, size_t shm_ring_bytes) {
         testing::CollectiveSpec spec;
         spec.kind = kind;
         spec.nranks = nranks;
@@ -181,6 +182,8 @@ void bind_harness(py::module_& m, const py::object& exc) {
         spec.delay_rank = delay_rank;
         spec.delay_ms = delay_ms;
         spec.sockbuf = sockbuf;
+        spec.transport = transport;
+        spec.shm_ring_bytes = shm_ring_bytes;
         spec.watch_fd = watch_fd;
         spec.timeout_ms = timeout_ms;
         if (fault.contains("rank")) spec.fault.rank = fault["rank"].cast<int>();
@@ -223,7 +226,8 @@ void bind_harness(py::module_& m, const py::object& exc) {
       py::arg("max_frame") = 1 << 20, py::arg("broadcast_algo") = 0, py::arg("alias") = false,
       py::arg("iterations") = 1, py::arg("sync") = false, py::arg("delay_rank") = -1, py::arg("delay_ms") = 0,
       py::arg("sockbuf") = 0, py::arg("watch_fd") = true, py::arg("fault") = py::dict(), py::arg("timeout_ms") = 20000,
-      "Run one collective on nranks threads over socketpairs; per-rank outputs, errors, timings.");
+      py::arg("transport") = "tcp", py::arg("shm_ring_bytes") = 1 << 20,
+      "Run one collective on nranks threads over socketpairs (or shm links); per-rank outputs, errors, timings.");
 }
 
 void bind_channel(py::module_& m, const py::object& exc) {

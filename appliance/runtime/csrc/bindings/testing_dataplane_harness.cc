@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "transport/channel.h"
+#include "transport/shm/shm_link.h"
 #include "transport/tcp/tcp_link.h"
 
 namespace appliance {
@@ -29,6 +30,8 @@ class FaultLink final : public Link {
         corrupt_at_(corrupt_at) {}
   const char* kind() const override { return inner_->kind(); }
   int wait_handle() const override { return inner_->wait_handle(); }
+  short arm_wait(bool rd, bool wr) override { return inner_->arm_wait(rd, wr); }
+  bool spins() const override { return inner_->spins(); }
   void close() override { inner_->close(); }
   size_t recv_some(void* data, size_t len) override { return inner_->recv_some(data, len); }
 
@@ -201,12 +204,14 @@ void validate(const CollectiveSpec& spec, const std::vector<std::vector<uint8_t>
 
 HarnessResult run_collective(const CollectiveSpec& spec, const std::vector<std::vector<uint8_t>>& inputs) {
   validate(spec, inputs);
+  if (spec.transport != "tcp" && spec.transport != "shm")
+    throw Error(Code::kInvalid, "transport must be tcp or shm, not " + spec.transport);
   const int P = spec.nranks;
   // links: one socketpair per pair of ranks
   std::vector<std::vector<std::unique_ptr<Channel>>> chans(P);
   for (auto& v : chans) v.resize(P);
   auto wrap = [&](LinkPtr l, int owner) -> LinkPtr {
-    if (spec.sockbuf > 0) {
+    if (spec.sockbuf > 0 && spec.transport == "tcp") {
       int fd = l->wait_handle();
       ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &spec.sockbuf, sizeof(spec.sockbuf));
       ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &spec.sockbuf, sizeof(spec.sockbuf));
@@ -218,7 +223,7 @@ HarnessResult run_collective(const CollectiveSpec& spec, const std::vector<std::
   const uint32_t max_payload = static_cast<uint32_t>(std::max<size_t>(spec.max_frame, 1));
   for (int i = 0; i < P; ++i)
     for (int j = i + 1; j < P; ++j) {
-      auto pr = make_socketpair_links(i, j);
+      auto pr = spec.transport == "shm" ? make_shm_link_pair(i, j, spec.shm_ring_bytes) : make_socketpair_links(i, j);
       chans[i][j] = std::make_unique<Channel>(wrap(std::move(pr.first), i), max_payload);
       chans[j][i] = std::make_unique<Channel>(wrap(std::move(pr.second), j), max_payload);
     }

@@ -1,5 +1,6 @@
 // Test harness for the data plane: runs one collective on N ranks as N threads of this
-// process, over socketpair links (transport/tcp/tcp_link.h), and reports per-rank outputs,
+// process, over socketpair links (transport/tcp/tcp_link.h) or shared-memory links
+// (transport/shm/shm_link.h, CollectiveSpec::transport), and reports per-rank outputs,
 // errors and timings. Test-only; no pybind11 here (testing_dataplane.cc binds it).
 //
 // It also stands in for what the engine does around a collective: each rank gets a Watch
@@ -48,6 +49,8 @@ struct CollectiveSpec {
   int delay_rank = -1;    // this rank sleeps delay_ms before entering
   int delay_ms = 0;
   int sockbuf = 0;        // SO_SNDBUF/SO_RCVBUF for the socketpairs, 0 = system default
+  std::string transport = "tcp";  // "tcp": socketpairs; "shm": shared-memory links (memfd rings)
+  size_t shm_ring_bytes = 1 << 20;
   bool watch_fd = true;   // false: the Watch has no fd and relies on periodic servicing
   FaultSpec fault;
   int64_t timeout_ms = 20000;

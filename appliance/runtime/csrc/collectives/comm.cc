@@ -145,9 +145,28 @@ bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* al
   return moved;
 }
 
-// Nothing moved: sleep until some involved fd (or the Watch fd) is ready, at most until the
-// Watch is due. Links without an fd make this a backoff step instead.
+// Nothing moved: sleep until some involved link can progress (or the Watch fd is readable),
+// at most until the Watch is due. Links that move bytes without syscalls (shared memory)
+// are spun on first (Backoff's spin and yield rounds); then every pending link arms its
+// doorbell (Link::arm_wait) and we poll. Links without any handle make this a backoff step.
 void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector<RecvState>& rs) {
+  bool spinning = false, fdless = false;
+  auto classify = [&](Link& link) {
+    if (link.wait_handle() < 0) {
+      fdless = true;
+    } else if (link.spins()) {
+      spinning = true;
+    }
+  };
+  for (const SendState& s : ss)
+    if (!s.done) classify(s.ch->link());
+  for (const RecvState& r : rs)
+    if (!r.done) classify(r.ch->link());
+  if ((spinning || fdless) && backoff_.next_sleep_us() == 0) {
+    backoff_.step();
+    return;
+  }
+
   pollfd fds[64];
   std::vector<pollfd> many;
   size_t cap = 2 * static_cast<size_t>(size_) + 1;
@@ -157,12 +176,16 @@ void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector
     p = many.data();
   }
   size_t n = 0;
-  bool fdless = false;
-  auto add = [&](int fd, short ev) {
+  fdless = false;
+  bool ready = false;
+  auto add = [&](Link& link, bool rd, bool wr) {
+    int fd = link.wait_handle();
     if (fd < 0) {
       fdless = true;
       return;
     }
+    short ev = link.arm_wait(rd, wr);
+    if (ev == 0) ready = true;
     for (size_t i = 0; i < n; ++i)
       if (p[i].fd == fd) {
         p[i].events |= ev;
@@ -171,9 +194,10 @@ void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector
     p[n++] = pollfd{fd, ev, 0};
   };
   for (const SendState& s : ss)
-    if (!s.done) add(s.ch->link().wait_handle(), POLLOUT);
+    if (!s.done) add(s.ch->link(), false, true);
   for (const RecvState& r : rs)
-    if (!r.done) add(r.ch->link().wait_handle(), POLLIN);
+    if (!r.done) add(r.ch->link(), true, false);
+  if (ready) return;  // a link can progress already: pump again
   int watch_slot = -1;
   if (watch_.fd >= 0) {
     watch_slot = static_cast<int>(n);
@@ -183,13 +207,7 @@ void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector
   auto since = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_service_).count();
   int timeout_ms = static_cast<int>(std::max<int64_t>(0, kWatchPeriodMs - since));
   if (fdless) {
-    // Spin/yield rounds poll without sleeping; later rounds sleep in poll (or nanosleep).
-    int64_t us = backoff_.next_sleep_us();
-    if (us == 0) {
-      if (n) ::poll(p, n, 0);
-      backoff_.step();
-      return;
-    }
+    int64_t us = std::max<int64_t>(backoff_.next_sleep_us(), 20);
     timeout_ms = std::min<int>(timeout_ms, static_cast<int>((us + 999) / 1000));
     backoff_.advance();
   }
@@ -228,7 +246,11 @@ void Comm::exchange(const std::vector<SendOp>& sends, std::vector<RecvOp>& recvs
     bool moved = pump(ss, rs, &all_done);
     if (all_done) return;
     if (Clock::now() - last_service_ >= std::chrono::milliseconds(kWatchPeriodMs)) service_watch();
-    if (!moved) wait_for_progress(ss, rs);
+    if (moved) {
+      backoff_.reset();
+    } else {
+      wait_for_progress(ss, rs);
+    }
   }
 }
 

@@ -53,8 +53,12 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
     Mesh mesh = build_mesh(*store_, mo);
     topo_ = mesh.topo;
     for (int r = 0; r < cfg_.size; ++r) hosts_[r] = mesh.peers[r].host;
+    links_.assign(cfg_.size, "self");
     for (int r = 0; r < cfg_.size; ++r)
-      if (mesh.data[r]) data[r] = std::make_unique<Channel>(std::move(mesh.data[r]), kDataFrameMax);
+      if (mesh.data[r]) {
+        links_[r] = mesh.data[r]->kind();
+        data[r] = std::make_unique<Channel>(std::move(mesh.data[r]), kDataFrameMax);
+      }
     auto now = Clock::now();
     for (int r = 0; r < static_cast<int>(mesh.control.size()); ++r) {
       if (!mesh.control[r]) continue;
@@ -65,6 +69,8 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
     if (cfg_.verbose && cfg_.rank == 0) {
       std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
       for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;
+      line += "; data links of rank 0:";
+      for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + links_[r];
       log_line(cfg_.rank, line);
     }
   } catch (const Error& e) {

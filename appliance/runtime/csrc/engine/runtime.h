@@ -72,6 +72,8 @@ class Runtime {
   int size() const { return cfg_.size; }
   const Topology& topology() const { return topo_; }
   std::string host_of(int rank) const;
+  // Transport of the data link to `rank` ("shm", "tcp"; "self" for this rank).
+  std::string link_kind(int rank) const { return rank >= 0 && rank < static_cast<int>(links_.size()) ? links_[rank] : ""; }
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
@@ -161,6 +163,7 @@ class Runtime {
   RuntimeConfig cfg_;
   Topology topo_;
   std::vector<std::string> hosts_;
+  std::vector<std::string> links_;  // kind of the data link to each rank: "tcp", "shm", "self"
   std::unique_ptr<TcpStoreServer> store_server_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Comm> comm_;

@@ -265,10 +265,13 @@ Frame Channel::recv_frame(Deadline deadline) {
 void Channel::wait(bool for_read, bool for_write, Deadline deadline) {
   if (!for_read && !for_write) return;
   int fd = link_->wait_handle();
-  if (fd < 0) {
+  // No handle: back off. A link that moves bytes without syscalls: spin a little first.
+  if (fd < 0 || (link_->spins() && backoff_.next_sleep_us() == 0)) {
     backoff_.step();
     return;
   }
+  short events = link_->arm_wait(for_read, for_write);
+  if (events == 0) return;  // it can progress already
   int timeout_ms = -1;
   if (deadline != no_deadline()) {
     auto left = deadline - Clock::now();
@@ -276,8 +279,9 @@ void Channel::wait(bool for_read, bool for_write, Deadline deadline) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1;  // round up
     timeout_ms = static_cast<int>(std::min<int64_t>(ms, 60000));
   }
-  pollfd p{fd, static_cast<short>((for_read ? POLLIN : 0) | (for_write ? POLLOUT : 0)), 0};
+  pollfd p{fd, events, 0};
   ::poll(&p, 1, timeout_ms);  // EINTR or a timeout just return: callers loop
+  backoff_.reset();
 }
 
 }  // namespace appliance

@@ -26,6 +26,8 @@
 #include "common/log_limit.h"
 #include "common/status.h"
 #include "transport/auth.h"
+#include "transport/shm/shm_link.h"
+#include "transport/shm/shm_pairing.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_link.h"
 #include "wire/codec.h"
@@ -332,15 +334,32 @@ Topology compute_topology(const std::vector<std::string>& hosts, int rank) {
   return t;
 }
 
-bool shm_possible(const PeerInfo& a, const PeerInfo& b) { return !a.host_key.empty() && a.host_key == b.host_key; }
+namespace {
+
+// Fields of a host key after the host name: "<boot id>/ipc:<ns>/shm:<dev>" (local_host_key()).
+std::string machine_part(const std::string& key) {
+  size_t i = key.find('/');
+  return i == std::string::npos ? std::string() : key.substr(i + 1);
+}
+
+// Same kernel instance: the boot id field.
+bool same_kernel(const PeerInfo& a, const PeerInfo& b) {
+  std::string x = machine_part(a.host_key), y = machine_part(b.host_key);
+  x = x.substr(0, x.find('/'));
+  return !x.empty() && x == y.substr(0, y.find('/'));
+}
+
+}  // namespace
+
+// The host name does not matter (containers have their own); kernel, IPC namespace and
+// /dev/shm do.
+bool shm_possible(const PeerInfo& a, const PeerInfo& b) {
+  std::string x = machine_part(a.host_key);
+  return !x.empty() && x == machine_part(b.host_key);
+}
 
 TransportKind choose_transport(const PeerInfo& me, const PeerInfo& peer, bool allow_shm) {
-  // Shared memory joins here once transport/shm exists:
-  //   if (allow_shm && shm_possible(me, peer)) return TransportKind::kShm;
-  (void)me;
-  (void)peer;
-  (void)allow_shm;
-  return TransportKind::kTcp;
+  return allow_shm && shm_possible(me, peer) ? TransportKind::kShm : TransportKind::kTcp;
 }
 
 std::string local_host_key() {
@@ -421,7 +440,6 @@ Mesh build_mesh(Store& store, const MeshOptions& opts) {
   try {
     for (int r = me + 1; r < n; ++r) {
       const PeerInfo& p = mesh.peers[r];
-      APPLIANCE_ASSERT(choose_transport(self, p, opts.allow_shm) == TransportKind::kTcp, "no shm transport yet");
       std::vector<int> channels{kDataChannel};
       if (me == 0) channels.push_back(kControlChannel);
       for (int ch : channels) {
@@ -449,12 +467,63 @@ Mesh build_mesh(Store& store, const MeshOptions& opts) {
     throw;
   }
 
+  // Same-host pairs: their data channel moves to shared memory (phases: shm_pairing.h).
+  std::map<int, std::shared_ptr<ShmSegment>> shm_seg;  // peer rank -> segment
+  std::map<int, int> shm_side;
+  std::vector<std::string> fallbacks;
+  std::vector<int> unshared;  // same kernel, no common /dev/shm
+  try {
+    std::vector<ShmOffer> offers;
+    for (int r = me + 1; r < n; ++r)
+      if (choose_transport(self, mesh.peers[r], opts.allow_shm) == TransportKind::kShm)
+        offers.push_back(shm_offer(mine.at({r, kDataChannel}), me, r, opts.shm_ring_bytes, deadline,
+                                   "rank " + std::to_string(r)));
+    for (int r = 0; r < me; ++r)
+      if (choose_transport(self, mesh.peers[r], opts.allow_shm) == TransportKind::kShm) {
+        std::string why;
+        auto seg = shm_accept(mine.at({r, kDataChannel}), deadline, "rank " + std::to_string(r), &why);
+        if (seg) {
+          shm_seg[r] = seg;
+          shm_side[r] = 1;
+        } else {
+          fallbacks.push_back("rank " + std::to_string(r) + ": " + why);
+        }
+      }
+    for (ShmOffer& o : offers) {
+      if (shm_confirm(o, deadline, "rank " + std::to_string(o.peer))) {
+        shm_seg[o.peer] = o.seg;
+        shm_side[o.peer] = 0;
+      } else {
+        fallbacks.push_back("rank " + std::to_string(o.peer) + ": " + o.why);
+      }
+    }
+  } catch (...) {
+    for (auto& kv : mine) ::close(kv.second);
+    throw;
+  }
+  if (opts.allow_shm)
+    for (int r = 0; r < n; ++r)
+      if (r != me && !shm_possible(self, mesh.peers[r]) && same_kernel(self, mesh.peers[r])) unshared.push_back(r);
+  if (!unshared.empty())
+    std::fprintf(stderr,
+                 "appliance: rank %d: rank(s) %s run on this machine but do not share its /dev/shm (containers "
+                 "need --ipc host or a shared /dev/shm); using TCP with them\n",
+                 me, join_ints(unshared).c_str());
+  for (const std::string& f : fallbacks)
+    std::fprintf(stderr, "appliance: rank %d: shared memory with %s; using TCP\n", me, f.c_str());
+
   mesh.data.resize(n);
   mesh.control.resize(me == 0 ? n : 1);
   for (auto& kv : mine) {
     const int r = kv.first.first;
-    LinkPtr link = std::make_unique<TcpLink>(kv.second, r, mesh.peers[r].host);
-    if (kv.first.second == kDataChannel) {
+    const bool data = kv.first.second == kDataChannel;
+    LinkPtr link;
+    if (data && shm_seg.count(r)) {
+      link = std::make_unique<ShmLink>(shm_seg[r], shm_side[r], kv.second, r, mesh.peers[r].host);
+    } else {
+      link = std::make_unique<TcpLink>(kv.second, r, mesh.peers[r].host);
+    }
+    if (data) {
       mesh.data[r] = std::move(link);
     } else {
       mesh.control[me == 0 ? r : 0] = std::move(link);

@@ -28,6 +28,7 @@
 // IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@ struct MeshOptions {
                              // "0.0.0.0" = listen on all, publish the one that routes)
   std::string store_host;    // with bind_addr "": listen on the interface that routes here
   bool allow_shm = false;    // shared memory between ranks of one host
+  uint64_t shm_ring_bytes = 1 << 20;  // per direction and pair
   int64_t timeout_ms = 60000;
   int peer_timeout_ms = 10000;  // TCP_USER_TIMEOUT / keepalive budget
   AuthParams auth;
@@ -73,8 +75,12 @@ Mesh build_mesh(Store& store, const MeshOptions& opts);
 Topology compute_topology(const std::vector<std::string>& hosts, int rank);
 
 // The one place the transport of a pair is decided. Shared memory needs both ranks on one
-// machine and IPC namespace (same host_key) and allow_shm; until transport/shm exists this
-// returns kTcp for every pair.
+// machine and IPC namespace with the same /dev/shm (same host_key) and allow_shm. The data
+// channel of such a pair becomes a ShmLink (transport/shm) whose doorbell is the pair's
+// authenticated socket; control channels stay on TCP (the engine polls them with epoll). A
+// pair whose shm setup fails stays on TCP and this rank prints one line saying why; so does
+// a rank whose peers share its kernel (boot id) but not its /dev/shm (containers without
+// --ipc host or a shared /dev/shm).
 enum class TransportKind { kTcp, kShm };
 bool shm_possible(const PeerInfo& a, const PeerInfo& b);
 TransportKind choose_transport(const PeerInfo& me, const PeerInfo& peer, bool allow_shm);

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,6 +29,10 @@ void TcpLink::close() {
 void TcpLink::lost(const char* during, int err) {
   std::string why = err == 0 ? std::string("connection closed by peer") : std::string(std::strerror(err));
   throw Error(Code::kPeerLost, why + " while " + during, peer(), peer_host());
+}
+
+short TcpLink::arm_wait(bool for_read, bool for_write) {
+  return static_cast<short>((for_read ? POLLIN : 0) | (for_write ? POLLOUT : 0));
 }
 
 size_t TcpLink::send_some(const void* data, size_t len) {

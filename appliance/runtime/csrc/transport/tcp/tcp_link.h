@@ -16,6 +16,7 @@ class TcpLink final : public Link {
   size_t send_some(const void* data, size_t len) override;
   size_t recv_some(void* data, size_t len) override;
   int wait_handle() const override { return fd_; }
+  short arm_wait(bool for_read, bool for_write) override;
   void close() override;
 
  private:
