@@ -1,6 +1,7 @@
 // The background thread of a Runtime: announce work, negotiate (rank 0 coordinates), run
 // plans, keep control links alive, and turn any failure into one job-wide abort.
 #include <poll.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@ int64_t ms_until(Clock::time_point t, Clock::time_point now) {
 }  // namespace
 
 void Runtime::loop() {
+  prctl(PR_SET_TIMERSLACK, 1000UL);  // 1 us: short waits here (bursts, device polls) stay short
   try {
     for (;;) {
       pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {epoll_fd_, POLLIN, 0}};
@@ -43,6 +45,7 @@ void Runtime::loop() {
         std::lock_guard<std::mutex> g(qmu_);
         if (stopping_) break;
       }
+      settle_burst();
       step();
       if (coordinator_gone_) {
         Status gone{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"};
@@ -98,6 +101,24 @@ void Runtime::step() {
   } while (!inbox_.empty());
   heartbeats();
   if (coord_) stall_check();
+}
+
+void Runtime::settle_burst() {
+  if (enqueue_gap_us_.load() > kBurstGapUs) return;
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (queue_.empty()) return;
+  }
+  const auto now_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+  };
+  const int64_t until = now_us() + std::min<int64_t>(static_cast<int64_t>(cfg_.cycle_time_ms * 1000), 5000);
+  for (int64_t t = now_us(); t < until; t = now_us()) {
+    const int64_t quiet = t - last_enqueue_us_.load();
+    if (quiet >= kBurstGapUs) return;
+    timespec ts{0, static_cast<long>((kBurstGapUs - quiet) * 1000)};
+    nanosleep(&ts, nullptr);
+  }
 }
 
 bool Runtime::is_ctrl_peer(int peer) const { return ctrl_[peer].ch && !ctrl_[peer].gone; }

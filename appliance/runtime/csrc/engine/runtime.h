@@ -109,6 +109,12 @@ class Runtime {
   // --- background thread (engine/loop.cc) ---
   void loop();
   void step();
+  // A caller issuing operations back to back (a backward pass's gradients, a burst of async
+  // calls) gets them announced together: while enqueues come less than kBurstGapUs apart,
+  // wait (at most the cycle time) for a pause, so they negotiate and fuse as one plan. A lone
+  // operation, enqueued after a pause, goes at once.
+  static constexpr int64_t kBurstGapUs = 50;
+  void settle_burst();
   void intake();
   void on_ready(int from, const std::vector<uint8_t>& payload);
   void on_resend(const std::vector<uint8_t>& payload);
@@ -196,6 +202,8 @@ class Runtime {
   std::thread thread_;
 
   std::mutex qmu_;
+  std::atomic<int64_t> last_enqueue_us_{0};  // steady clock, set by enqueue()
+  std::atomic<int64_t> enqueue_gap_us_{INT64_MAX};  // between the last two enqueues
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
   std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
