@@ -36,7 +36,17 @@ void Runtime::loop() {
         ts.tv_sec = t / 1000;
         ts.tv_nsec = (t % 1000) * 1000000;
       }
-      ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
+      // Callers write wake_fd_ only while this thread sleeps (enqueue() reads sleeping_), so a
+      // burst of enqueues costs one wake-up, not a syscall each. Dekker with qmu_: either we
+      // see their request in the queue, or they see sleeping_ and wake us.
+      sleeping_.store(true);
+      bool queued;
+      {
+        std::lock_guard<std::mutex> g(qmu_);
+        queued = !queue_.empty();
+      }
+      if (!queued) ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
+      sleeping_.store(false);
       if (fds[0].revents & POLLIN) {
         uint64_t v;
         (void)!read(wake_fd_, &v, sizeof(v));

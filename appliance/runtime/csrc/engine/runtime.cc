@@ -221,8 +221,10 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   const int64_t now_us =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
   enqueue_gap_us_.store(now_us - last_enqueue_us_.exchange(now_us));
-  uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  if (sleeping_.exchange(false)) {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
   return h;
 }
 

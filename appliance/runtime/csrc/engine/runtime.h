@@ -202,6 +202,7 @@ class Runtime {
   std::thread thread_;
 
   std::mutex qmu_;
+  std::atomic<bool> sleeping_{false};  // the background thread is (about to be) in ppoll
   std::atomic<int64_t> last_enqueue_us_{0};  // steady clock, set by enqueue()
   std::atomic<int64_t> enqueue_gap_us_{INT64_MAX};  // between the last two enqueues
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
