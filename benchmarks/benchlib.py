@@ -99,6 +99,12 @@ def threads_per_rank(np_: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, np_))
 
 
+def machine_line() -> str:
+    """One line about the machine: cores and load (other work here skews every number)."""
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return f"{os.cpu_count()} cores, load average {load} (1/5/15 min) at start"
+
+
 def mpi_missing() -> str | None:
     """Why the OpenMPI legs cannot run here (one line), or None when they can."""
     if not shutil.which("mpirun"):

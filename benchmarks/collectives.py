@@ -255,6 +255,7 @@ def main(argv=None) -> int:
     if a.no_mpi:
         backends = [b for b in backends if not b.startswith("mpi-")]
 
+    machine = bl.machine_line()
     rows, skipped = [], {}
     if "ours" in backends or "gloo" in backends:
         rows += [r for r in run_ours_and_gloo(a.np, ops, sizes, iters) if r["backend"] in backends]
@@ -273,9 +274,9 @@ def main(argv=None) -> int:
         rows += memcpy_rows(ops, sizes, iters, a.np)
     add_bandwidth(rows, a.np)
     present = [b for b in backends if b not in skipped]
-    print(f"{a.np} ranks; host {platform.node()}, {os.cpu_count()} cores; backends: {', '.join(present)}")
+    print(f"{a.np} ranks; host {platform.node()}: {machine}; backends: {', '.join(present)}")
     print_tables(rows, ops, a.np, present)
-    result = {"np": a.np, "cpus": os.cpu_count(), "dtype": "float32", "ops": ops, "backends": present,
+    result = {"np": a.np, "cpus": os.cpu_count(), "machine": machine, "dtype": "float32", "ops": ops, "backends": present,
               "skipped": skipped, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:

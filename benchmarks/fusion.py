@@ -178,6 +178,7 @@ def main(argv=None) -> int:
 
     here = os.path.abspath(__file__)
     out = bl.result_path("fusion")
+    machine = bl.machine_line()
     common = ["--cases", ",".join(cases), "--iters", str(iters)]
     res = launch([sys.executable, here, "--worker", "ours", *common, "--out", out], np=a.np, timeout=3600)
     if res.returncode != 0:
@@ -194,10 +195,11 @@ def main(argv=None) -> int:
             with open(out) as f:
                 rows += json.load(f)
             backends.append("mpi-shm")
+    print(f"{a.np} ranks; {machine}; backends: {', '.join(backends)}")
     print_table(rows, cases, a.np, backends)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"np": a.np, "cpus": os.cpu_count(), "backends": backends, "rows": rows}, f, indent=1)
+            json.dump({"np": a.np, "cpus": os.cpu_count(), "machine": machine, "backends": backends, "rows": rows}, f, indent=1)
     return 0
 
 

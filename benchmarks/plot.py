@@ -3,7 +3,7 @@
     python benchmarks/plot.py results.json busbw.png [--op allreduce]
 
 Needs matplotlib (the ``bench`` extra: pip install '.[bench]'). The memcpy reference (one core's
-algbw) is drawn dashed. Log-scaled size axis; linear GB/s.
+algbw) is drawn dashed. Both axes are log-scaled.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def plot(result: dict, png: str, op: str = "allreduce") -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [bl.human(s) for s in sizes])
     ax.set_xlabel("message size (nccl-tests convention)")
-    ax.set_ylabel("busbw (GB/s)")
+    ax.set_yscale("log")
+    ax.set_ylabel("busbw (GB/s, log scale)")
     ax.set_title(f"{op}, float32, {result['np']} ranks on one host ({result.get('cpus', '?')} cores)")
     ax.grid(True, alpha=0.3)
     ax.legend()

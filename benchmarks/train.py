@@ -147,14 +147,16 @@ def main(argv=None) -> int:
     else:
         cfg = dict(vocab=2048, d=256, layers=4, heads=4, seq=128, batch=a.batch, steps=a.steps or 20, warmup=3,
                    tokens=65536)
+    machine = bl.machine_line()
     rows = []
     for ranks in (int(x) for x in a.ranks.split(",")):
         for impl in impls:
             rows.append(run_job(impl, ranks, {**cfg, "threads": a.threads or bl.threads_per_rank(ranks)}))
+    print(machine)
     print_table(rows, cfg)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpus": os.cpu_count(), "config": cfg, "rows": rows}, f, indent=1)
+            json.dump({"cpus": os.cpu_count(), "machine": machine, "config": cfg, "rows": rows}, f, indent=1)
     return 0
 
 
