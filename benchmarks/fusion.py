@@ -7,7 +7,9 @@ its hook, all waited in ``step``). Cases:
 - ``100 x 4K``: 100 tensors of 4 KiB; ``1 x 400K``: one tensor of the same 400 KiB;
 - ``resnet18``: ResNet-18's 62 parameter shapes (11.7 M floats; bench_models.resnet18);
 - ``transformer``: a small transformer LM's parameter shapes (d=256, 4 layers; bench_models.TransformerLM).
-Backends: ours (``appliance.torch.allreduce_async_`` + ``synchronize``), torch.distributed gloo
+Backends: ours (``appliance.torch.allreduce_async_`` per tensor + ``synchronize``, as
+DistributedOptimizer by default), ours-grouped (one ``grouped_allreduce_async_`` of all the tensors,
+as DistributedOptimizer with ``groups``), torch.distributed gloo
 (``all_reduce(async_op=True)`` + ``wait``), OpenMPI shared memory (``Iallreduce`` + ``Waitall``,
 mpirun + mpi4py; skipped with one line when missing). Ranks of ours and gloo are started by
 ``appliance.launcher.launch`` and time both interleaved.
@@ -74,6 +76,9 @@ def worker_ours_and_gloo(cases, iters, out):
             for h in handles:
                 hvd.synchronize(h)
 
+        def grouped():
+            hvd.synchronize(hvd.grouped_allreduce_async_(ours_t[::-1], name=f"fusion.{case}.grouped", op=hvd.Sum))
+
         def gloo():
             works = [dist.all_reduce(gloo_t[i], async_op=True) for i in reversed(range(len(shapes)))]
             for w in works:
@@ -81,19 +86,20 @@ def worker_ours_and_gloo(cases, iters, out):
 
         k = case_iters(shapes, iters)
         hvd.barrier()
+        fns = {"ours": ours, "ours-grouped": grouped, "gloo": gloo}
         for _ in range(3):
-            ours()
-            gloo()
-        t_ours, t_gloo = [], []
-        for _ in range(3):
-            t_ours += bl.time_op(ours, k // 3 + 1)
-            t_gloo += bl.time_op(gloo, k // 3 + 1)
-        med = torch.tensor([bl.median(t_ours), bl.median(t_gloo)], dtype=torch.float64)
+            for fn in fns.values():
+                fn()
+        samples = {b: [] for b in fns}
+        for _ in range(3):  # interleaved so all see the same machine state
+            for b, fn in fns.items():
+                samples[b] += bl.time_op(fn, k // 3 + 1)
+        med = torch.tensor([bl.median(samples[b]) for b in fns], dtype=torch.float64)
         med = hvd.allreduce(med, op=hvd.Max, name="fusion.median")
         nbytes = sum(4 * _numel(s) for s in shapes)
-        for backend, t, n in (("ours", med[0], len(t_ours)), ("gloo", med[1], len(t_gloo))):
+        for backend, t in zip(fns, med.tolist()):
             rows.append({"case": case, "tensors": len(shapes), "bytes": nbytes, "backend": backend,
-                         "time_s": float(t), "iters": n})
+                         "time_s": t, "iters": len(samples[backend])})
     if hvd.rank() == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -130,10 +136,10 @@ def worker_mpi(cases, iters, out):
 
 def print_table(rows, cases, p, backends, file=sys.stdout):
     by = {(r["case"], r["backend"]): r for r in rows}
-    base = [b for b in backends if b != "ours"]
+    base = [b for b in backends if not b.startswith("ours")]
     print(f"\nasync allreduce of many tensors, float32 Sum, {p} ranks on one host: enqueue all, then wait all; "
           f"median time of the slowest rank (us) | time ratio baseline/ours (>1: ours faster)", file=file)
-    print(f"{'case':>12} {'tensors':>7} {'bytes':>7} " + " ".join(f"{b:>9}" for b in backends) + " | "
+    print(f"{'case':>12} {'tensors':>7} {'bytes':>7} " + " ".join(f"{b:>{max(9, len(b))}}" for b in backends) + " | "
           + " ".join(f"{b.replace('mpi-', '') + '/ours':>9}" for b in base), file=file)
     for case in cases:
         any_row = next((r for r in rows if r["case"] == case), None)
@@ -141,7 +147,7 @@ def print_table(rows, cases, p, backends, file=sys.stdout):
             continue
         t = {b: by[(case, b)]["time_s"] if (case, b) in by else None for b in backends}
         print(f"{case:>12} {any_row['tensors']:>7} {bl.human(any_row['bytes']):>7} "
-              + " ".join(f"{bl.fmt_us(t[b]):>9}" for b in backends) + " | "
+              + " ".join(f"{bl.fmt_us(t[b]):>{max(9, len(b))}}" for b in backends) + " | "
               + " ".join(f"{bl.fmt_ratio(t[b], t.get('ours')):>9}" for b in base), file=file)
     if "100x4K" in cases and "1x400K" in cases:
         parts = []
@@ -185,7 +191,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
     with open(out) as f:
         rows = json.load(f)
-    backends = ["ours", "gloo"]
+    backends = ["ours", "ours-grouped", "gloo"]
     why = "left out (--no-mpi)" if a.no_mpi else bl.mpi_missing()
     if why:
         print(why, file=sys.stderr)

@@ -89,7 +89,7 @@ def test_fusion_quick(tmp_path, with_mpi):
     out = tmp_path / "f.json"
     proc = run("fusion.py", "--json", out)
     result = json.loads(out.read_text())
-    want = {"ours", "gloo"} | ({"mpi-shm"} if with_mpi else set())
+    want = {"ours", "ours-grouped", "gloo"} | ({"mpi-shm"} if with_mpi else set())
     assert want <= set(result["backends"])
     got = {(r["case"], r["backend"]): r for r in result["rows"]}
     for case, tensors in (("100x4K", 100), ("1x400K", 1), ("resnet18", 62), ("transformer", None)):
