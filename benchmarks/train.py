@@ -9,8 +9,10 @@ ours (``appliance.torch.DistributedOptimizer`` + ``broadcast_parameters``) and t
 
     python benchmarks/train.py [--quick] [--json out.json]
 
-Torch threads per rank: the machine's cores divided by the ranks (2 cores: 2 threads at 1 rank, 1
-at 2 ranks; ``--threads`` to fix), printed with the table. samples/s = global batch x timed steps
+Torch threads per rank: the machine's cores divided by the largest rank count, the same at every
+rank count (2 cores, ranks 1 and 2: 1 thread per rank), so scaling measures what data parallelism
+costs, not how well one rank's ops use two threads (and a busy machine does not stall a lone rank's
+spinning OpenMP threads); ``--threads`` to choose. Printed with the table. samples/s = global batch x timed steps
 / wall time of the timed steps (after warm-up steps, between barriers, on rank 0). Scaling
 efficiency = samples/s at N ranks / (N x samples/s at 1 rank).
 """
@@ -129,7 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
     p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores / ranks)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per rank (default: cores / the largest rank count)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke: a tiny model, 3 steps")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
@@ -148,10 +151,13 @@ def main(argv=None) -> int:
         cfg = dict(vocab=2048, d=256, layers=4, heads=4, seq=128, batch=a.batch, steps=a.steps or 20, warmup=3,
                    tokens=65536)
     machine = bl.machine_line()
+    rank_counts = [int(x) for x in a.ranks.split(",")]
+    # The same threads per rank at every rank count: the cores shared by the most ranks run.
+    threads = a.threads or bl.threads_per_rank(max(rank_counts))
     rows = []
-    for ranks in (int(x) for x in a.ranks.split(",")):
+    for ranks in rank_counts:
         for impl in impls:
-            rows.append(run_job(impl, ranks, {**cfg, "threads": a.threads or bl.threads_per_rank(ranks)}))
+            rows.append(run_job(impl, ranks, {**cfg, "threads": threads}))
     print(machine)
     print_table(rows, cfg)
     if a.json:
