@@ -85,6 +85,31 @@ def time_op(fn, iters: int) -> list:
     return samples
 
 
+PASSES = 3
+
+
+def sweep(cells, make, barrier, iters_of, warmup: int = 3) -> dict:
+    """Time each cell's callables in ``PASSES`` passes over all the cells, so a burst of other
+    work on the machine spoils a pass, not a whole cell. ``make(cell)`` -> {backend: fn} (fresh
+    buffers each pass); the backends of a cell run one after another, so they see the same
+    machine state. ``barrier()`` lines the ranks up before each cell; ``warmup`` calls (one in
+    later passes) are not timed. Returns {(cell, backend): [seconds...]}, ``iters_of(cell)``
+    samples in all (at least ``PASSES``)."""
+    samples: dict = {}
+    for i in range(PASSES):
+        for cell in cells:
+            fns = make(cell)
+            barrier()
+            for _ in range(warmup if i == 0 else 1):
+                for fn in fns.values():
+                    fn()
+            k = -(-iters_of(cell) // PASSES)
+            for backend, fn in fns.items():
+                samples.setdefault((cell, backend), []).extend(time_op(fn, k))
+            del fns
+    return samples
+
+
 def median(samples) -> float:
     return statistics.median(samples)
 

@@ -13,8 +13,9 @@ One invocation runs every backend, one after another, on the same machine:
     python benchmarks/collectives.py --quick                 # seconds: 4K and 64K, few iterations
     python benchmarks/collectives.py --ops allreduce --sizes 4K,64M --json out.json --plot busbw.png
 
-Times are medians over the iterations of each rank, then the slowest rank's (a collective is as
-slow as its last rank). Sizes and bandwidths follow nccl-tests: size S is the per-rank buffer for
+Each backend's samples are taken in three passes over the whole sweep (a burst of other work
+spoils one pass, not a size); times are medians over a rank's samples, then the slowest rank's (a
+collective is as slow as its last rank). Sizes and bandwidths follow nccl-tests: size S is the per-rank buffer for
 allreduce and broadcast, the gathered output for allgather, each rank's send buffer for alltoall;
 algbw = S / time; busbw = algbw x 2(P-1)/P (allreduce), x (P-1)/P (allgather, alltoall), x 1
 (broadcast). Ratios are baseline time / our time: above 1 means we are faster. float32, Sum.
@@ -98,26 +99,18 @@ def worker_ours_and_gloo(ops, sizes, iters, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rt.rank(), world_size=rt.size())
     p = rt.size()
-    rows = []
-    for op in ops:
-        for nbytes in sizes:
-            n, size = counts(op, nbytes, p)
-            name = f"bench.{op}.{size}"
-            ours, gloo = ours_call(op, rt, np, n, p, name), gloo_call(op, torch, dist, n, p)
-            k = bl.iters_for(size, iters)
-            rt.barrier()
-            for _ in range(3):  # warm-up: connections, caches, page faults, negotiation cache
-                ours()
-                gloo()
-            t_ours, t_gloo = [], []
-            for _ in range(3):  # interleaved so both see the same machine state
-                t_ours += bl.time_op(ours, k // 3 + 1)
-                t_gloo += bl.time_op(gloo, k // 3 + 1)
-            med = np.array([bl.median(t_ours), bl.median(t_gloo)], np.float64)
-            med = rt.allreduce(med, op=rt.Max, name="bench.median")
-            rows.append({"op": op, "bytes": size, "backend": "ours", "time_s": float(med[0]), "iters": len(t_ours)})
-            rows.append({"op": op, "bytes": size, "backend": "gloo", "time_s": float(med[1]), "iters": len(t_gloo)})
-            del ours, gloo
+    cells = [(op, *counts(op, nbytes, p)) for op in ops for nbytes in sizes]
+
+    def make(cell):
+        op, n, size = cell
+        return {"ours": ours_call(op, rt, np, n, p, f"bench.{op}.{size}"), "gloo": gloo_call(op, torch, dist, n, p)}
+
+    samples = bl.sweep(cells, make, rt.barrier, lambda cell: bl.iters_for(cell[2], iters))
+    keys = sorted(samples)
+    # every rank's median; the slowest rank's counts (a collective is as slow as its last rank)
+    med = rt.allreduce(np.array([bl.median(samples[k]) for k in keys], np.float64), op=rt.Max, name="bench.median")
+    rows = [{"op": op, "bytes": size, "backend": b, "time_s": float(t), "iters": len(samples[(op, n, size), b])}
+            for ((op, n, size), b), t in zip(keys, med)]
     if rt.rank() == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -131,18 +124,14 @@ def worker_mpi(ops, sizes, iters, out, backend):
 
     comm = MPI.COMM_WORLD
     p = comm.size
-    rows = []
-    for op in ops:
-        for nbytes in sizes:
-            n, size = counts(op, nbytes, p)
-            fn = mpi_call(op, MPI, comm, np, n, p)
-            k = bl.iters_for(size, iters)
-            comm.Barrier()
-            for _ in range(3):
-                fn()
-            samples = bl.time_op(fn, 3 * (k // 3 + 1))
-            med = comm.allreduce(bl.median(samples), op=MPI.MAX)
-            rows.append({"op": op, "bytes": size, "backend": backend, "time_s": med, "iters": len(samples)})
+    cells = [(op, *counts(op, nbytes, p)) for op in ops for nbytes in sizes]
+    samples = bl.sweep(cells, lambda c: {backend: mpi_call(c[0], MPI, comm, np, c[1], p)}, comm.Barrier,
+                       lambda cell: bl.iters_for(cell[2], iters))
+    keys = sorted(samples)
+    med = np.array([bl.median(samples[k]) for k in keys], np.float64)
+    comm.Allreduce(MPI.IN_PLACE, med, op=MPI.MAX)
+    rows = [{"op": op, "bytes": size, "backend": b, "time_s": float(t), "iters": len(samples[(op, n, size), b])}
+            for ((op, n, size), b), t in zip(keys, med)]
     if comm.rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)

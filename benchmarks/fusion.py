@@ -12,7 +12,8 @@ DistributedOptimizer by default), ours-grouped (one ``grouped_allreduce_async_``
 as DistributedOptimizer with ``groups``), torch.distributed gloo
 (``all_reduce(async_op=True)`` + ``wait``), OpenMPI shared memory (``Iallreduce`` + ``Waitall``,
 mpirun + mpi4py; skipped with one line when missing). Ranks of ours and gloo are started by
-``appliance.launcher.launch`` and time both interleaved.
+``appliance.launcher.launch`` and time them one after another for each case, in three passes
+over the cases (a burst of other work spoils a pass, not a case).
 
     python benchmarks/fusion.py [--np 2] [--quick] [--json out.json]
 
@@ -22,6 +23,7 @@ the fusion ratio (100 x 4K time / 1 x 400K time; 1 would mean 100 small ones cos
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -32,6 +34,7 @@ CASES = ("100x4K", "1x400K", "resnet18", "transformer")
 BACKENDS = ("ours", "gloo", "mpi-shm")
 
 
+@functools.lru_cache(maxsize=None)
 def case_shapes(case: str) -> list:
     if case == "100x4K":
         return [(1024,)] * 100
@@ -55,6 +58,47 @@ def _numel(shape) -> int:
     return n
 
 
+def ours_and_gloo_calls(case, hvd, torch, dist) -> dict:
+    shapes = case_shapes(case)
+    ours_t = [torch.ones(s) for s in shapes]
+    gloo_t = [torch.ones(s) for s in shapes]
+    names = [f"fusion.{case}.{i}" for i in range(len(shapes))]
+
+    def ours():
+        handles = [hvd.allreduce_async_(ours_t[i], name=names[i], op=hvd.Sum) for i in reversed(range(len(shapes)))]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def grouped():
+        hvd.synchronize(hvd.grouped_allreduce_async_(ours_t[::-1], name=f"fusion.{case}.grouped", op=hvd.Sum))
+
+    def gloo():
+        works = [dist.all_reduce(gloo_t[i], async_op=True) for i in reversed(range(len(shapes)))]
+        for w in works:
+            w.wait()
+
+    return {"ours": ours, "ours-grouped": grouped, "gloo": gloo}
+
+
+def mpi_call(case, MPI, comm, np):
+    bufs = [np.ones(_numel(s), np.float32) for s in case_shapes(case)]
+
+    def run():
+        reqs = [comm.Iallreduce(MPI.IN_PLACE, bufs[i], op=MPI.SUM) for i in reversed(range(len(bufs)))]
+        MPI.Request.Waitall(reqs)
+
+    return run
+
+
+def rows_of(samples, medians) -> list:
+    rows = []
+    for (case, backend), t in zip(sorted(samples), medians):
+        shapes = case_shapes(case)
+        rows.append({"case": case, "tensors": len(shapes), "bytes": sum(4 * _numel(s) for s in shapes),
+                     "backend": backend, "time_s": float(t), "iters": len(samples[case, backend])})
+    return rows
+
+
 def worker_ours_and_gloo(cases, iters, out):
     import torch
     import torch.distributed as dist
@@ -64,45 +108,14 @@ def worker_ours_and_gloo(cases, iters, out):
     hvd.init()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-    rows = []
-    for case in cases:
-        shapes = case_shapes(case)
-        ours_t = [torch.ones(s) for s in shapes]
-        gloo_t = [torch.ones(s) for s in shapes]
-        names = [f"fusion.{case}.{i}" for i in range(len(shapes))]
-
-        def ours():
-            handles = [hvd.allreduce_async_(ours_t[i], name=names[i], op=hvd.Sum) for i in reversed(range(len(shapes)))]
-            for h in handles:
-                hvd.synchronize(h)
-
-        def grouped():
-            hvd.synchronize(hvd.grouped_allreduce_async_(ours_t[::-1], name=f"fusion.{case}.grouped", op=hvd.Sum))
-
-        def gloo():
-            works = [dist.all_reduce(gloo_t[i], async_op=True) for i in reversed(range(len(shapes)))]
-            for w in works:
-                w.wait()
-
-        k = case_iters(shapes, iters)
-        hvd.barrier()
-        fns = {"ours": ours, "ours-grouped": grouped, "gloo": gloo}
-        for _ in range(3):
-            for fn in fns.values():
-                fn()
-        samples = {b: [] for b in fns}
-        for _ in range(3):  # interleaved so all see the same machine state
-            for b, fn in fns.items():
-                samples[b] += bl.time_op(fn, k // 3 + 1)
-        med = torch.tensor([bl.median(samples[b]) for b in fns], dtype=torch.float64)
-        med = hvd.allreduce(med, op=hvd.Max, name="fusion.median")
-        nbytes = sum(4 * _numel(s) for s in shapes)
-        for backend, t in zip(fns, med.tolist()):
-            rows.append({"case": case, "tensors": len(shapes), "bytes": nbytes, "backend": backend,
-                         "time_s": t, "iters": len(samples[backend])})
+    samples = bl.sweep(cases, lambda c: ours_and_gloo_calls(c, hvd, torch, dist), hvd.barrier,
+                       lambda c: case_iters(case_shapes(c), iters))
+    # every rank's median; the slowest rank's counts
+    med = torch.tensor([bl.median(samples[k]) for k in sorted(samples)], dtype=torch.float64)
+    med = hvd.allreduce(med, op=hvd.Max, name="fusion.median")
     if hvd.rank() == 0:
         with open(out, "w") as f:
-            json.dump(rows, f)
+            json.dump(rows_of(samples, med.tolist()), f)
     dist.destroy_process_group()
     hvd.shutdown()
 
@@ -112,26 +125,13 @@ def worker_mpi(cases, iters, out):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    rows = []
-    for case in cases:
-        shapes = case_shapes(case)
-        bufs = [np.ones(_numel(s), np.float32) for s in shapes]
-
-        def run():
-            reqs = [comm.Iallreduce(MPI.IN_PLACE, bufs[i], op=MPI.SUM) for i in reversed(range(len(bufs)))]
-            MPI.Request.Waitall(reqs)
-
-        k = case_iters(shapes, iters)
-        comm.Barrier()
-        for _ in range(3):
-            run()
-        samples = bl.time_op(run, 3 * (k // 3 + 1))
-        med = comm.allreduce(bl.median(samples), op=MPI.MAX)
-        rows.append({"case": case, "tensors": len(shapes), "bytes": sum(b.nbytes for b in bufs),
-                     "backend": "mpi-shm", "time_s": med, "iters": len(samples)})
+    samples = bl.sweep(cases, lambda c: {"mpi-shm": mpi_call(c, MPI, comm, np)}, comm.Barrier,
+                       lambda c: case_iters(case_shapes(c), iters))
+    med = np.array([bl.median(samples[k]) for k in sorted(samples)], np.float64)
+    comm.Allreduce(MPI.IN_PLACE, med, op=MPI.MAX)
     if comm.rank == 0:
         with open(out, "w") as f:
-            json.dump(rows, f)
+            json.dump(rows_of(samples, med.tolist()), f)
 
 
 def print_table(rows, cases, p, backends, file=sys.stdout):
