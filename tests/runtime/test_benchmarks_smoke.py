@@ -112,3 +112,14 @@ def test_train_quick(tmp_path):
         ours, ddp = (next(r for r in rows if r["impl"] == i and r["ranks"] == n) for i in ("ours", "ddp-gloo"))
         assert ours["last_loss"] == pytest.approx(ddp["last_loss"], rel=1e-3)
     assert "ours / ddp-gloo samples/s at 2 ranks" in proc.stdout and "torch threads per rank" in proc.stdout
+
+
+@pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
+                                    "launch_ssh.py"])
+def test_every_script_answers_help(script):
+    """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
+    SSH ones cannot run here, but must not rot."""
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout
