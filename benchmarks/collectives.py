@@ -1,57 +1,94 @@
-"""Allreduce latency and bandwidth: our runtime beside torch.distributed (gloo) and OpenMPI.
+"""Collective latency and bandwidth: our runtime beside gloo, OpenMPI (shared memory and tcp) and memcpy.
 
-One run starts N ranks with ``appliance.launcher.launch``; every rank initialises both our
-runtime and a gloo process group (the launcher hands out MASTER_ADDR/MASTER_PORT), and for
-each size times both, interleaved, so they see the same machine state. When ``mpirun`` and
-``mpi4py`` are installed, a second phase times ``MPI.Allreduce`` under OpenMPI (shared memory
-on one host). It prints medians and the ratios baseline/ours (above 1 = we are faster).
+One invocation runs every backend, one after another, on the same machine:
+- ours and gloo: N ranks started with ``appliance.launcher.launch``; every rank initialises our
+  runtime and a torch.distributed gloo group (the launcher hands out MASTER_ADDR/PORT) and, for
+  each op and size, times both, interleaved, so they see the same machine state;
+- OpenMPI shared memory (``--mca btl self,vader``) and OpenMPI tcp (``--mca btl self,tcp`` on
+  loopback): ``mpirun`` + ``mpi4py`` (pip ``.[bench]``); when either is missing one line says so
+  and the rest runs;
+- memcpy: one core copying the same bytes in this process (a reference: algbw only).
 
-    python benchmarks/collectives.py                     # 2 ranks, 4 KiB .. 64 MiB
-    python benchmarks/collectives.py --np 3 --sizes 4K,1M --iters 50 --json out.json
+    python benchmarks/collectives.py                         # 2 ranks, 4K..256M, all ops
+    python benchmarks/collectives.py --quick                 # seconds: 4K and 64K, few iterations
+    python benchmarks/collectives.py --ops allreduce --sizes 4K,64M --json out.json --plot busbw.png
 
-busbw follows the nccl-tests convention: bytes * 2 (P-1) / P / time.
+Each backend's samples are taken in three passes over the whole sweep (a burst of other work
+spoils one pass, not a size); times are medians over a rank's samples, then the slowest rank's (a
+collective is as slow as its last rank). Sizes and bandwidths follow nccl-tests: size S is the per-rank buffer for
+allreduce and broadcast, the gathered output for allgather, each rank's send buffer for alltoall;
+algbw = S / time; busbw = algbw x 2(P-1)/P (allreduce), x (P-1)/P (allgather, alltoall), x 1
+(broadcast). Ratios are baseline time / our time: above 1 means we are faster. float32, Sum.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
-import statistics
-import subprocess
+import platform
 import sys
-import tempfile
-import time
 
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+import benchlib as bl
 
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("B")
-    return int(float(s[:-1]) * UNITS[s[-1]]) if s[-1] in UNITS else int(s)
-
-
-def human(n: int) -> str:
-    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= m and n % m == 0:
-            return f"{n // m}{unit}"
-    return str(n)
+OPS = ("allreduce", "allgather", "broadcast", "alltoall")
+BACKENDS = ("ours", "gloo", "mpi-shm", "mpi-tcp", "memcpy")
+BASELINES = ("gloo", "mpi-shm", "mpi-tcp")
+DEFAULT_SIZES = "4K-256M"
+BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "allgather": lambda p: (p - 1) / p,
+              "broadcast": lambda p: 1.0, "alltoall": lambda p: (p - 1) / p}
 
 
-def iters_for(nbytes: int, base: int) -> int:
-    return max(5, min(base, int(base * (1 << 20) / max(nbytes, 1))))
+def counts(op: str, nbytes: int, p: int) -> tuple:
+    """(elements in each rank's input, nccl-tests size in bytes) for float32 ``op`` at ``nbytes``."""
+    n = max(1, nbytes // 4)
+    if op == "allgather":
+        per = max(1, n // p)
+        return per, per * p * 4
+    if op == "alltoall":
+        n = max(p, n - n % p)
+    return n, n * 4
 
 
-def time_op(fn, iters: int) -> list:
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return samples
+def ours_call(op, rt, np_, n, p, name):
+    a = np_.ones(n, np_.float32)
+    if op == "allreduce":
+        b = np_.empty_like(a)
+        return lambda: rt.allreduce(a, op=rt.Sum, name=name, out=b)
+    if op == "allgather":
+        return lambda: rt.allgather(a, name=name)
+    if op == "broadcast":
+        return lambda: rt.broadcast(a, 0, name=name)
+    return lambda: rt.alltoall(a, name=name)
 
 
-def worker_ours_and_gloo(sizes, iters, out):
+def gloo_call(op, torch, dist, n, p):
+    t = torch.ones(n, dtype=torch.float32)
+    if op == "allreduce":
+        return lambda: dist.all_reduce(t)
+    if op == "allgather":
+        out = torch.empty(n * p, dtype=torch.float32)
+        return lambda: dist.all_gather_into_tensor(out, t)
+    if op == "broadcast":
+        return lambda: dist.broadcast(t, 0)
+    out = torch.empty_like(t)
+    return lambda: dist.all_to_all_single(out, t)
+
+
+def mpi_call(op, MPI, comm, np_, n, p):
+    a = np_.ones(n, np_.float32)
+    if op == "allreduce":
+        b = np_.empty_like(a)
+        return lambda: comm.Allreduce(a, b, op=MPI.SUM)
+    if op == "allgather":
+        out = np_.empty(n * p, np_.float32)
+        return lambda: comm.Allgather(a, out)
+    if op == "broadcast":
+        return lambda: comm.Bcast(a, root=0)
+    out = np_.empty_like(a)
+    return lambda: comm.Alltoall(a, out)
+
+
+def worker_ours_and_gloo(ops, sizes, iters, out):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -59,118 +96,185 @@ def worker_ours_and_gloo(sizes, iters, out):
     import appliance.runtime as rt
 
     rt.init()
-    dist.init_process_group("gloo", rank=rt.rank(), world_size=rt.size())
     torch.set_num_threads(1)
-    results = []
-    for nbytes in sizes:
-        n = max(1, nbytes // 4)
-        a = np.ones(n, np.float32)
-        t = torch.ones(n, dtype=torch.float32)
-        k = iters_for(nbytes, iters)
-        for _ in range(3):  # warm-up: connections, caches, page faults
-            rt.allreduce(a, op=rt.Sum, name="bench", out=a)
-            dist.all_reduce(t)
-        ours, gloo = [], []
-        for _ in range(3):  # interleave so both see the same machine state
-            ours += time_op(lambda: rt.allreduce(a, op=rt.Sum, name="bench", out=a), k // 3 + 1)
-            gloo += time_op(lambda: dist.all_reduce(t), k // 3 + 1)
-        # every rank's median; report the slowest rank's (a collective is as slow as its last rank)
-        med = np.array([statistics.median(ours), statistics.median(gloo)], np.float64)
-        med = rt.allreduce(med, op=rt.Max, name="bench.med")
-        results.append({"bytes": n * 4, "ours": med[0], "gloo": med[1], "iters": len(ours)})
+    dist.init_process_group("gloo", rank=rt.rank(), world_size=rt.size())
+    p = rt.size()
+    cells = [(op, *counts(op, nbytes, p)) for op in ops for nbytes in sizes]
+
+    def make(cell):
+        op, n, size = cell
+        return {"ours": ours_call(op, rt, np, n, p, f"bench.{op}.{size}"), "gloo": gloo_call(op, torch, dist, n, p)}
+
+    samples = bl.sweep(cells, make, rt.barrier, lambda cell: bl.iters_for(cell[2], iters))
+    keys = sorted(samples)
+    # every rank's median; the slowest rank's counts (a collective is as slow as its last rank)
+    med = rt.allreduce(np.array([bl.median(samples[k]) for k in keys], np.float64), op=rt.Max, name="bench.median")
+    rows = [{"op": op, "bytes": size, "backend": b, "time_s": float(t), "iters": len(samples[(op, n, size), b])}
+            for ((op, n, size), b), t in zip(keys, med)]
     if rt.rank() == 0:
         with open(out, "w") as f:
-            json.dump(results, f)
+            json.dump(rows, f)
     dist.destroy_process_group()
     rt.shutdown()
 
 
-def worker_mpi(sizes, iters, out):
+def worker_mpi(ops, sizes, iters, out, backend):
     import numpy as np
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    results = []
-    for nbytes in sizes:
-        n = max(1, nbytes // 4)
-        a = np.ones(n, np.float32)
-        b = np.empty_like(a)
-        k = iters_for(nbytes, iters)
-        for _ in range(3):
-            comm.Allreduce(a, b, op=MPI.SUM)
-        samples = time_op(lambda: comm.Allreduce(a, b, op=MPI.SUM), k)
-        med = comm.allreduce(statistics.median(samples), op=MPI.MAX)
-        results.append({"bytes": n * 4, "mpi": med})
+    p = comm.size
+    cells = [(op, *counts(op, nbytes, p)) for op in ops for nbytes in sizes]
+    samples = bl.sweep(cells, lambda c: {backend: mpi_call(c[0], MPI, comm, np, c[1], p)}, comm.Barrier,
+                       lambda cell: bl.iters_for(cell[2], iters))
+    keys = sorted(samples)
+    med = np.array([bl.median(samples[k]) for k in keys], np.float64)
+    comm.Allreduce(MPI.IN_PLACE, med, op=MPI.MAX)
+    rows = [{"op": op, "bytes": size, "backend": b, "time_s": float(t), "iters": len(samples[(op, n, size), b])}
+            for ((op, n, size), b), t in zip(keys, med)]
     if comm.rank == 0:
         with open(out, "w") as f:
-            json.dump(results, f)
+            json.dump(rows, f)
 
 
-def result_path(tag: str) -> str:
-    """A fresh path in a private temporary directory for a worker's JSON result."""
-    return os.path.join(tempfile.mkdtemp(prefix="appliance-bench-"), f"{tag}.json")
+def memcpy_rows(ops, sizes, iters, p) -> list:
+    """One core copying S bytes (numpy copyto: a single-threaded memcpy); algbw only."""
+    import numpy as np
+
+    rows = []
+    for size in sorted({counts(op, s, p)[1] for op in ops for s in sizes}):
+        src = np.ones(size, np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        k = bl.iters_for(size, iters)
+        t = bl.median(bl.time_op(lambda: np.copyto(dst, src), k))
+        rows.append({"op": "memcpy", "bytes": size, "backend": "memcpy", "time_s": t, "iters": k})
+    return rows
 
 
-def run_mpi(np_, sizes, iters) -> dict:
-    if not shutil.which("mpirun"):
-        print("(OpenMPI: mpirun not found; skipped)", file=sys.stderr)
-        return {}
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        print("(OpenMPI: mpi4py not installed; skipped)", file=sys.stderr)
-        return {}
-    out = result_path("mpi")
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--bind-to", "none",
-           "--mca", "btl", "self,vader", sys.executable, __file__, "--worker", "mpi",
+def add_bandwidth(rows, p):
+    for r in rows:
+        r["algbw_GBps"] = r["bytes"] / r["time_s"] / 1e9
+        factor = 1.0 if r["backend"] == "memcpy" else BUS_FACTOR[r["op"]](p)
+        r["busbw_GBps"] = r["algbw_GBps"] * factor
+
+
+def print_tables(rows, ops, p, backends, file=sys.stdout):
+    by = {(r["op"], r["bytes"], r["backend"]): r for r in rows}
+    memcpy = {r["bytes"]: r for r in rows if r["backend"] == "memcpy"}
+    colls = [b for b in BACKENDS if b != "memcpy" and b in backends]
+    base = [b for b in BASELINES if b in colls and "ours" in colls]
+    for op in ops:
+        sizes = sorted({r["bytes"] for r in rows if r["op"] == op})
+        print(f"\n{op}, float32, {p} ranks on one host: median time of the slowest rank (us) | "
+              f"busbw GB/s (nccl-tests) | time ratio baseline/ours (>1: ours faster)", file=file)
+        head = f"{'size':>6} " + " ".join(f"{b:>8}" for b in colls) + " | " + " ".join(f"{b:>7}" for b in colls)
+        if "memcpy" in backends:
+            head += f" {'memcpy':>7}"
+        head += " | " + " ".join(f"{b.replace('mpi-', '') + '/ours':>9}" for b in base)
+        print(head, file=file)
+        for s in sizes:
+            cell = {b: by.get((op, s, b)) for b in colls}
+            line = f"{bl.human(s):>6} " + " ".join(f"{bl.fmt_us(c['time_s'] if c else None):>8}" for c in cell.values())
+            line += " | " + " ".join(f"{c['busbw_GBps']:>7.2f}" if c else f"{'-':>7}" for c in cell.values())
+            if "memcpy" in backends:
+                m = memcpy.get(s)
+                line += f" {m['algbw_GBps']:>7.2f}" if m else f" {'-':>7}"
+            ours = cell.get("ours")
+            line += " | " + " ".join(
+                f"{bl.fmt_ratio(cell[b]['time_s'] if cell[b] else None, ours['time_s'] if ours else None):>9}"
+                for b in base)
+            print(line, file=file)
+    if "memcpy" in backends:
+        print("memcpy: one core copying S bytes in one process (algbw = S / time), a reference for the "
+              "busbw columns", file=file)
+
+
+def run_ours_and_gloo(np_, ops, sizes, iters) -> list:
+    from appliance.launcher import launch
+
+    out = bl.result_path("ours")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "ours", "--ops", ",".join(ops),
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
-    subprocess.run(cmd, check=True, timeout=1800)
+    res = launch(cmd, np=np_, timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
     with open(out) as f:
-        return {r["bytes"]: r["mpi"] for r in json.load(f)}
+        return json.load(f)
+
+
+def run_mpi_leg(np_, transport, ops, sizes, iters) -> list:
+    out = bl.result_path(f"mpi-{transport}")
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", f"mpi-{transport}", "--ops", ",".join(ops),
+            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
+    if not bl.run_mpi(np_, transport, argv, timeout=3600):
+        return []
+    with open(out) as f:
+        return json.load(f)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--np", type=int, default=2)
-    p.add_argument("--sizes", default="4K,64K,1M,16M,64M")
-    p.add_argument("--iters", type=int, default=60, help="samples per size at 1 MiB (scaled by size)")
-    p.add_argument("--json", help="also write the results here")
-    p.add_argument("--no-mpi", action="store_true")
-    p.add_argument("--worker", choices=["ours", "mpi"], help=argparse.SUPPRESS)
+    p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--sizes", default=None,
+                   help=f"comma list (4K,1M) or a range of powers of 4 (default {DEFAULT_SIZES})")
+    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ", ".join(BACKENDS))
+    p.add_argument("--iters", type=int, default=None, help="samples per size up to 1 MiB, fewer above (default 60)")
+    p.add_argument("--quick", action="store_true", help="a seconds-long smoke: 4K and 64K, 10 samples")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--plot", metavar="PNG", help="also plot busbw against size (benchmarks/plot.py)")
+    p.add_argument("--no-mpi", action="store_true", help="leave out both OpenMPI backends")
+    p.add_argument("--worker", choices=["ours", "mpi-shm", "mpi-tcp"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    sizes = bl.parse_sizes(a.sizes or ("4K,64K" if a.quick else DEFAULT_SIZES))
+    iters = a.iters or (10 if a.quick else 60)
+    ops = [o for o in a.ops.split(",") if o]
+    backends = [b for b in a.backends.split(",") if b]
+    bad = [o for o in ops if o not in OPS] + [b for b in backends if b not in BACKENDS]
+    if bad:
+        p.error(f"unknown op or backend: {', '.join(bad)}")
     if a.worker == "ours":
-        worker_ours_and_gloo(sizes, a.iters, a.out)
+        worker_ours_and_gloo(ops, sizes, iters, a.out)
         return 0
-    if a.worker == "mpi":
-        worker_mpi(sizes, a.iters, a.out)
+    if a.worker:
+        worker_mpi(ops, sizes, iters, a.out, a.worker)
         return 0
+    if a.no_mpi:
+        backends = [b for b in backends if not b.startswith("mpi-")]
 
-    from appliance.launcher import launch
-
-    out = result_path("ours")
-    res = launch([sys.executable, __file__, "--worker", "ours", "--sizes", ",".join(map(str, sizes)),
-                  "--iters", str(a.iters), "--out", out], np=a.np, timeout=1800)
-    if res.returncode != 0:
-        print(res.output()[-4000:], file=sys.stderr)
-        return res.returncode
-    with open(out) as f:
-        rows = json.load(f)
-    mpi = {} if a.no_mpi else run_mpi(a.np, sizes, a.iters)
-    P = a.np
-    print(f"allreduce float32, {P} ranks on one host (median of the slowest rank, microseconds)")
-    print(f"{'size':>6} {'ours':>10} {'gloo':>10} {'mpi':>10} {'gloo/ours':>10} {'mpi/ours':>9} {'busbw GB/s':>11}")
-    for r in rows:
-        m = mpi.get(r["bytes"])
-        r["mpi"] = m
-        busbw = r["bytes"] * 2 * (P - 1) / P / r["ours"] / 1e9
-        print(f"{human(r['bytes']):>6} {r['ours'] * 1e6:>10.1f} {r['gloo'] * 1e6:>10.1f} "
-              f"{(m * 1e6 if m else float('nan')):>10.1f} {r['gloo'] / r['ours']:>10.2f} "
-              f"{(m / r['ours'] if m else float('nan')):>9.2f} {busbw:>11.2f}")
+    machine = bl.machine_line()
+    rows, skipped = [], {}
+    if "ours" in backends or "gloo" in backends:
+        rows += [r for r in run_ours_and_gloo(a.np, ops, sizes, iters) if r["backend"] in backends]
+    mpi_legs = [b for b in backends if b.startswith("mpi-")]
+    why = bl.mpi_missing() if mpi_legs else None
+    if why:
+        print(why, file=sys.stderr)
+        skipped.update({b: why for b in mpi_legs})
+    else:
+        for b in mpi_legs:
+            got = run_mpi_leg(a.np, b[4:], ops, sizes, iters)
+            rows += got
+            if not got:
+                skipped[b] = "mpirun failed"
+    if "memcpy" in backends:
+        rows += memcpy_rows(ops, sizes, iters, a.np)
+    add_bandwidth(rows, a.np)
+    present = [b for b in backends if b not in skipped]
+    print(f"{a.np} ranks; host {platform.node()}: {machine}; backends: {', '.join(present)}")
+    print_tables(rows, ops, a.np, present)
+    result = {"np": a.np, "cpus": os.cpu_count(), "machine": machine, "dtype": "float32", "ops": ops, "backends": present,
+              "skipped": skipped, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"np": P, "rows": rows}, f, indent=1)
+            json.dump(result, f, indent=1)
+    if a.plot:
+        import plot
+
+        plot.plot(result, a.plot)
+        print(f"plot: {a.plot}")
     return 0
 
 

@@ -21,7 +21,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from collectives import human, iters_for, parse_size, result_path, time_op  # noqa: E402
+from benchlib import human, iters_for, parse_size, result_path, time_op  # noqa: E402
 
 
 def worker(sizes, iters, out):

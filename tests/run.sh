@@ -5,7 +5,9 @@
 #   bash tests/run.sh tests/unit -x   # a part
 #
 # It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
-# project into it in editable mode, which compiles the C++ core. As root on Debian it also
+# project into it in editable mode with the test and bench extras (bench: matplotlib, and mpi4py,
+# whose PyPI wheel runs on Debian's OpenMPI, so the benchmarks' OpenMPI legs need no
+# libopenmpi-dev), which compiles the C++ core. As root on Debian it also
 # installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2), makes sure a
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
@@ -45,7 +47,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 say "installing the project (compiles the C++ core)"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -e '.[test,bench]'
 
 say "running pytest $*"
 exec .venv/bin/python -m pytest "${strict[@]}" "$@"
