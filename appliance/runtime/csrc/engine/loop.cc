@@ -114,7 +114,7 @@ void Runtime::step() {
 }
 
 void Runtime::settle_burst() {
-  if (enqueue_gap_us_.load() > kBurstGapUs) return;
+  if (!burst_.load()) return;
   {
     std::lock_guard<std::mutex> g(qmu_);
     if (queue_.empty()) return;

@@ -11,8 +11,9 @@ uint8_t* OpState::allocate_output(size_t bytes, std::vector<int64_t> shape) {
   return output.get();
 }
 
-int HandleTable::add(const OpPtr& op) {
+int HandleTable::add(const OpPtr& op, size_t* outstanding) {
   std::lock_guard<std::mutex> g(mu_);
+  if (outstanding) *outstanding = names_.size();
   if (names_.count(op->req.name))
     throw std::invalid_argument("a " + std::string(op_kind_name(op->req.sig.kind)) + " named '" + op->req.name +
                                 "' is already in flight on this rank; names must be unique until synchronized");

@@ -54,7 +54,8 @@ using OpPtr = std::shared_ptr<OpState>;
 class HandleTable {
  public:
   // Registers op under a new handle; throws std::invalid_argument when its name is in flight.
-  int add(const OpPtr& op);
+  // *outstanding (optional) receives how many ops were added and not yet waited for before it.
+  int add(const OpPtr& op, size_t* outstanding = nullptr);
   void complete(const OpPtr& op, Status s);
   bool poll(int handle);
   // Device work of op is on its stream (op->ready_event is set).

@@ -208,7 +208,8 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   op->req = std::move(req);
   op->in = std::move(in);
   op->out = std::move(out);
-  int h = handles_.add(op);
+  size_t outstanding = 0;
+  int h = handles_.add(op, &outstanding);
   {
     std::lock_guard<std::mutex> g(qmu_);
     if (!terminal_.ok() || stopping_) {
@@ -220,7 +221,9 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   }
   const int64_t now_us =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
-  enqueue_gap_us_.store(now_us - last_enqueue_us_.exchange(now_us));
+  // A burst: issued soon after the previous one without waiting for it (a synchronous loop
+  // waits for each op, so its ops never count, however fast it goes).
+  burst_.store(outstanding > 0 && now_us - last_enqueue_us_.exchange(now_us) < kBurstGapUs);
   if (sleeping_.exchange(false)) {
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));

@@ -109,10 +109,10 @@ class Runtime {
   // --- background thread (engine/loop.cc) ---
   void loop();
   void step();
-  // A caller issuing operations back to back (a backward pass's gradients, a burst of async
-  // calls) gets them announced together: while enqueues come less than kBurstGapUs apart,
-  // wait (at most the cycle time) for a pause, so they negotiate and fuse as one plan. A lone
-  // operation, enqueued after a pause, goes at once.
+  // A caller issuing operations back to back without waiting (a backward pass's gradients, a
+  // burst of async calls) gets them announced together: while such enqueues come less than
+  // kBurstGapUs apart, wait (at most the cycle time) for a pause, so they negotiate and fuse
+  // as one plan. A lone operation, or a synchronous loop's, goes at once.
   static constexpr int64_t kBurstGapUs = 50;
   void settle_burst();
   void intake();
@@ -204,7 +204,7 @@ class Runtime {
   std::mutex qmu_;
   std::atomic<bool> sleeping_{false};  // the background thread is (about to be) in ppoll
   std::atomic<int64_t> last_enqueue_us_{0};  // steady clock, set by enqueue()
-  std::atomic<int64_t> enqueue_gap_us_{INT64_MAX};  // between the last two enqueues
+  std::atomic<bool> burst_{false};  // the last enqueue came within kBurstGapUs of an unwaited one
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
   std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
