@@ -7,6 +7,8 @@ One invocation runs every backend, one after another, on the same machine:
 - OpenMPI shared memory (``--mca btl self,vader``) and OpenMPI tcp (``--mca btl self,tcp`` on
   loopback): ``mpirun`` + ``mpi4py`` (pip ``.[bench]``); when either is missing one line says so
   and the rest runs;
+- ours-tcp: our runtime again with shared memory off (APPLIANCE_SHM=0, every pair on TCP): what
+  ranks on different hosts get, to compare with OpenMPI tcp (ratio column tcp/ours-tcp);
 - memcpy: one core copying the same bytes in this process (a reference: algbw only).
 
     python benchmarks/collectives.py                         # 2 ranks, 4K..256M, all ops
@@ -31,7 +33,7 @@ import sys
 import benchlib as bl
 
 OPS = ("allreduce", "allgather", "broadcast", "alltoall")
-BACKENDS = ("ours", "gloo", "mpi-shm", "mpi-tcp", "memcpy")
+BACKENDS = ("ours", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp", "memcpy")
 BASELINES = ("gloo", "mpi-shm", "mpi-tcp")
 DEFAULT_SIZES = "4K-256M"
 BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "allgather": lambda p: (p - 1) / p,
@@ -88,7 +90,7 @@ def mpi_call(op, MPI, comm, np_, n, p):
     return lambda: comm.Alltoall(a, out)
 
 
-def worker_ours_and_gloo(ops, sizes, iters, out):
+def worker_ours_and_gloo(ops, sizes, iters, out, tcp_only=False):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -97,12 +99,15 @@ def worker_ours_and_gloo(ops, sizes, iters, out):
 
     rt.init()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rt.rank(), world_size=rt.size())
+    if not tcp_only:
+        dist.init_process_group("gloo", rank=rt.rank(), world_size=rt.size())
     p = rt.size()
     cells = [(op, *counts(op, nbytes, p)) for op in ops for nbytes in sizes]
 
     def make(cell):
         op, n, size = cell
+        if tcp_only:
+            return {"ours-tcp": ours_call(op, rt, np, n, p, f"bench.{op}.{size}")}
         return {"ours": ours_call(op, rt, np, n, p, f"bench.{op}.{size}"), "gloo": gloo_call(op, torch, dist, n, p)}
 
     samples = bl.sweep(cells, make, rt.barrier, lambda cell: bl.iters_for(cell[2], iters))
@@ -114,7 +119,8 @@ def worker_ours_and_gloo(ops, sizes, iters, out):
     if rt.rank() == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
-    dist.destroy_process_group()
+    if not tcp_only:
+        dist.destroy_process_group()
     rt.shutdown()
 
 
@@ -164,6 +170,7 @@ def print_tables(rows, ops, p, backends, file=sys.stdout):
     memcpy = {r["bytes"]: r for r in rows if r["backend"] == "memcpy"}
     colls = [b for b in BACKENDS if b != "memcpy" and b in backends]
     base = [b for b in BASELINES if b in colls and "ours" in colls]
+    tcp_pair = "mpi-tcp" in colls and "ours-tcp" in colls
     for op in ops:
         sizes = sorted({r["bytes"] for r in rows if r["op"] == op})
         print(f"\n{op}, float32, {p} ranks on one host: median time of the slowest rank (us) | "
@@ -172,6 +179,8 @@ def print_tables(rows, ops, p, backends, file=sys.stdout):
         if "memcpy" in backends:
             head += f" {'memcpy':>7}"
         head += " | " + " ".join(f"{b.replace('mpi-', '') + '/ours':>9}" for b in base)
+        if tcp_pair:
+            head += f" {'tcp/ours-tcp':>12}"
         print(head, file=file)
         for s in sizes:
             cell = {b: by.get((op, s, b)) for b in colls}
@@ -184,19 +193,23 @@ def print_tables(rows, ops, p, backends, file=sys.stdout):
             line += " | " + " ".join(
                 f"{bl.fmt_ratio(cell[b]['time_s'] if cell[b] else None, ours['time_s'] if ours else None):>9}"
                 for b in base)
+            if tcp_pair:
+                a, b = cell["mpi-tcp"], cell["ours-tcp"]
+                line += f" {bl.fmt_ratio(a['time_s'] if a else None, b['time_s'] if b else None):>12}"
             print(line, file=file)
     if "memcpy" in backends:
         print("memcpy: one core copying S bytes in one process (algbw = S / time), a reference for the "
               "busbw columns", file=file)
 
 
-def run_ours_and_gloo(np_, ops, sizes, iters) -> list:
+def run_ours_and_gloo(np_, ops, sizes, iters, tcp_only=False) -> list:
     from appliance.launcher import launch
 
-    out = bl.result_path("ours")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "ours", "--ops", ",".join(ops),
+    worker = "ours-tcp" if tcp_only else "ours"
+    out = bl.result_path(worker)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--ops", ",".join(ops),
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
-    res = launch(cmd, np=np_, timeout=3600)
+    res = launch(cmd, np=np_, timeout=3600, env={"APPLIANCE_SHM": "0"} if tcp_only else None)
     if res.returncode != 0:
         raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
     with open(out) as f:
@@ -225,7 +238,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--plot", metavar="PNG", help="also plot busbw against size (benchmarks/plot.py)")
     p.add_argument("--no-mpi", action="store_true", help="leave out both OpenMPI backends")
-    p.add_argument("--worker", choices=["ours", "mpi-shm", "mpi-tcp"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["ours", "ours-tcp", "mpi-shm", "mpi-tcp"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     sizes = bl.parse_sizes(a.sizes or ("4K,64K" if a.quick else DEFAULT_SIZES))
@@ -235,8 +248,8 @@ def main(argv=None) -> int:
     bad = [o for o in ops if o not in OPS] + [b for b in backends if b not in BACKENDS]
     if bad:
         p.error(f"unknown op or backend: {', '.join(bad)}")
-    if a.worker == "ours":
-        worker_ours_and_gloo(ops, sizes, iters, a.out)
+    if a.worker in ("ours", "ours-tcp"):
+        worker_ours_and_gloo(ops, sizes, iters, a.out, tcp_only=a.worker == "ours-tcp")
         return 0
     if a.worker:
         worker_mpi(ops, sizes, iters, a.out, a.worker)
@@ -248,6 +261,8 @@ def main(argv=None) -> int:
     rows, skipped = [], {}
     if "ours" in backends or "gloo" in backends:
         rows += [r for r in run_ours_and_gloo(a.np, ops, sizes, iters) if r["backend"] in backends]
+    if "ours-tcp" in backends:
+        rows += run_ours_and_gloo(a.np, ops, sizes, iters, tcp_only=True)
     mpi_legs = [b for b in backends if b.startswith("mpi-")]
     why = bl.mpi_missing() if mpi_legs else None
     if why:
