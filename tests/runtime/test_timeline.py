@@ -81,6 +81,8 @@ def test_start_and_stop_at_runtime_write_every_phase_of_each_tensor(run_ranks, t
     events, tensors = check_ops_file(path)
     assert "before_start" not in tensors and "after_stop" not in tensors, sorted(tensors)
     assert not any(e.get("name") == "CYCLE_START" for e in events)  # mark_cycles defaults to False
+    first = load(f"{path}.first")  # replaced by a start on another path: completed, no operation in it
+    assert not any(e.get("ph") == "B" and not e["name"].startswith("NEGOTIATE_") for e in first)
 
 
 @pytest.mark.timeout(120)

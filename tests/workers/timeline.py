@@ -1,7 +1,7 @@
 """Worker for tests/runtime/test_timeline.py: Horovod's timeline on real ranks (numpy API).
 
 Usage: timeline.py <case> <path>. Every rank runs the same body; rank 0 is the one that writes.
-- runtime: start_timeline(path) after init; a grouped (fused) batch of small allreduces, one large
+- runtime: start_timeline(path + ".first"), then start_timeline(path) after init; a grouped (fused) batch of small allreduces, one large
   allreduce, an allgather and a broadcast; stop_timeline() twice; then an allreduce that must not
   appear; results are checked.
 - env: the test sets HOROVOD_TIMELINE (and _MARK_CYCLES); a few ops, then a clean shutdown.
@@ -42,7 +42,8 @@ def main() -> None:
     out = {"rank": r, "raised": None}
     if case == "runtime":
         rt.allreduce(np.ones(4, np.float32), name="before_start")
-        rt.start_timeline(path)
+        rt.start_timeline(path + ".first")
+        rt.start_timeline(path)  # another path: the first file is completed
         rt.barrier()  # rank 1's next readiness reaches rank 0 after its timeline started
         ops(r, P)
         rt.stop_timeline()

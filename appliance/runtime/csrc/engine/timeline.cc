@@ -2,6 +2,7 @@
 #include "engine/timeline.h"
 
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -37,7 +38,29 @@ void append_json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
-bool has_op_phase(OpKind k) { return k != OpKind::kBarrier && k != OpKind::kJoin; }
+const char* negotiate_name(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return "NEGOTIATE_ALLREDUCE";
+    case OpKind::kAllgather: return "NEGOTIATE_ALLGATHER";
+    case OpKind::kBroadcast: return "NEGOTIATE_BROADCAST";
+    case OpKind::kAlltoall: return "NEGOTIATE_ALLTOALL";
+    case OpKind::kReducescatter: return "NEGOTIATE_REDUCESCATTER";
+    case OpKind::kBarrier: return "NEGOTIATE_BARRIER";
+    case OpKind::kJoin: return "NEGOTIATE_JOIN";
+  }
+  return "NEGOTIATE";
+}
+
+const char* op_phase_name(OpKind k) {  // nullptr: no operation phase (as Horovod: barrier, join)
+  switch (k) {
+    case OpKind::kAllreduce: return "ALLREDUCE";
+    case OpKind::kAllgather: return "ALLGATHER";
+    case OpKind::kBroadcast: return "BROADCAST";
+    case OpKind::kAlltoall: return "ALLTOALL";
+    case OpKind::kReducescatter: return "REDUCESCATTER";
+    default: return nullptr;
+  }
+}
 }  // namespace
 
 int64_t Timeline::now_us() const { return duration_cast<microseconds>(std::chrono::steady_clock::now() - t0_).count(); }
@@ -90,10 +113,10 @@ void Timeline::stop_locked() {
     for (auto& kv : tracks_) {
       Track& t = kv.second;
       if (t.op != Phase::kNone) {
-        end_activity(kv.first, t, ts);
-        push(Rec{'E', 0, -1, {}, kv.first, "\"stopped\": true", ts});
+        end_activity(t, ts);
+        push('E', 0, t.pid, nullptr, ts, -1, "\"stopped\": true");
       }
-      if (t.negotiating) push(Rec{'E', t.neg_tid, -1, {}, kv.first, "\"stopped\": true", ts});
+      if (t.negotiating) push('E', t.neg_tid, t.pid, nullptr, ts, -1, "\"stopped\": true");
     }
     tracks_.clear();
     closing_ = true;
@@ -104,17 +127,28 @@ void Timeline::stop_locked() {
   path_.clear();
 }
 
-void Timeline::push(Rec&& r) {
+void Timeline::push(char ph, int tid, int pid, const char* what, int64_t ts, int mark, std::string args) {
   if (queue_.size() >= kQueueLimit) {
     ++dropped_;
     return;
   }
-  queue_.push_back(std::move(r));
+  queue_.push_back(Rec{ph, static_cast<uint8_t>(tid), pid, mark, what, ts, std::move(args)});
 }
 
-void Timeline::end_activity(const std::string& name, Track& t, int64_t ts) {
+Timeline::Track& Timeline::track(const std::string& name) {
+  auto it = tracks_.find(name);
+  if (it != tracks_.end()) return it->second;
+  Track& t = tracks_[name];
+  t.pid = static_cast<int>(tracks_.size());  // 1, 2, ...: pid 0 is the timeline itself
+  push('M', 0, t.pid, nullptr, 0, -1, name);
+  return t;
+}
+
+const char* Timeline::intern(std::string s) { return interned_.insert(std::move(s)).first->c_str(); }
+
+void Timeline::end_activity(Track& t, int64_t ts) {
   if (t.op != Phase::kActivity) return;
-  push(Rec{'E', 0, -1, {}, name, {}, ts});
+  push('E', 0, t.pid, nullptr, ts);
   t.op = Phase::kOp;
 }
 
@@ -122,13 +156,13 @@ void Timeline::negotiate(const std::string& name, OpKind kind, int rank) {
   std::lock_guard<std::mutex> g(mu_);
   if (!on()) return;
   const int64_t ts = now_us();
-  Track& t = tracks_[name];
+  Track& t = track(name);
   if (!t.negotiating) {
     t.negotiating = true;
     t.neg_tid = t.op == Phase::kNone ? 0 : 1;  // the previous operation of this name still runs
-    push(Rec{'B', t.neg_tid, -1, "NEGOTIATE_" + upper(op_kind_name(kind)), name, {}, ts});
+    push('B', t.neg_tid, t.pid, negotiate_name(kind), ts);
   }
-  push(Rec{'X', t.neg_tid, rank, {}, name, {}, ts});
+  push('X', t.neg_tid, t.pid, nullptr, ts, rank);
 }
 
 void Timeline::planned(const std::vector<PlanEntry>& entries, const std::function<bool(const std::string&)>& runs) {
@@ -141,21 +175,17 @@ void Timeline::planned(const std::vector<PlanEntry>& entries, const std::functio
       args = "\"error\": ";
       append_json_string(args, e.error);
     }
+    const char* kind = op_phase_name(e.kind);
     for (const std::string& name : e.names) {
-      auto it = tracks_.find(name);
-      if (it != tracks_.end() && it->second.negotiating) {
-        push(Rec{'E', it->second.neg_tid, -1, {}, name, args, ts});
-        it->second.negotiating = false;
+      Track& t = track(name);
+      if (t.negotiating) {
+        push('E', t.neg_tid, t.pid, nullptr, ts, -1, args);
+        t.negotiating = false;
       }
-      const bool opens = e.ok && has_op_phase(e.kind) && runs(name);
-      if (!opens) {
-        if (it != tracks_.end() && it->second.op == Phase::kNone) tracks_.erase(it);
-        continue;
-      }
-      Track& t = tracks_[name];
-      if (t.op != Phase::kNone) continue;  // the previous one still runs (device work): not recorded
-      push(Rec{'B', 0, -1, upper(op_kind_name(e.kind)), name, {}, ts});
-      push(Rec{'B', 0, -1, "QUEUE", name, {}, ts});
+      // Not while the previous operation of this name still runs (device work): not recorded.
+      if (!e.ok || !kind || t.op != Phase::kNone || !runs(name)) continue;
+      push('B', 0, t.pid, kind, ts);
+      push('B', 0, t.pid, "QUEUE", ts);
       t.op = Phase::kActivity;
     }
   }
@@ -168,9 +198,9 @@ void Timeline::activity(const PlanEntry& e, const char* what) {
   for (const std::string& name : e.names) {
     auto it = tracks_.find(name);
     if (it == tracks_.end() || it->second.op == Phase::kNone) continue;
-    end_activity(name, it->second, ts);
+    end_activity(it->second, ts);
     if (what) {
-      push(Rec{'B', 0, -1, what, name, {}, ts});
+      push('B', 0, it->second.pid, what, ts);
       it->second.op = Phase::kActivity;
     }
   }
@@ -178,7 +208,12 @@ void Timeline::activity(const PlanEntry& e, const char* what) {
 
 void Timeline::launched(const PlanEntry& e, const Backend& b) {
   if (b.notes_activities()) return activity(e, nullptr);
-  activity(e, (upper(b.name()) + "_" + upper(op_kind_name(e.kind))).c_str());
+  const char* what;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    what = intern(upper(b.name()) + "_" + upper(op_kind_name(e.kind)));
+  }
+  activity(e, what);
 }
 
 void Timeline::done(const std::string& name, const Signature& sig) {
@@ -186,45 +221,52 @@ void Timeline::done(const std::string& name, const Signature& sig) {
   if (!on()) return;
   auto it = tracks_.find(name);
   if (it == tracks_.end() || it->second.op == Phase::kNone) return;
+  Track& t = it->second;
   const int64_t ts = now_us();
-  end_activity(name, it->second, ts);
-  std::string args = "\"dtype\": \"" + std::string(dtype_name(sig.dtype)) + "\", \"shape\": \"" + shape_str(sig.shape) + "\"";
-  push(Rec{'E', 0, -1, {}, name, std::move(args), ts});
-  it->second.op = Phase::kNone;
-  if (!it->second.negotiating) tracks_.erase(it);
+  end_activity(t, ts);
+  push('E', 0, t.pid, nullptr, ts, -1,
+       "\"dtype\": \"" + std::string(dtype_name(sig.dtype)) + "\", \"shape\": \"" + shape_str(sig.shape) + "\"");
+  t.op = Phase::kNone;
 }
 
 void Timeline::cycle() {
   std::lock_guard<std::mutex> g(mu_);
   if (!on() || !mark_cycles_) return;
-  push(Rec{'i', 0, -1, "CYCLE_START", {}, {}, now_us()});
+  push('i', 0, 0, "CYCLE_START", now_us());
 }
 
+namespace {
+void append_int(std::string& out, int64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+}  // namespace
+
 void Timeline::writer_loop(std::FILE* f, int64_t epoch_us) {
-  std::unordered_map<std::string, int> pids;  // tensor name -> its "process"
-  std::vector<int> depth(2, 0);               // open B events per (pid, tid): index pid * 2 + tid
+  std::vector<int> depth(2, 0);  // open B events per (pid, tid): index pid * 2 + tid
   std::string out;
+  out.reserve(1 << 16);
   int64_t last_ts = 0;
   bool failed = false;
-  auto line = [&](const std::string& text) {
-    out += ",\n";
-    out += text;
+  auto event = [&](char ph, int pid, int tid, int64_t ts) {  // opens {"ph": .., "ts": .., "pid": .., "tid": ..
+    out += ",\n{\"ph\": \"";
+    out += ph;
+    out += "\", \"ts\": ";
+    append_int(out, ts);
+    out += ", \"pid\": ";
+    append_int(out, pid);
+    out += ", \"tid\": ";
+    append_int(out, tid);
   };
-  out = "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"appliance timeline (rank 0)\", "
-        "\"start_time_since_epoch_in_micros\": " + std::to_string(epoch_us) + "}}";
-  line("{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"sort_index\": 0}}");
-  auto pid_of = [&](const std::string& tensor) {
-    auto it = pids.find(tensor);
-    if (it != pids.end()) return it->second;
-    const int pid = static_cast<int>(pids.size()) + 1;
-    pids.emplace(tensor, pid);
-    depth.resize(static_cast<size_t>(pid + 1) * 2, 0);
-    std::string meta = "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) + ", \"args\": {\"name\": ";
-    append_json_string(meta, tensor);
-    line(meta + "}}");
-    line("{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) +
-         ", \"args\": {\"sort_index\": " + std::to_string(pid) + "}}");
-    return pid;
+  auto meta = [&](int pid, const char* key, const std::string& json_value) {
+    out += ",\n{\"name\": \"";
+    out += key;
+    out += "\", \"ph\": \"M\", \"pid\": ";
+    append_int(out, pid);
+    out += ", \"args\": {";
+    out += json_value;
+    out += "}}";
   };
   auto flush = [&]() {
     if (!failed && !out.empty() && (std::fwrite(out.data(), 1, out.size(), f) != out.size() || std::fflush(f) != 0)) {
@@ -234,6 +276,9 @@ void Timeline::writer_loop(std::FILE* f, int64_t epoch_us) {
     }
     out.clear();
   };
+  out = "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"appliance timeline (rank 0)\", "
+        "\"start_time_since_epoch_in_micros\": " + std::to_string(epoch_us) + "}}";
+  meta(0, "process_sort_index", "\"sort_index\": 0");
   std::deque<Rec> batch;
   for (bool last = false; !last;) {
     {
@@ -244,40 +289,60 @@ void Timeline::writer_loop(std::FILE* f, int64_t epoch_us) {
       last = closing_;
     }
     for (const Rec& r : batch) {
-      last_ts = r.ts;
-      if (r.ph == 'i') {
-        line("{\"ph\": \"i\", \"name\": \"" + r.what + "\", \"ts\": " + std::to_string(r.ts) + ", \"s\": \"g\", \"pid\": 0, \"tid\": 0}");
+      if (r.ph == 'M') {
+        std::string name = "\"name\": ";
+        append_json_string(name, r.args);
+        meta(r.pid, "process_name", name);
+        meta(r.pid, "process_sort_index", "\"sort_index\": " + std::to_string(r.pid));
+        depth.resize(static_cast<size_t>(r.pid + 1) * 2, 0);
         continue;
       }
-      const int pid = pid_of(r.tensor);
-      int& d = depth[static_cast<size_t>(pid) * 2 + r.tid];
-      std::string head = "{\"ph\": \"" + std::string(1, r.ph) + "\"";
-      std::string where = ", \"ts\": " + std::to_string(r.ts) + ", \"pid\": " + std::to_string(pid) + ", \"tid\": " + std::to_string(r.tid);
+      last_ts = r.ts;
+      if (r.ph == 'i') {
+        event('i', 0, 0, r.ts);
+        out += ", \"name\": \"";
+        out += r.what;
+        out += "\", \"s\": \"g\"}";
+        continue;
+      }
+      const size_t at = static_cast<size_t>(r.pid) * 2 + r.tid;
+      if (at >= depth.size()) depth.resize(at + 2, 0);  // its M record was dropped
+      int& d = depth[at];
+      if (r.ph == 'E' && d == 0) continue;  // never an E without its B (a B may have been dropped)
+      event(r.ph, r.pid, r.tid, r.ts);
       if (r.ph == 'B') {
         ++d;
-        line(head + ", \"name\": \"" + r.what + "\"" + where + "}");
+        out += ", \"name\": \"";
+        out += r.what;
+        out += "\"}";
       } else if (r.ph == 'X') {
-        line(head + ", \"name\": \"" + std::to_string(r.mark) + "\"" + where + ", \"dur\": 0}");
-      } else if (d > 0) {  // 'E': never one without its B (a B may have been dropped)
+        out += ", \"name\": \"";
+        append_int(out, r.mark);
+        out += "\", \"dur\": 0}";
+      } else {
         --d;
-        line(head + where + (r.args.empty() ? "" : ", \"args\": {" + r.args + "}") + "}");
+        if (!r.args.empty()) {
+          out += ", \"args\": {";
+          out += r.args;
+          out += "}";
+        }
+        out += "}";
       }
     }
     batch.clear();
     flush();  // at most every 20 ms: the file can be watched while it grows
   }
-  for (auto& kv : pids)
-    for (int tid = 0; tid < 2; ++tid)
-      for (int& d = depth[static_cast<size_t>(kv.second) * 2 + tid]; d > 0; --d)
-        line("{\"ph\": \"E\", \"ts\": " + std::to_string(last_ts) + ", \"pid\": " + std::to_string(kv.second) +
-             ", \"tid\": " + std::to_string(tid) + "}");
+  for (size_t i = 2; i < depth.size(); ++i)
+    for (; depth[i] > 0; --depth[i]) {
+      event('E', static_cast<int>(i / 2), static_cast<int>(i % 2), last_ts);
+      out += "}";
+    }
   uint64_t dropped;
   {
     std::lock_guard<std::mutex> g(mu_);
     dropped = dropped_;
   }
-  if (dropped)
-    line("{\"name\": \"dropped_events\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"dropped\": " + std::to_string(dropped) + "}}");
+  if (dropped) meta(0, "dropped_events", "\"dropped\": " + std::to_string(dropped));
   out += "\n]\n";
   flush();
   if (std::fclose(f) != 0 && !failed) log_line(rank_, "timeline: cannot close " + path() + " (" + std::strerror(errno) + ")");

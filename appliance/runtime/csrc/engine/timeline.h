@@ -39,6 +39,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/backend.h"
@@ -69,7 +70,8 @@ class Timeline final : public ActivitySink {
   // The plan runs these entries: negotiation ends for every name; operations this rank runs
   // (`runs(name)`) open their <KIND> phase and QUEUE.
   void planned(const std::vector<PlanEntry>& entries, const std::function<bool(const std::string&)>& runs);
-  // Each operation of `e` in its phase ends its step (QUEUE...) and starts `what` (null: none).
+  // Each operation of `e` in its phase ends its step (QUEUE...) and starts `what` (null: none;
+  // else a string that outlives the timeline, such as a literal).
   void activity(const PlanEntry& e, const char* what) override;
   // `e` is launched on `b`: QUEUE ends; b's own notes follow, or one step <B>_<KIND> covers it.
   void launched(const PlanEntry& e, const Backend& b);
@@ -79,25 +81,31 @@ class Timeline final : public ActivitySink {
 
  private:
   enum class Phase : uint8_t { kNone, kOp, kActivity };
-  struct Track {  // recorder state of one tensor name
+  struct Track {  // recorder state of one tensor name (kept for the file's life: its pid)
+    int pid = 0;
     bool negotiating = false;
     int neg_tid = 0;  // 1 when a negotiation starts while the previous operation still runs
     Phase op = Phase::kNone;
   };
+  // What the writer needs, without allocation in the common case: names are pids and
+  // interned or literal strings; only a new tensor's name and an E's dtype/shape are copied.
   struct Rec {
-    char ph;            // B, E, X, i
-    int tid = 0;
-    int mark = -1;      // X: the rank that became ready
-    std::string what;   // B: phase name; i: marker name
-    std::string tensor;
-    std::string args;   // E: JSON members (no braces)
-    int64_t ts = 0;
+    char ph;                     // B, E, X, i; M: a new tensor, named by `args`
+    uint8_t tid;
+    int32_t pid;
+    int32_t mark;                // X: the rank that became ready
+    const char* what;            // B, i: phase or marker name (static or interned)
+    int64_t ts;
+    std::string args;            // E: JSON members (no braces); M: the tensor name
   };
 
   int64_t now_us() const;
   void stop_locked();  // ctl_ held
-  void push(Rec&& r);  // mu_ held
-  void end_activity(const std::string& name, Track& t, int64_t ts);  // mu_ held
+  // mu_ held:
+  void push(char ph, int tid, int pid, const char* what, int64_t ts, int mark = -1, std::string args = {});
+  Track& track(const std::string& name);
+  const char* intern(std::string s);
+  void end_activity(Track& t, int64_t ts);
   void writer_loop(std::FILE* f, int64_t epoch_us);
 
   const int rank_;
@@ -105,6 +113,7 @@ class Timeline final : public ActivitySink {
   mutable std::mutex mu_;      // everything below
   std::condition_variable cv_;
   std::unordered_map<std::string, Track> tracks_;
+  std::unordered_set<std::string> interned_;  // node-based: c_str() stays valid
   std::deque<Rec> queue_;
   uint64_t dropped_ = 0;
   bool closing_ = false;
