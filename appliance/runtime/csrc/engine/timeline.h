@@ -1,11 +1,14 @@
 // Timeline: a Chrome-trace record (chrome://tracing, ui.perfetto.dev) of what the engine does
 // with each tensor, laid out as Horovod's timeline (HOROVOD_TIMELINE, hvd.start_timeline).
 //
-// What it owns: the recorder state (which phase each tensor name is in), a bounded event queue
-// and a writer thread that owns the file. The background thread only formats nothing and
-// touches no file: each hook appends a small record to the queue under a mutex; the writer
-// thread turns records into JSON lines. Only rank 0 records (it is where negotiation is seen);
-// on other ranks start() is a no-op and on() stays false.
+// What it owns: the recorder state (which phase each tensor name is in, its pid), a bounded
+// record queue and a writer thread that owns the file. The engine's background thread never
+// formats or writes: each hook (called only when on(), one relaxed load) appends small records
+// to the queue under a mutex the writer takes only to swap the queue out every 20 ms.
+// Only rank 0 records (it is where negotiation is seen); on other ranks start() and stop() do
+// nothing and on() stays false. A tensor's negotiation and operation share one track (tid 0);
+// a negotiation that starts while the same name's previous operation still runs on a device
+// goes on tid 1, and that second operation is not recorded.
 //
 // File layout (one JSON array; each tensor name is a "process" named by metadata events):
 //   NEGOTIATE_<KIND> B .. E   from the first rank's readiness to the plan that runs it, with
