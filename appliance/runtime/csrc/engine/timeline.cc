@@ -279,7 +279,7 @@ void Timeline::writer_loop(std::FILE* f, int64_t epoch_us) {
   out = "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"appliance timeline (rank 0)\", "
         "\"start_time_since_epoch_in_micros\": " + std::to_string(epoch_us) + "}}";
   meta(0, "process_sort_index", "\"sort_index\": 0");
-  std::deque<Rec> batch;
+  std::vector<Rec> batch;
   for (bool last = false; !last;) {
     {
       std::unique_lock<std::mutex> g(mu_);

@@ -36,7 +36,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -117,7 +116,7 @@ class Timeline final : public ActivitySink {
   std::condition_variable cv_;
   std::unordered_map<std::string, Track> tracks_;
   std::unordered_set<std::string> interned_;  // node-based: c_str() stays valid
-  std::deque<Rec> queue_;
+  std::vector<Rec> queue_;  // swapped with the writer's: both keep their capacity
   uint64_t dropped_ = 0;
   bool closing_ = false;
   bool mark_cycles_ = false;
