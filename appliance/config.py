@@ -100,6 +100,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks"),
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)"),
     Knob("HOROVOD_DYNAMIC_PROCESS_SETS", _bool, False, "allow hvd.add_process_set/remove_process_set after init (as hvd.init(process_sets='dynamic'))"),
+    Knob("HOROVOD_TIMELINE", str, "", "rank 0 writes a Chrome-trace timeline of every tensor to this file from init (empty or DYNAMIC: only between hvd.start_timeline and stop_timeline)"),
+    Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "mark each wake of rank 0's background thread (CYCLE_START) in the timeline started at init"),
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_SHM", _bool, True, "shared memory between ranks of one machine (0 = TCP for every pair)"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
@@ -181,6 +183,8 @@ class RuntimeConfig:
     verbose: bool = False
     nccl_library: str = ""
     fault_file: str = ""
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RuntimeConfig":
@@ -247,6 +251,8 @@ class RuntimeConfig:
             verbose=read("APPLIANCE_VERBOSE", env),
             nccl_library=read("APPLIANCE_NCCL_LIBRARY", env),
             fault_file=read("APPLIANCE_FAULT_FILE", env),
+            timeline=read("HOROVOD_TIMELINE", env),
+            timeline_mark_cycles=read("HOROVOD_TIMELINE_MARK_CYCLES", env),
         )
 
 

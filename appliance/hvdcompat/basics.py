@@ -3,8 +3,8 @@
 Horovod builds one per framework library; here every instance is a view of the one runtime
 (``appliance.runtime.api``), so ``HorovodBasics().rank()`` equals ``hvd.rank()``. The reduce-op
 constants (``Average``... ``Product``) are the runtime's; ``init(process_sets=...)`` registers
-process sets as ``hvd.init`` does. The timeline raises ``NotImplementedError`` naming issue 9,
-as in ``appliance.torch``.
+process sets as ``hvd.init`` does. ``start_timeline``/``stop_timeline`` are the runtime's (rank 0
+writes the file), as in ``appliance.torch``.
 Does not import torch. Failure modes: ``ValueError`` before ``init`` (as Horovod).
 """
 from __future__ import annotations
@@ -63,10 +63,10 @@ class HorovodBasics:
         return api.local_size() * api.cross_size() == api.size()
 
     def start_timeline(self, file_path, mark_cycles=False):
-        raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
+        api.start_timeline(file_path, mark_cycles)
 
     def stop_timeline(self):
-        raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
+        api.stop_timeline()
 
     def mpi_threads_supported(self):
         return False

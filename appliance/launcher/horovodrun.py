@@ -10,10 +10,10 @@ that the launcher has no use for. Each of those is, by name, one of:
 - accepted as what we already do (``--gloo``, ``--tcp``: our runtime is Gloo-like, over TCP;
   ``--disable-cache``: horovodrun's cache of its host checks, which this launcher never keeps);
 - ignored with one warning line on stderr (tuning and diagnostics this runtime does not have:
-  ``--log-level``, ``--timeline-filename``, ``--autotune*``, hierarchical collectives...), until
-  the knob Horovod maps it to (``KNOB_WHEN_DECLARED``: ``--log-level`` -> HOROVOD_LOG_LEVEL,
-  ``--timeline-filename`` -> HOROVOD_TIMELINE...) is declared in ``appliance/config.py``'s
-  table: from then on it is honoured like the above, without a warning;
+  ``--log-level``, ``--autotune*``, hierarchical collectives...), until the knob Horovod maps it
+  to (``KNOB_WHEN_DECLARED``: ``--log-level`` -> HOROVOD_LOG_LEVEL, ``--autotune`` ->
+  HOROVOD_AUTOTUNE...) is declared in ``appliance/config.py``'s table: from then on it is
+  honoured like the above, without a warning (``--timeline-filename`` -> HOROVOD_TIMELINE is);
 - rejected (exit 2) with one line saying what to use (``--mpi``, elastic and MPI-only flags).
 
 An unknown flag before COMMAND is rejected by argparse, by name. ``--check-build``/``-cb`` prints
@@ -157,11 +157,13 @@ def add_horovodrun_flags(p: argparse.ArgumentParser) -> None:
                    metavar="S", help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
     for table, kind in ((IGNORED, "ignored"), (REJECTED, "rejected")):
         for (names, nargs), why in table.items():
+            knob = KNOB_WHEN_DECLARED.get(names[0], ("", None))[0] if table is IGNORED else ""
+            text = knob if knob in KNOBS else f"{kind}: {why}"  # a declared knob: honoured (parse())
             if nargs == 0:
-                p.add_argument(*names, dest=_dest(names), action="store_true", help=f"{kind}: {why}")
+                p.add_argument(*names, dest=_dest(names), action="store_true", help=text)
             else:
                 p.add_argument(*names, dest=_dest(names), nargs=None if nargs == 1 else nargs, metavar="V",
-                               choices=LOG_LEVELS if names == ("--log-level",) else None, help=f"{kind}: {why}")
+                               choices=LOG_LEVELS if names == ("--log-level",) else None, help=text)
 
 
 def horovodrun_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from appliance.runtime.api import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async, barrier,
     broadcast, broadcast_async, cross_rank, cross_size, grouped_allreduce, init, is_initialized, join,
     local_rank, local_size, poll, rank, reducescatter, reducescatter_async, shutdown, size,
-    synchronize,
+    start_timeline, stop_timeline, synchronize,
 )
 from appliance.runtime.engine import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from appliance.runtime.errors import HorovodInternalError, MismatchError  # noqa: F401

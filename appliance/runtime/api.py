@@ -13,6 +13,8 @@ without ``synchronize``: the result is then lost, never written into freed memor
 Failure modes: ``init()`` raises ``ConfigError`` for a bad environment and HorovodInternalError
 when the rendezvous fails (it names the ranks that never arrived) or times out
 (HOROVOD_START_TIMEOUT); every call before ``init()`` raises ValueError, as Horovod does.
+``start_timeline``/``stop_timeline`` (and HOROVOD_TIMELINE at init): Horovod's timeline, written
+by rank 0 (see README, "Timeline").
 """
 from __future__ import annotations
 
@@ -42,6 +44,19 @@ def init(*args, **kwargs) -> None:
 def shutdown() -> None:
     """Leave the job: pending operations fail, the background thread stops. Idempotent."""
     engine.stop()
+
+
+def start_timeline(file_path, mark_cycles: bool = False) -> None:
+    """Horovod's ``hvd.start_timeline``: rank 0 writes a Chrome-trace file of every tensor's
+    negotiation and operation (chrome://tracing, ui.perfetto.dev) until ``stop_timeline`` or
+    shutdown; a running timeline is stopped (its file completed) first. Other ranks record
+    nothing. ValueError before ``init``, or (rank 0) when ``file_path`` cannot be written."""
+    engine.current().start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Horovod's ``hvd.stop_timeline``: close the file (valid JSON from then on). Idempotent."""
+    engine.current().stop_timeline()
 
 
 def is_initialized() -> bool:

@@ -5,7 +5,8 @@ start -> stop -> start works), which ``current()`` returns. ``appliance.runtime.
 API and ``init``/``shutdown``) and the framework adapters (``appliance.torch``) build on this
 module; it imports neither. Config comes from ``appliance.config.RuntimeConfig`` (the caller
 reads the environment: HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET,
-APPLIANCE_FAULT_FILE...).
+APPLIANCE_FAULT_FILE, HOROVOD_TIMELINE...). The Horovod timeline (``start_timeline``) is written by
+the core on rank 0 (csrc/engine/timeline.h).
 
 Adapters describe tensors as ``Buffer`` (data pointer, dtype code, shape, device, CUDA
 stream); the core reads and writes those pointers from its background thread, so the memory
@@ -16,6 +17,7 @@ themselves pass nothing.
 
 Failure modes: ``start`` raises HorovodInternalError when the rendezvous fails (it names the
 ranks that never arrived); ``current()`` raises ValueError before ``start``, as Horovod does;
+HOROVOD_TIMELINE naming a file rank 0 cannot write is one line on stderr, and the job goes on;
 ``wait`` raises HorovodInternalError (job failed: origin rank and host), MismatchError or
 ValueError.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import threading
 from typing import Any, Optional, Sequence
 
@@ -136,6 +139,9 @@ class Engine:
         core_cfg.nccl_candidates = devices.nccl_candidates()
         core_cfg.cudart_candidates = devices.cudart_candidates()
         core_cfg.job_id = f"{cfg.job_id}#{generation}"
+        # rank 0 records from init (a path it cannot write: one line on stderr, the job goes on)
+        core_cfg.timeline = "" if cfg.timeline.upper() == "DYNAMIC" else cfg.timeline
+        core_cfg.timeline_mark_cycles = cfg.timeline_mark_cycles
         self.config = cfg
         try:
             self.core = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)
@@ -229,6 +235,15 @@ class Engine:
     def new_group_id(self, process_set: int = 0) -> int:
         self._groups[process_set] = self._groups.get(process_set, 0) + 1
         return self._groups[process_set]
+
+    def start_timeline(self, file_path, mark_cycles: bool = False) -> None:
+        """Rank 0 starts writing the timeline to ``file_path`` (stopping a running one first);
+        other ranks do nothing. ValueError naming the path when rank 0 cannot write it."""
+        self.core.start_timeline(os.fspath(file_path), bool(mark_cycles))
+
+    def stop_timeline(self) -> None:
+        """Close the timeline file (complete JSON from then on). Idempotent."""
+        self.core.stop_timeline()
 
     def shutdown(self) -> None:
         self.core.shutdown()  # every pending handle completes (fails): the core uses no memory now

@@ -8,8 +8,8 @@ A script started without a launcher runs as a single rank.
 ``SyncBatchNorm`` reduces batch statistics over every rank; ``elastic`` (``run``, ``TorchState``,
 ``ObjectState``, ``ElasticSampler``) runs Horovod elastic scripts on the job's fixed set of hosts
 (a lost rank restores the last commit and raises ``HorovodInternalError`` out of ``run``).
-Not provided yet (issue 9; each exists as a name and raises ``NotImplementedError`` naming the
-feature when used): the timeline. Environment: read by ``init``
+``start_timeline``/``stop_timeline`` write Horovod's timeline (rank 0; README "Timeline").
+Environment: read by ``init``
 through ``appliance.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
 rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
 """

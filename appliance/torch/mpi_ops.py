@@ -100,11 +100,13 @@ def handle_average_backwards_compatibility(op, average):
 
 
 def start_timeline(file_path, mark_cycles=False) -> None:
-    raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
+    """Rank 0 writes Horovod's timeline to ``file_path`` (see ``appliance.runtime.api``)."""
+    _api.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    raise NotImplementedError("the Horovod timeline is not implemented by this runtime (issue 9)")
+    """Close the timeline file (valid JSON from then on); idempotent."""
+    _api.stop_timeline()
 
 
 # What this build is: our own runtime, neither MPI nor Gloo; CUDA/NCCL as the core reports.

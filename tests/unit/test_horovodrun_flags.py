@@ -32,9 +32,8 @@ def test_ignored_flags_warn_by_name_and_rejected_ones_say_what_to_use():
     p = hr.parse(["-np", "2", "--log-level", "DEBUG", "--timeline-filename", "/tmp/t.json", "--autotune",
                   "--autotune-log-file", "a.csv", "--hierarchical-allreduce", "python", "x.py"])
     assert [w.split(":")[0] for w in p.warnings] == [
-        "--log-level DEBUG", "--timeline-filename /tmp/t.json", "--autotune", "--autotune-log-file a.csv",
-        "--hierarchical-allreduce"]
-    assert p.errors == [] and p.flags.x == ()
+        "--log-level DEBUG", "--autotune", "--autotune-log-file a.csv", "--hierarchical-allreduce"]
+    assert p.errors == [] and p.flags.x == ("HOROVOD_TIMELINE=/tmp/t.json",)  # a declared knob: honoured
     for argv, flag in ((["--mpi"], "--mpi"), (["--min-np", "1"], "--min-np"), (["--max-num-proc", "4"], "--max-np"),
                        (["--blacklist-cooldown-range", "1", "9"], "--blacklist-cooldown-range"),
                        (["--network-interfaces", "eth0,eth1"], "--network-interfaces eth0,eth1"),

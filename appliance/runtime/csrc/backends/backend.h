@@ -14,6 +14,7 @@
 // backends/cuda/staging (CUDA memory through host copies and the CPU backend).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,12 +36,35 @@ class Pending {
   virtual std::shared_ptr<void> ready_event() { return nullptr; }
 };
 
+// Where a backend reports the steps of an entry (engine/timeline.h records them). on() is one
+// relaxed load; activity() is called only when it is true, on the background thread.
+class ActivitySink {
+ public:
+  virtual ~ActivitySink() = default;
+  bool on() const { return on_.load(std::memory_order_relaxed); }
+  // Each operation of `e` this rank runs ends its current step and starts `what` (null: none).
+  virtual void activity(const PlanEntry& e, const char* what) = 0;
+
+ protected:
+  std::atomic<bool> on_{false};
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) = 0;
   virtual void abort() {}
+  // True for backends that report their own steps (fusion copies, the collective); the engine
+  // records the whole launch of the others as one step, <NAME>_<KIND>.
+  virtual bool notes_activities() const { return false; }
+  void set_activity_sink(ActivitySink* s) { sink_ = s; }
+
+ protected:
+  void note(const PlanEntry& e, const char* what) const {
+    if (sink_ && sink_->on()) sink_->activity(e, what);
+  }
+  ActivitySink* sink_ = nullptr;
 };
 
 // Device memory for outputs whose size is known only after negotiation (allgather,

@@ -111,7 +111,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
       .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)
       .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates)
-      .def_readwrite("fault_file", &RuntimeConfig::fault_file);
+      .def_readwrite("fault_file", &RuntimeConfig::fault_file)
+      .def_readwrite("timeline", &RuntimeConfig::timeline)
+      .def_readwrite("timeline_mark_cycles", &RuntimeConfig::timeline_mark_cycles);
 
   py::class_<CoreResult>(m, "Result")
       .def_readonly("ok", &CoreResult::ok)
@@ -204,6 +206,9 @@ PYBIND11_MODULE(_core, m) {
              std::string path = rt.cuda_path(&why);
              return py::make_tuple(path, why);
            })
+      .def("start_timeline", &Runtime::start_timeline, py::arg("path"), py::arg("mark_cycles") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("stop_timeline", &Runtime::stop_timeline, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Runtime::shutdown, py::call_guard<py::gil_scoped_release>());
 
   // What executes here, loaded the way a Runtime loads it (not cached: Python caches).

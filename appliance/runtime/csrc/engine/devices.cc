@@ -43,7 +43,10 @@ Backend& Runtime::backend_for(const PlanEntry& e, const std::vector<OpState*>& o
         throw Error(Code::kInternal, "this rank has CUDA tensors but the collective core cannot use the CUDA runtime: " + cuda_.why,
                     cfg_.rank, cfg_.host);
     }
-    if (!sc.staging) sc.staging = std::make_unique<StagingBackend>(*sc.cpu, cuda_);
+    if (!sc.staging) {
+      sc.staging = std::make_unique<StagingBackend>(*sc.cpu, cuda_);
+      sc.staging->set_activity_sink(&timeline_);
+    }
     if (warned_.insert("process-set-staging").second)
       log_line(cfg_.rank, "warning: CUDA tensors of process sets other than the global one go through host memory");
     return *sc.staging;
@@ -89,6 +92,7 @@ void Runtime::setup_cuda(int device) {
   }
   CudaDecision d = decide_cuda_path(all);
   staging_ = std::make_unique<StagingBackend>(*cpu_, cuda_);
+  staging_->set_activity_sink(&timeline_);
   if (d.path == CudaPath::kNccl) {
     ncclUniqueId id{};
     if (cfg_.rank == 0) nccl_api_.check(nccl_api_.GetUniqueId(&id), "ncclGetUniqueId");
@@ -126,7 +130,10 @@ void Runtime::poll_running() {
     Running& r = running_.front();
     if (!r.pending->done()) return;  // in plan order: later entries wait for earlier ones
     for (auto& op : r.ops)
-      if (op) handles_.complete(op, Status::Ok());
+      if (op) {
+        if (timeline_.on()) timeline_.done(op->req.name, op->req.sig);
+        handles_.complete(op, Status::Ok());
+      }
     running_.pop_front();
   }
 }

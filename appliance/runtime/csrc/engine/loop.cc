@@ -102,6 +102,7 @@ void Runtime::loop() {
 }
 
 void Runtime::step() {
+  if (coord_ && timeline_.on()) timeline_.cycle();
   poll_running();
   intake();
   read_control(false);
@@ -161,6 +162,7 @@ void Runtime::intake() {
   for (OpPtr& op : fresh) {
     inflight_[op->req.name] = op;
     if (coord_) {
+      if (timeline_.on()) timeline_.negotiate(op->req.name, op->req.sig.kind, cfg_.rank);
       coord_->on_request(cfg_.rank, op->req, now);
       continue;
     }
@@ -245,12 +247,18 @@ void Runtime::on_ready(int from, const std::vector<uint8_t>& payload) {
     throw Error(Code::kProtocol, e.status().message, from, host_of(from));
   }
   auto now = Clock::now();
-  for (Request& q : m.full) coord_->on_request(from, std::move(q), now);
+  for (Request& q : m.full) {
+    if (timeline_.on()) timeline_.negotiate(q.name, q.sig.kind, from);
+    coord_->on_request(from, std::move(q), now);
+  }
   std::vector<uint32_t> unknown;
   for (uint32_t id : m.ids) {
     const ResponseCache::Entry* c = cache_.get(id);
     if (!c) unknown.push_back(id);
-    else coord_->on_request(from, Request{c->name, c->sig, {}}, now);
+    else {
+      if (timeline_.on()) timeline_.negotiate(c->name, c->sig.kind, from);
+      coord_->on_request(from, Request{c->name, c->sig, {}}, now);
+    }
   }
   if (!unknown.empty()) send_control(from, FrameType::kControl, encode_resend(unknown));
 }
@@ -274,6 +282,7 @@ void Runtime::issue_plans() {
     Plan plan;
     plan.seq = ++plan_seq_;
     plan.entries = std::move(entries);
+    if (timeline_.on()) timeline_.planned(plan.entries, [this](const std::string& n) { return inflight_.count(n) > 0; });
     if (cfg_.size > 1) {
       std::vector<uint8_t> bytes = encode_plan(plan, cache_);
       for (int r = 1; r < cfg_.size; ++r)
@@ -323,7 +332,9 @@ void Runtime::run_entry(const PlanEntry& e) {
       if (op) handles_.complete(op, Status{e.error_code, -1, "", e.error});
     return;
   }
-  std::unique_ptr<Pending> pending = backend_for(e, raw).launch(e, raw);
+  Backend& backend = backend_for(e, raw);
+  if (timeline_.on()) timeline_.launched(e, backend);
+  std::unique_ptr<Pending> pending = backend.launch(e, raw);
   ++stats_.entries;
   stats_.tensors += e.names.size();
   if (e.names.size() > 1) ++stats_.fused_entries;
@@ -338,8 +349,11 @@ void Runtime::run_entry(const PlanEntry& e) {
     running_.push_back(Running{std::move(pending), std::move(ops)});
     return;
   }
-  for (auto& op : ops)
-    if (op) handles_.complete(op, Status::Ok());
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i]) {
+      if (timeline_.on()) timeline_.done(e.names[i], e.sigs[i]);
+      handles_.complete(ops[i], Status::Ok());
+    }
 }
 
 void Runtime::note_skipped_name(const std::string& name) {

@@ -64,6 +64,7 @@ void Runtime::apply_set_changes(std::deque<SetChange>& changes) {
     sc.members = c.members;
     sc.comm = std::make_unique<Comm>(*comm_, c.members);
     sc.cpu = std::make_unique<CpuBackend>(*sc.comm, copts_);
+    sc.cpu->set_activity_sink(&timeline_);
     sets_[c.id] = std::move(sc);
   }
   changes.clear();

@@ -19,7 +19,7 @@ constexpr uint32_t kDataFrameMax = 4u << 20;      // payload bytes of one DATA f
 constexpr uint32_t kControlFrameMax = 256u << 20;  // plans of very large models
 }  // namespace
 
-Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_capacity) {
+Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank), cache_(cfg_.cache_capacity) {
   if (cfg_.size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.size)
     throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
   hosts_.assign(cfg_.size, cfg_.host);
@@ -84,6 +84,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
   copts_.chunk_bytes = cfg_.chunk_bytes;
   cpu_ = std::make_unique<CpuBackend>(*comm_, copts_);
+  cpu_->set_activity_sink(&timeline_);
   if (cfg_.rank == 0) {
     CoordinatorOptions co;
     co.size = cfg_.size;
@@ -108,6 +109,11 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), cache_(cfg_.cache_ca
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ctrl_[r].ch->link().wait_handle(), &ev);
   }
   comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }});
+  if (!cfg_.timeline.empty()) try {
+    timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
+  } catch (const std::invalid_argument& e) {
+    log_line(cfg_.rank, std::string("HOROVOD_TIMELINE: ") + e.what() + "; the job runs without a timeline");
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -129,6 +135,7 @@ void Runtime::shutdown() {
   uint64_t one = 1;
   if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
+  timeline_.stop();  // after the loop: its last events are in
   store_.reset();
   store_server_.reset();  // a re-init (new generation) may bind the same port at once
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});

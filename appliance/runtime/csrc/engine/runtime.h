@@ -33,6 +33,7 @@
 #include "coordinator/response_cache.h"
 #include "engine/messages.h"
 #include "engine/ops.h"
+#include "engine/timeline.h"
 #include "store/store.h"
 #include "transport/mesh.h"
 
@@ -59,6 +60,10 @@ struct RuntimeConfig {
   std::vector<std::string> nccl_candidates, cudart_candidates;
   // APPLIANCE_FAULT_FILE: where the fault report goes when the job first fails ("" = nowhere).
   std::string fault_file;
+  // HOROVOD_TIMELINE(_MARK_CYCLES): rank 0 records from before the background thread starts;
+  // a path it cannot write is one log line (the job runs without a timeline).
+  std::string timeline;
+  bool timeline_mark_cycles = false;
 };
 
 class Runtime {
@@ -104,6 +109,11 @@ class Runtime {
   void set_device_allocator(DeviceAllocator a);
   // "nccl", "staging" or "" (no CUDA operation has run yet), and why staging.
   std::string cuda_path(std::string* why) const;
+  // Horovod's timeline (engine/timeline.h): rank 0 records, the other ranks do nothing.
+  // start throws std::invalid_argument naming a path it cannot write; stop is idempotent, and
+  // shutdown() stops it too (the file is then complete JSON).
+  void start_timeline(const std::string& path, bool mark_cycles) { timeline_.start(path, mark_cycles); }
+  void stop_timeline() { timeline_.stop(); }
 
  private:
   // --- background thread (engine/loop.cc) ---
@@ -167,6 +177,7 @@ class Runtime {
   };
 
   RuntimeConfig cfg_;
+  Timeline timeline_;  // before the backends, which report to it
   Topology topo_;
   std::vector<std::string> hosts_;
   std::vector<std::string> links_;  // kind of the data link to each rank: "tcp", "shm", "self"

@@ -13,6 +13,17 @@ ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum
 double final_scale(const Signature& s, int size) {
   return s.op == ReduceOp::kAverage ? s.postscale / size : s.postscale;
 }
+// The collective's step in the timeline (engine/timeline.h).
+const char* collective_step(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return "CPU_ALLREDUCE";
+    case OpKind::kAllgather: return "CPU_ALLGATHER";
+    case OpKind::kBroadcast: return "CPU_BROADCAST";
+    case OpKind::kAlltoall: return "CPU_ALLTOALL";
+    case OpKind::kReducescatter: return "CPU_REDUCESCATTER";
+    default: return nullptr;
+  }
+}
 }  // namespace
 
 std::unique_ptr<Pending> CpuBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
@@ -21,6 +32,7 @@ std::unique_ptr<Pending> CpuBackend::launch(const PlanEntry& e, const std::vecto
 }
 
 void CpuBackend::execute(const PlanEntry& e, const std::vector<OpState*>& ops) {
+  if (e.kind != OpKind::kAllreduce || e.names.size() == 1) note(e, collective_step(e.kind));
   switch (e.kind) {
     case OpKind::kAllreduce: return do_allreduce(e, ops);
     case OpKind::kAllgather: return do_allgather(e, *ops.at(0));
@@ -60,12 +72,15 @@ void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& o
     pieces.push_back(FusedPiece{ops[i] ? ops[i]->in.data() : nullptr, ops[i] ? ops[i]->out.data() : nullptr, bytes});
     total += bytes;
   }
+  note(e, "MEMCPY_IN_FUSION_BUFFER");
   uint8_t* buf = scratch_.reserve(total);
   fusion_pack(buf, pieces);
+  note(e, collective_step(e.kind));
   size_t n = total / dtype_size(s.dtype);
   scale(buf, n, s.dtype, s.prescale);
   reduce(buf, counts, s.dtype, op);
   scale(buf, n, s.dtype, post);
+  note(e, "MEMCPY_OUT_FUSION_BUFFER");
   fusion_unpack(buf, pieces);
 }
 

@@ -24,6 +24,7 @@ std::unique_ptr<Pending> StagingBackend::launch(const PlanEntry& e, const std::v
   std::vector<std::unique_ptr<OpState>> shadows(ops.size());
   std::vector<std::vector<uint8_t>> host_in(ops.size()), host_out(ops.size());
   std::vector<OpState*> raw(ops.size(), nullptr);
+  note(e, "MEMCPY_IN_HOST_BUFFER");
   for (size_t i = 0; i < ops.size(); ++i) {
     OpState* op = ops[i];
     if (!op) continue;
@@ -55,6 +56,7 @@ std::unique_ptr<Pending> StagingBackend::launch(const PlanEntry& e, const std::v
     sig.postscale = as_device_factor(sig.postscale, sig.dtype);
   }
   cpu_.execute(scaled, raw);
+  note(e, "MEMCPY_OUT_HOST_BUFFER");
   for (size_t i = 0; i < ops.size(); ++i) {
     OpState* op = ops[i];
     if (!op) continue;
