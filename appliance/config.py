@@ -104,6 +104,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "mark each wake of rank 0's background thread (CYCLE_START) in the timeline started at init"),
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_SHM", _bool, True, "shared memory between ranks of one machine (0 = TCP for every pair)"),
+    Knob("APPLIANCE_SPIN_US", _rank_int, 100, "microseconds the engine polls after work, and a waiting caller before it blocks, so back-to-back small ops skip thread wake-ups (0 = never)"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
     Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)"),
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
@@ -180,6 +181,7 @@ class RuntimeConfig:
     chunk_bytes: int = 1 << 20
     heartbeat_timeout_s: float = 10.0
     shm: bool = True
+    spin_us: int = 100
     verbose: bool = False
     nccl_library: str = ""
     fault_file: str = ""
@@ -248,6 +250,7 @@ class RuntimeConfig:
             chunk_bytes=max(1, read("APPLIANCE_CHUNK_BYTES", env)),
             heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
             shm=read("APPLIANCE_SHM", env),
+            spin_us=read("APPLIANCE_SPIN_US", env),
             verbose=read("APPLIANCE_VERBOSE", env),
             nccl_library=read("APPLIANCE_NCCL_LIBRARY", env),
             fault_file=read("APPLIANCE_FAULT_FILE", env),

@@ -107,6 +107,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("chunk_bytes", &RuntimeConfig::chunk_bytes)
       .def_readwrite("heartbeat_timeout_s", &RuntimeConfig::heartbeat_timeout_s)
       .def_readwrite("shm", &RuntimeConfig::shm)
+      .def_readwrite("spin_us", &RuntimeConfig::spin_us)
       .def_readwrite("verbose", &RuntimeConfig::verbose)
       .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
       .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)

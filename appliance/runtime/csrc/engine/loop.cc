@@ -1,6 +1,7 @@
 // The background thread of a Runtime: announce work, negotiate (rank 0 coordinates), run
 // plans, keep control links alive, and turn any failure into one job-wide abort.
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <sys/epoll.h>
@@ -15,6 +16,10 @@
 namespace appliance {
 
 namespace {
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+}
+
 int64_t ms_until(Clock::time_point t, Clock::time_point now) {
   if (t == Clock::time_point::max()) return INT64_MAX;
   if (t <= now) return 0;
@@ -45,7 +50,15 @@ void Runtime::loop() {
         std::lock_guard<std::mutex> g(qmu_);
         queued = !queue_.empty();
       }
-      if (!queued) ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
+      // Just after work, poll instead of sleeping (APPLIANCE_SPIN_US): the next small op, or a
+      // peer's control message, then costs no wake-up.
+      const bool spin = cfg_.spin_us > 0 && now_us() - last_busy_us_ < cfg_.spin_us;
+      if (spin) {
+        sched_yield();
+        ts = timespec{0, 0};
+      }
+      if (!queued)
+        ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (spin || t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
       sleeping_.store(false);
       if (fds[0].revents & POLLIN) {
         uint64_t v;
@@ -120,9 +133,6 @@ void Runtime::settle_burst() {
     std::lock_guard<std::mutex> g(qmu_);
     if (queue_.empty()) return;
   }
-  const auto now_us = [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
-  };
   const int64_t until = now_us() + std::min<int64_t>(static_cast<int64_t>(cfg_.cycle_time_ms * 1000), 5000);
   for (int64_t t = now_us(); t < until; t = now_us()) {
     const int64_t quiet = t - last_enqueue_us_.load();
@@ -156,6 +166,7 @@ void Runtime::intake() {
   }
   apply_set_changes(changes);  // before the requests queued after them
   if (fresh.empty()) return;
+  last_busy_us_ = now_us();
   ReadyMsg m;
   m.epoch = plans_applied_;
   auto now = Clock::now();
@@ -296,6 +307,7 @@ void Runtime::run_plan(Plan& plan) {
   for (const PlanEntry& e : plan.entries) run_entry(e);
   ++plans_applied_;
   ++stats_.plans;
+  last_busy_us_ = now_us();
 }
 
 void Runtime::run_entry(const PlanEntry& e) {

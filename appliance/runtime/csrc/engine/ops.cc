@@ -1,5 +1,9 @@
 #include "engine/ops.h"
 
+#include <sched.h>
+
+#include <chrono>
+
 #include <stdexcept>
 
 namespace appliance {
@@ -55,7 +59,16 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
   auto it = ops_.find(handle);
   if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
   OpPtr op = it->second;
-  cv_.wait(g, [&] { return op->done || (until_launched && op->launched && op->ready_event); });
+  auto ready = [&] { return op->done || (until_launched && op->launched && op->ready_event); };
+  if (spin_us_ > 0 && !ready()) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+    do {
+      g.unlock();
+      sched_yield();
+      g.lock();
+    } while (!ready() && std::chrono::steady_clock::now() < until);
+  }
+  cv_.wait(g, ready);
   ops_.erase(handle);
   auto n = names_.find(op->req.name);
   if (n != names_.end() && n->second == handle) names_.erase(n);

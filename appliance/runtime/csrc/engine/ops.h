@@ -66,11 +66,14 @@ class HandleTable {
   OpPtr wait(int handle, bool until_launched = false, bool* finished = nullptr);
   // Completes every op not yet done with s (job failure, shutdown).
   void fail_all(const Status& s);
+  // wait() polls (yielding the CPU) this long before it blocks on the condition variable.
+  void set_spin_us(int us) { spin_us_ = us; }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   int next_ = 1;
+  int spin_us_ = 0;
   std::unordered_map<int, OpPtr> ops_;
   std::unordered_map<std::string, int> names_;
 };

@@ -83,6 +83,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
   }
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
   copts_.chunk_bytes = cfg_.chunk_bytes;
+  handles_.set_spin_us(cfg_.spin_us);
   cpu_ = std::make_unique<CpuBackend>(*comm_, copts_);
   cpu_->set_activity_sink(&timeline_);
   if (cfg_.rank == 0) {

@@ -53,6 +53,9 @@ struct RuntimeConfig {
   size_t chunk_bytes = 1u << 20;
   double heartbeat_timeout_s = 10.0;
   bool shm = true;
+  // Microseconds the background thread keeps polling after work, and a waiting caller polls
+  // before blocking, so back-to-back small operations do not pay thread wake-ups (0 = never).
+  int spin_us = 100;
   bool verbose = false;
   // CUDA tensors (engine/devices.cc): where the CUDA runtime and NCCL may be found, in order
   // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
@@ -213,7 +216,8 @@ class Runtime {
   std::thread thread_;
 
   std::mutex qmu_;
-  std::atomic<bool> sleeping_{false};  // the background thread is (about to be) in ppoll
+  std::atomic<bool> sleeping_{false};
+  int64_t last_busy_us_ = 0;  // background thread: when it last took requests or ran a plan  // the background thread is (about to be) in ppoll
   std::atomic<int64_t> last_enqueue_us_{0};  // steady clock, set by enqueue()
   std::atomic<bool> burst_{false};  // the last enqueue came within kBurstGapUs of an unwaited one
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
