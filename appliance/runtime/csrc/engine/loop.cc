@@ -50,9 +50,11 @@ void Runtime::loop() {
         std::lock_guard<std::mutex> g(qmu_);
         queued = !queue_.empty();
       }
-      // Just after work, poll instead of sleeping (APPLIANCE_SPIN_US): the next small op, or a
-      // peer's control message, then costs no wake-up.
-      const bool spin = cfg_.spin_us > 0 && now_us() - last_busy_us_ < cfg_.spin_us;
+      // Just after work, while a caller waits (or just did), poll instead of sleeping
+      // (APPLIANCE_SPIN_US): the next small op, or a peer's control message, then costs no
+      // wake-up. A caller that is computing is never competed with.
+      const bool spin = cfg_.spin_us > 0 && now_us() - last_busy_us_ < cfg_.spin_us &&
+                        handles_.waited_within(cfg_.spin_us);
       if (spin) {
         sched_yield();
         ts = timespec{0, 0};

@@ -8,6 +8,17 @@
 
 namespace appliance {
 
+namespace {
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+bool HandleTable::waited_within(int64_t us) const {
+  return waiters_.load() > 0 || now_us() - last_wait_us_.load() < us;
+}
+
 uint8_t* OpState::allocate_output(size_t bytes, std::vector<int64_t> shape) {
   output.reset(new uint8_t[bytes ? bytes : 1]);
   output_bytes = bytes;
@@ -60,6 +71,14 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
   if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
   OpPtr op = it->second;
   auto ready = [&] { return op->done || (until_launched && op->launched && op->ready_event); };
+  struct Waiting {
+    HandleTable& t;
+    explicit Waiting(HandleTable& table) : t(table) { ++t.waiters_; }
+    ~Waiting() {
+      t.last_wait_us_.store(now_us());
+      --t.waiters_;
+    }
+  } waiting(*this);
   if (spin_us_ > 0 && !ready()) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
     do {

@@ -3,6 +3,8 @@
 // completes. Names in flight are unique per process (a duplicate is a ValueError at submit).
 #pragma once
 
+#include <atomic>
+
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -68,12 +70,18 @@ class HandleTable {
   void fail_all(const Status& s);
   // wait() polls (yielding the CPU) this long before it blocks on the condition variable.
   void set_spin_us(int us) { spin_us_ = us; }
+  // Whether a caller is in wait() now or left it less than `us` microseconds ago: the
+  // background thread polls instead of sleeping only then, so it never competes for the CPU
+  // with a caller that is computing (a backward pass) rather than waiting.
+  bool waited_within(int64_t us) const;
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   int next_ = 1;
   int spin_us_ = 0;
+  std::atomic<int> waiters_{0};
+  std::atomic<int64_t> last_wait_us_{0};  // steady clock, when a wait() last returned
   std::unordered_map<int, OpPtr> ops_;
   std::unordered_map<std::string, int> names_;
 };
