@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,23 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
+sys.path.insert(0, str(BENCH))
+import benchlib  # noqa: E402  (benchmarks/ is scripts, not a package)
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
-
-
-def mpi_why_missing() -> str | None:
-    if not shutil.which("mpirun"):
-        return "mpirun not found (openmpi-bin)"
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py not installed (pip install '.[bench]')"
-    return None
 
 
 @pytest.fixture
 def with_mpi(request) -> bool:
     """True when the OpenMPI legs must run; fails under --strict-prereqs when they cannot."""
-    why = mpi_why_missing()
+    why = benchlib.mpi_missing()
     if why and request.config.getoption("--strict-prereqs"):
         pytest.fail(f"benchmarks' OpenMPI legs: {why}; tests/run.sh installs it")
     return why is None
@@ -67,7 +59,7 @@ def test_collectives_quick(tmp_path, with_mpi, with_matplotlib):
     args = ["--json", out] + (["--plot", png] if with_matplotlib else [])
     proc = run("collectives.py", *args)
     result = json.loads(out.read_text())
-    want = {"ours", "gloo", "memcpy"} | ({"mpi-shm", "mpi-tcp"} if with_mpi else set())
+    want = {"ours", "ours-tcp", "gloo", "memcpy"} | ({"mpi-shm", "mpi-tcp"} if with_mpi else set())
     assert want <= set(result["backends"]), (result["backends"], result["skipped"], proc.stderr[-2000:])
     ops = ("allreduce", "allgather", "broadcast", "alltoall")
     for op in ops:
