@@ -506,8 +506,8 @@ Mesh build_mesh(Store& store, const MeshOptions& opts) {
       if (r != me && !shm_possible(self, mesh.peers[r]) && same_kernel(self, mesh.peers[r])) unshared.push_back(r);
   if (!unshared.empty())
     std::fprintf(stderr,
-                 "appliance: rank %d: rank(s) %s run on this machine but do not share its /dev/shm (containers "
-                 "need --ipc host or a shared /dev/shm); using TCP with them\n",
+                 "appliance: rank %d: rank(s) %s share this machine but not its /dev/shm (separate containers, "
+                 "without --ipc host or a common /dev/shm): TCP with them, not shared memory\n",
                  me, join_ints(unshared).c_str());
   for (const std::string& f : fallbacks)
     std::fprintf(stderr, "appliance: rank %d: shared memory with %s; using TCP\n", me, f.c_str());
