@@ -30,7 +30,6 @@ struct alignas(64) ShmRing {
 class ShmSegment {
  public:
   static constexpr uint64_t kMagic = 0x61706c2d73686d31ULL;  // "apl-shm1"
-  static constexpr uint64_t kDefaultRingBytes = 1 << 20;
 
   // Create a new named object of two rings of `ring_bytes` (rounded up to a power of two,
   // at least 4 KiB) and map it.
