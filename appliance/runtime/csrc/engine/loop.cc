@@ -16,10 +16,6 @@
 namespace appliance {
 
 namespace {
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
-}
-
 int64_t ms_until(Clock::time_point t, Clock::time_point now) {
   if (t == Clock::time_point::max()) return INT64_MAX;
   if (t <= now) return 0;
@@ -53,7 +49,7 @@ void Runtime::loop() {
       // Just after work, while a caller waits (or just did), poll instead of sleeping
       // (APPLIANCE_SPIN_US): the next small op, or a peer's control message, then costs no
       // wake-up. A caller that is computing is never competed with.
-      const bool spin = cfg_.spin_us > 0 && now_us() - last_busy_us_ < cfg_.spin_us &&
+      const bool spin = cfg_.spin_us > 0 && steady_us() - last_busy_us_ < cfg_.spin_us &&
                         handles_.waited_within(cfg_.spin_us);
       if (spin) {
         sched_yield();
@@ -135,8 +131,8 @@ void Runtime::settle_burst() {
     std::lock_guard<std::mutex> g(qmu_);
     if (queue_.empty()) return;
   }
-  const int64_t until = now_us() + std::min<int64_t>(static_cast<int64_t>(cfg_.cycle_time_ms * 1000), 5000);
-  for (int64_t t = now_us(); t < until; t = now_us()) {
+  const int64_t until = steady_us() + std::min<int64_t>(static_cast<int64_t>(cfg_.cycle_time_ms * 1000), 5000);
+  for (int64_t t = steady_us(); t < until; t = steady_us()) {
     const int64_t quiet = t - last_enqueue_us_.load();
     if (quiet >= kBurstGapUs) return;
     timespec ts{0, static_cast<long>((kBurstGapUs - quiet) * 1000)};
@@ -168,7 +164,7 @@ void Runtime::intake() {
   }
   apply_set_changes(changes);  // before the requests queued after them
   if (fresh.empty()) return;
-  last_busy_us_ = now_us();
+  last_busy_us_ = steady_us();
   ReadyMsg m;
   m.epoch = plans_applied_;
   auto now = Clock::now();
@@ -309,7 +305,7 @@ void Runtime::run_plan(Plan& plan) {
   for (const PlanEntry& e : plan.entries) run_entry(e);
   ++plans_applied_;
   ++stats_.plans;
-  last_busy_us_ = now_us();
+  last_busy_us_ = steady_us();
 }
 
 void Runtime::run_entry(const PlanEntry& e) {

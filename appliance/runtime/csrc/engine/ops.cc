@@ -8,15 +8,8 @@
 
 namespace appliance {
 
-namespace {
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
 bool HandleTable::waited_within(int64_t us) const {
-  return waiters_.load() > 0 || now_us() - last_wait_us_.load() < us;
+  return waiters_.load() > 0 || steady_us() - last_wait_us_.load() < us;
 }
 
 uint8_t* OpState::allocate_output(size_t bytes, std::vector<int64_t> shape) {
@@ -75,7 +68,7 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
     HandleTable& t;
     explicit Waiting(HandleTable& table) : t(table) { ++t.waiters_; }
     ~Waiting() {
-      t.last_wait_us_.store(now_us());
+      t.last_wait_us_.store(steady_us());
       --t.waiters_;
     }
   } waiting(*this);

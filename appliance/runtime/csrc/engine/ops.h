@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 
 #include <condition_variable>
 #include <cstdint>
@@ -17,6 +18,12 @@
 #include "coordinator/request.h"
 
 namespace appliance {
+
+// Steady-clock microseconds: the engine's timestamps for bursts, polling and waits.
+inline int64_t steady_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 struct TensorDesc {
   uint64_t ptr = 0;

@@ -227,8 +227,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     }
     queue_.push_back(op);
   }
-  const int64_t now_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+  const int64_t now_us = steady_us();
   // A burst: issued soon after the previous one without waiting for it (a synchronous loop
   // waits for each op, so its ops never count, however fast it goes).
   burst_.store(outstanding > 0 && now_us - last_enqueue_us_.exchange(now_us) < kBurstGapUs);
