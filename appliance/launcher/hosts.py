@@ -11,7 +11,8 @@ into one host (first name and place kept, slots summed); deciding that (name res
 
 Inside a Slurm allocation, with neither ``-H`` nor a hostfile, the hosts are Slurm's:
 ``SLURM_JOB_NODELIST`` in its compressed form (``node[01-03,07],gpu-a[1-2]-x``) and the slots
-from ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) or else ``SLURM_NTASKS_PER_NODE``.
+from ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) or else ``SLURM_NTASKS_PER_NODE``; ``appliance.slurm``
+expands those forms, and this module checks every name as a host name.
 
 Env vars: the three Slurm variables, read through ``appliance.config.SlurmAllocation``.
 Failure modes: every malformed input raises ``HostsError`` (a ``ValueError``) whose message
@@ -24,6 +25,8 @@ import dataclasses
 import os
 import re
 from typing import Callable, Iterable, Sequence
+
+from .. import slurm
 
 
 class HostsError(ValueError):
@@ -145,93 +148,22 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
 
 
 def expand_nodelist(spec: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Slurm's compressed host list -> names: ``"n[01-03,07],x"`` -> ``n01 n02 n03 n07 x``.
-
-    Several bracket groups in one name expand as a product (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1
-    r2n2); a range keeps the zero padding of its lower bound (``[08-10]`` -> 08 09 10).
-    """
-    names: list[str] = []
-    for item in _split_top(spec, source):
-        parts: list[list[str]] = []  # alternatives per piece, concatenated as a product
-        rest = item
-        while rest:
-            open_ = rest.find("[")
-            if open_ < 0:
-                if "]" in rest:
-                    raise HostsError(f"{source}={spec!r}: unbalanced ']' in {item!r}")
-                parts.append([rest])
-                break
-            close = rest.find("]", open_)
-            if close < 0:
-                raise HostsError(f"{source}={spec!r}: missing ']' in {item!r}")
-            if open_:
-                parts.append([rest[:open_]])
-            parts.append(_expand_ranges(rest[open_ + 1:close], f"{source}={spec!r}: {item!r}"))
-            rest = rest[close + 1:]
-        expanded = [""]
-        for alternatives in parts:
-            expanded = [head + tail for head in expanded for tail in alternatives]
-        names.extend(expanded)
-    if not names:
-        raise HostsError(f"{source}={spec!r}: no hosts")
+    """Slurm's compressed host list -> names (``appliance.slurm.expand_nodelist``), every name checked."""
+    try:
+        names = slurm.expand_nodelist(spec, source)
+    except slurm.SlurmEnvError as e:
+        raise HostsError(str(e)) from None
     for name in names:
         _host_name(name, source)
     return names
 
 
-def _split_top(spec: str, source: str) -> list[str]:
-    items, depth, current = [], 0, ""
-    for ch in spec.strip():
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise HostsError(f"{source}={spec!r}: nested '['")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise HostsError(f"{source}={spec!r}: unbalanced ']'")
-        if ch == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += ch
-    if depth:
-        raise HostsError(f"{source}={spec!r}: missing ']'")
-    items.append(current)
-    if any(not i.strip() for i in items):
-        raise HostsError(f"{source}={spec!r}: empty entry")
-    return [i.strip() for i in items]
-
-
-def _expand_ranges(body: str, where: str) -> list[str]:
-    out = []
-    for r in body.split(","):
-        lo, dash, hi = r.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise HostsError(f"{where}: {r!r} is not a number or a range N-M")
-        if not dash:
-            out.append(lo)
-            continue
-        if int(hi) < int(lo):
-            raise HostsError(f"{where}: range {r!r} runs backwards")
-        if int(hi) - int(lo) > 100000:
-            raise HostsError(f"{where}: range {r!r} is too large")
-        out.extend(f"{n:0{len(lo)}d}" for n in range(int(lo), int(hi) + 1))
-    return out
-
-
 def expand_tasks_per_node(spec: str, source: str = "SLURM_TASKS_PER_NODE") -> list[int]:
-    """``"2(x3),1"`` -> ``[2, 2, 2, 1]`` (Slurm's run-length form)."""
-    counts: list[int] = []
-    for item in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", item)
-        if not m:
-            raise HostsError(f"{source}={spec!r}: {item.strip()!r} is not N or N(xK)")
-        n, times = int(m.group(1)), int(m.group(2) or 1)
-        if n < 1 or times < 1:
-            raise HostsError(f"{source}={spec!r}: {item.strip()!r} has a zero count")
-        counts.extend([n] * times)
-    return counts
+    """``"2(x3),1"`` -> ``[2, 2, 2, 1]`` (``appliance.slurm.expand_tasks_per_node``)."""
+    try:
+        return slurm.expand_tasks_per_node(spec, source)
+    except slurm.SlurmEnvError as e:
+        raise HostsError(str(e)) from None
 
 
 def slurm_hosts(nodelist: str, tasks_per_node: str | None = None, ntasks_per_node: str | None = None) -> list[Host]:

@@ -1,4 +1,6 @@
 """Slurm's compressed host lists and task counts -> hosts and slots (pure parsing)."""
+import re
+
 import pytest
 
 from appliance.config import LaunchConfig, SlurmAllocation
@@ -6,6 +8,7 @@ from appliance.launcher.hosts import (
     Host, HostsError, assign_ranks, expand_nodelist, expand_tasks_per_node, hosts_from, slurm_hosts,
 )
 from appliance.launcher.run import hosts_of
+from appliance.slurm import SlurmEnvError, SlurmTask, default_secret_file, store_port
 
 
 @pytest.mark.parametrize("spec, names", [
@@ -73,3 +76,52 @@ def test_host_source_order_and_layout():
     assert hosts_of(c) == [Host("n1", 1), Host("n2", 1), Host("n3", 1)]
     c = LaunchConfig.create(["p"], 3, hosts="h:3", environ={"SLURM_JOB_NODELIST": "n[1-3]"})
     assert hosts_of(c) == [Host("h", 3)]
+
+
+def _task_env(**over):
+    env = dict(SLURM_STEP_ID="3", SLURM_PROCID="0", SLURM_NTASKS="3", SLURM_LOCALID="0", SLURM_NODEID="0",
+               SLURM_STEP_NODELIST="node[1-2]", SLURM_STEP_TASKS_PER_NODE="2,1", SLURM_JOB_ID="41",
+               SLURMD_NODENAME="node1")
+    env.update(over)
+    return env
+
+
+def test_slurm_task_layout_uneven_nodes():
+    # srun -n3 on node[1-2] with 2,1 tasks: ranks 0,1 on node1 and 2 on node2
+    t0 = SlurmTask.from_env(_task_env())
+    t1 = SlurmTask.from_env(_task_env(SLURM_PROCID="1", SLURM_LOCALID="1"))
+    t2 = SlurmTask.from_env(_task_env(SLURM_PROCID="2", SLURM_NODEID="1", SLURMD_NODENAME="node2"))
+    assert (t0.rank, t0.local_rank, t0.local_size, t0.cross_rank, t0.cross_size) == (0, 0, 2, 0, 2)
+    assert (t1.rank, t1.local_rank, t1.local_size, t1.cross_rank, t1.cross_size) == (1, 1, 2, 0, 1)
+    assert (t2.rank, t2.local_rank, t2.local_size, t2.cross_rank, t2.cross_size) == (2, 0, 1, 1, 2)
+    assert t2.first_node == "node1" and t2.node == "node2" and t2.nodes == ("node1", "node2")
+    assert t0.store_port == t2.store_port == store_port(41, 3)
+
+
+def test_slurm_task_is_not_a_batch_script():
+    env = _task_env()
+    del env["SLURM_STEP_ID"]  # sbatch's batch script: SLURM_PROCID=0 but no step
+    assert SlurmTask.from_env(env) is None
+    assert SlurmTask.from_env({}) is None
+
+
+def test_store_ports_differ_between_steps_and_jobs():
+    ports = {store_port(job, step) for job in range(100, 110) for step in range(3)}
+    assert len(ports) == 30 and all(20000 <= p < 30000 for p in ports)
+
+
+@pytest.mark.parametrize("over, words", [
+    (dict(SLURM_PROCID="x"), "SLURM_PROCID='x' is not a whole number"),
+    (dict(SLURM_NTASKS="4"), "do not add up"),
+    (dict(SLURM_STEP_TASKS_PER_NODE="1(x3)"), "gives 3 counts for 2 nodes"),
+    (dict(SLURM_LOCALID="2"), "not a task of"),
+    (dict(SLURM_JOB_ID=""), "SLURM_JOB_ID is not set"),
+    (dict(SLURM_STEP_NODELIST="node[1-"), "missing ']'"),
+])
+def test_slurm_task_errors_name_the_variable(over, words):
+    with pytest.raises(SlurmEnvError, match=re.escape(words)):
+        SlurmTask.from_env(_task_env(**over))
+
+
+def test_default_secret_file_is_per_job_under_home():
+    assert default_secret_file(41, {"HOME": "/shared/home/u"}) == "/shared/home/u/.appliance/slurm/job-41.secret"
