@@ -59,7 +59,7 @@ def test_mismatch_raises_on_every_rank_and_names_culprits(run_ranks):
 def test_duplicate_name_in_flight_is_value_error(run_ranks):
     ranks = run_ranks(2, "engine", "duplicate")
     for r in range(2):
-        assert ranks[r]["error"] and "dup" in ranks[r]["error"] and "in flight" in ranks[r]["error"]
+        assert ranks[r]["error"] and f"'dup.{r}'" in ranks[r]["error"] and "in flight" in ranks[r]["error"]
 
 
 def test_join(run_ranks):

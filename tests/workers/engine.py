@@ -192,19 +192,26 @@ def case_mismatch():
 
 
 def case_duplicate():
+    """A name in flight cannot be submitted again; free once done. Rank r's own name cannot
+    complete before its duplicate attempt: no other rank submits it until after the barrier
+    that every rank enters only after its attempt (a name is freed when its op completes, so a
+    first op that finished early would let the "duplicate" through)."""
     rt.init()
     r, P = rt.rank(), rt.size()
-    h = rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name="dup")
+    mine = f"dup.{r}"
+    h = rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name=mine)
     err = None
     try:
-        rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name="dup")
+        rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name=mine)
     except ValueError as e:
         err = str(e)
-    got = rt.synchronize(h)
-    check("first dup", got, np.full(4, P, np.float32), np.float32)
-    # the name is free again once synchronized
-    check("reuse", rt.allreduce(np.ones(4, np.float32), op=rt.Sum, name="dup"), np.full(4, P, np.float32), np.float32)
-    report({"error": err})
+    rt.barrier()
+    others = [rt.allreduce_async(np.ones(4, np.float32), op=rt.Sum, name=f"dup.{j}") for j in range(P) if j != r]
+    for got in [rt.synchronize(h)] + [rt.synchronize(o) for o in others]:
+        check("first dup", got, np.full(4, P, np.float32), np.float32)
+    # the names are free again once completed
+    check("reuse", rt.allreduce(np.ones(4, np.float32), op=rt.Sum, name="dup.0"), np.full(4, P, np.float32), np.float32)
+    report({"error": err, "name": mine})
 
 
 def case_die(victim, when):
