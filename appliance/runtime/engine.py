@@ -31,7 +31,7 @@ import dataclasses
 import enum
 import os
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -82,9 +82,9 @@ def numpy_dtype_code(dt) -> DType:
                         f"(supported: {', '.join(str(d) for d in _NUMPY)}, and bfloat16 from torch)") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class Buffer:
-    """Memory the core may read or write until the operation completes."""
+class Buffer(NamedTuple):
+    """Memory the core may read or write until the operation completes. A tuple in the order
+    the core's ``enqueue`` takes it, so it goes to the core as it is (one per op: cheap)."""
 
     ptr: int
     dtype: DType
@@ -119,6 +119,8 @@ class Result:
 
 
 _ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
+_NO_BUFFER = (0, 0, (), -1, 0)  # no memory (barrier, join; allgather's output the core allocates)
+_NO_SPLITS: tuple = ()
 
 
 class Engine:
@@ -159,12 +161,10 @@ class Engine:
             self.reap()
         if name is None:
             name = ""  # the core names it "<kind>.noname.<n>", counting per process set
-        def desc(b: Optional[Buffer]):
-            if b is None:
-                return (0, 0, [], -1, 0)
-            return (int(b.ptr), int(b.dtype), [int(d) for d in b.shape], int(b.device), int(b.stream))
-        h = self.core.enqueue(int(kind), str(name), desc(inp), desc(out), int(op), float(prescale),
-                              float(postscale), int(root), [int(s) for s in (splits or [])],
+        # Buffers are (ptr, dtype, shape, device, stream) tuples of ints, as enqueue takes them.
+        h = self.core.enqueue(int(kind), str(name), _NO_BUFFER if inp is None else inp,
+                              _NO_BUFFER if out is None else out, int(op), float(prescale),
+                              float(postscale), int(root), [int(s) for s in splits] if splits else _NO_SPLITS,
                               int(group[0]), int(group[1]), int(process_set))
         if keep is not None:
             with self._mu:
@@ -178,8 +178,9 @@ class Engine:
         try:
             r = self.core.wait(handle, -1 if stream is None else int(stream))
         finally:
-            with self._mu:  # the core is done with the handle's memory (or never knew it)
-                self._keep.pop(handle, None)
+            if handle in self._keep:  # the core is done with the handle's memory
+                with self._mu:
+                    self._keep.pop(handle, None)
         if not r.ok:
             exc = _ERROR_KINDS.get(r.code)
             if exc is not None:

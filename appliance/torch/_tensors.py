@@ -83,7 +83,10 @@ def stage(t: torch.Tensor) -> torch.Tensor:
     are copied to the host here, with a one-time warning saying why."""
     dtype_code(t)
     w = t.detach()
-    if w.device.type == "cuda":
+    kind = w.device.type
+    if kind == "cpu":
+        return w if w.is_contiguous() else w.contiguous()
+    if kind == "cuda":
         caps = capabilities()
         if caps.get("cuda", False):
             _give_allocator()
@@ -91,7 +94,7 @@ def stage(t: torch.Tensor) -> torch.Tensor:
             _warn_once("CUDA tensors go through host memory: the collective core cannot use CUDA memory here ("
                        f"{caps.get('why') or 'no CUDA runtime'})")
             w = w.cpu()
-    elif w.device.type != "cpu":
+    else:
         raise ValueError(f"tensors on device {w.device} are not supported (cpu and cuda are)")
     if not w.is_contiguous():
         w = w.contiguous()
@@ -100,7 +103,7 @@ def stage(t: torch.Tensor) -> torch.Tensor:
 
 def buffer(w: torch.Tensor) -> Buffer:
     """Describe a staged tensor (see ``stage``) to the core."""
-    if w.device.type == "cuda":
+    if w.is_cuda:
         stream = torch.cuda.current_stream(w.device).cuda_stream
         return Buffer(w.data_ptr(), dtype_code(w), tuple(w.shape), w.device.index, int(stream))
     return Buffer(w.data_ptr(), dtype_code(w), tuple(w.shape))

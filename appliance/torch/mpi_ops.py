@@ -182,7 +182,7 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
 
 def _submit(kind, name, work, out=None, **kw) -> int:
     inp = None if work is None else _tensors.buffer(work)
-    outb = None if out is None else _tensors.buffer(out)
+    outb = inp if out is work else None if out is None else _tensors.buffer(out)  # in place: one description
     return _engine.submit(kind, name, inp, outb, **kw)  # kw: op, scales, root, splits, group, process_set
 
 
