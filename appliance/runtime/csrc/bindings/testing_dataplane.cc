@@ -160,7 +160,7 @@ void bind_harness(py::module_& m, const py::object& exc) {
       "run_collective",
       [exc](const std::string& kind, int nranks, const std::vector<py::bytes>& inputs, int dtype, int op, int root,
             const std::vector<size_t>& counts, const std::vector<std::vector<size_t>>& send_bytes, size_t chunk_bytes,
-            size_t max_frame, int broadcast_algo, bool alias, int iterations, bool sync, int delay_rank,
+            size_t max_frame, int broadcast_algo, int allreduce_algo, bool alias, int iterations, bool sync, int delay_rank,
             int delay_ms, int sockbuf, bool watch_fd, const py::dict& fault, int64_t timeout_ms,
             const std::string& transport, size_t shm_ring_bytes) {
         testing::CollectiveSpec spec;
@@ -175,6 +175,8 @@ void bind_harness(py::module_& m, const py::object& exc) {
         spec.send_bytes = send_bytes;
         spec.opts.chunk_bytes = chunk_bytes;
         spec.opts.broadcast_algo = static_cast<BroadcastAlgo>(broadcast_algo);
+        if (allreduce_algo < 0 || allreduce_algo > 2) throw py::value_error("bad allreduce_algo");
+        spec.opts.allreduce_algo = static_cast<AllreduceAlgo>(allreduce_algo);
         spec.max_frame = max_frame;
         spec.alias = alias;
         spec.iterations = iterations;
@@ -223,7 +225,7 @@ void bind_harness(py::module_& m, const py::object& exc) {
       py::arg("kind"), py::arg("nranks"), py::arg("inputs"), py::arg("dtype") = 7, py::arg("op") = 1,
       py::arg("root") = 0, py::arg("counts") = std::vector<size_t>{},
       py::arg("send_bytes") = std::vector<std::vector<size_t>>{}, py::arg("chunk_bytes") = 1 << 20,
-      py::arg("max_frame") = 1 << 20, py::arg("broadcast_algo") = 0, py::arg("alias") = false,
+      py::arg("max_frame") = 1 << 20, py::arg("broadcast_algo") = 0, py::arg("allreduce_algo") = 0, py::arg("alias") = false,
       py::arg("iterations") = 1, py::arg("sync") = false, py::arg("delay_rank") = -1, py::arg("delay_ms") = 0,
       py::arg("sockbuf") = 0, py::arg("watch_fd") = true, py::arg("fault") = py::dict(), py::arg("timeout_ms") = 20000,
       py::arg("transport") = "tcp", py::arg("shm_ring_bytes") = 1 << 20,

@@ -23,6 +23,12 @@ enum class BroadcastAlgo : uint8_t {
   kChain = 2,  // pipelined chain of chunk_bytes pieces (bandwidth-bound sizes)
 };
 
+enum class AllreduceAlgo : uint8_t {
+  kAuto = 0,               // pick by the cost model in allreduce.cc (P, bytes)
+  kRing = 1,               // reduce-scatter + allgather rings (bandwidth-bound sizes)
+  kRecursiveDoubling = 2,  // log2 P whole-buffer exchanges (latency-bound sizes)
+};
+
 struct CollectiveOptions {
   // Pipelining grain: ring steps move segments in pieces of this many bytes so receive,
   // reduce and send overlap (reduce-scatter frames are cut here, at whole elements, staged
@@ -31,10 +37,13 @@ struct CollectiveOptions {
   size_t chunk_bytes = 1 << 20;
   // Tests and benchmarks force one broadcast algorithm; the engine leaves kAuto.
   BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;
+  // Tests force one allreduce algorithm; the engine leaves kAuto.
+  AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
 };
 
 // In place over `count` elements. op is Sum, Min, Max or Product (Average is Sum plus a
-// postscale applied by the caller). Ring: reduce-scatter then allgather.
+// postscale applied by the caller). Ring (reduce-scatter then allgather) or, for small
+// buffers, recursive doubling: allreduce.cc's cost model decides.
 void allreduce(Comm& c, void* buf, size_t count, DataType dt, ReduceOp op, const CollectiveOptions& o);
 
 // Rank r contributes bytes[r] bytes from `in`; `out` receives all contributions in rank
