@@ -1,7 +1,9 @@
 """Reduction and scaling kernels (collectives/reduce.cc) against numpy, and the float16 /
 bfloat16 conversions against numpy and torch (independent implementations): exhaustive over
 all 65536 16-bit patterns one way, millions of random float32 patterns plus edge cases the
-other way.
+other way. The kernel tests run twice: on the portable loops, and on the CPU-specific 16-bit
+float kernels (reduce_x86.cc: AVX2 + F16C), which must also match the portable loops bit for
+bit over every pair of 16-bit patterns in a full permutation.
 """
 from __future__ import annotations
 
@@ -13,6 +15,16 @@ from _dataplane_helpers import DTYPES, FLOATS, OPS, T, bf16_to_f32, code, op_cod
 torch = pytest.importorskip("torch")
 
 N = 4099  # odd: exercises the vector loops' remainders
+
+
+@pytest.fixture(params=["portable", "cpu"])
+def kernels(request):
+    """Which 16-bit float kernels run: the portable loops, or this CPU's (x86-64 AVX2+F16C)."""
+    if request.param == "cpu" and not T.kernels_available():
+        pytest.skip("this CPU has no AVX2+F16C: only the portable kernels exist here")
+    T.use_portable_kernels(request.param == "portable")
+    yield request.param
+    T.use_portable_kernels(False)
 
 
 def bf16_from_f32(x: np.ndarray) -> np.ndarray:
@@ -56,7 +68,7 @@ def same(x, y, name):
     return np.array_equal(x, y)
 
 
-def test_reduce_into_every_dtype_and_op():
+def test_reduce_into_every_dtype_and_op(kernels):
     rng = np.random.default_rng(1)
     for name in DTYPES:
         for op in OPS:
@@ -100,7 +112,7 @@ def scale_reference(x, name, f):
         return np.trunc(x.astype(np.float64) * f).astype(np.int64).astype(DTYPES[name])
 
 
-def test_scale_every_dtype():
+def test_scale_every_dtype(kernels):
     rng = np.random.default_rng(2)
     for name in DTYPES:
         for f in (1.0, 0.5, 1 / 3, -2.5, 0.0, 1e-3):
@@ -172,3 +184,41 @@ def test_float_to_bfloat16_round_to_nearest_even():
     got = np.empty(x.size, np.uint16)
     T.narrow16(x, got, True)
     check_narrow(x, got, bf16_from_f32(x), bf16_to_f32)
+
+
+def is_nan16(bits: np.ndarray, name: str) -> np.ndarray:
+    exp, mant = (0x7c00, 0x3ff) if name == "float16" else (0x7f80, 0x7f)
+    return ((bits & exp) == exp) & ((bits & mant) != 0)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_cpu_kernels_match_portable_bit_for_bit_over_all_patterns(name):
+    if not T.kernels_available():
+        pytest.skip("this CPU has no AVX2+F16C: only the portable kernels exist here")
+    rng = np.random.default_rng(5)
+    a = np.arange(65536, dtype=np.uint32).astype(np.uint16)  # every pattern: NaNs, infinities, subnormals
+    b = rng.permutation(a)
+    try:
+        for op in OPS:
+            got = {}
+            for portable in (True, False):
+                T.use_portable_kernels(portable)
+                dst = a.copy()
+                T.reduce_into(dst, b, code(name), op_code(op))
+                got[portable] = dst
+            # Where both operands are NaN, IEEE leaves open which payload the result carries
+            # (and compilers order commutative operands freely): both results must be NaN there.
+            both_nan = is_nan16(a, name) & is_nan16(b, name)
+            assert is_nan16(got[True][both_nan], name).all() and is_nan16(got[False][both_nan], name).all()
+            diff = np.flatnonzero((got[True] != got[False]) & ~both_nan)
+            assert diff.size == 0, f"{name} {op}: {diff.size} differ, first {a[diff[:3]]} op {b[diff[:3]]}"
+        for f in (0.5, 1 / 3, -2.5, 1e-3, 3e4):
+            got = {}
+            for portable in (True, False):
+                T.use_portable_kernels(portable)
+                x = a.copy()
+                T.scale(x, code(name), f)
+                got[portable] = x
+            assert np.array_equal(got[True], got[False]), f"{name} x{f}"
+    finally:
+        T.use_portable_kernels(False)

@@ -11,6 +11,7 @@
 
 #include "bindings/testing_dataplane_harness.h"
 #include "collectives/reduce.h"
+#include "collectives/reduce_simd.h"
 #include "transport/channel.h"
 #include "transport/tcp/tcp_link.h"
 #include "wire/codec.h"
@@ -310,6 +311,10 @@ void bind_kernels(py::module_& m, const py::object& exc) {
         nogil(exc, [&] { scale(b.ptr, nb / esz, static_cast<DataType>(dtype), factor); });
       },
       py::arg("buf"), py::arg("dtype"), py::arg("factor"));
+  // Kernel choice: the CPU-specific 16-bit float kernels (when this CPU has them) or, forced,
+  // the portable loops, so tests check both against the same references.
+  m.def("kernels_available", &simd::kernels_available);
+  m.def("use_portable_kernels", &simd::use_portable_kernels, py::arg("on"));
   // Bulk 16-bit float conversions: uint16 bits <-> float32 values, elementwise.
   m.def("widen16", [](py::buffer src, py::buffer dst, bool bf16) {
     py::buffer_info s = src.request(), d = writable(dst);

@@ -2,7 +2,8 @@
 //
 // Every kernel is a plain loop over __restrict pointers with the operation inlined, so GCC
 // -O3 vectorizes the float32/float64/integer paths (and, being branch-free, the 16-bit float
-// paths too). Semantics worth knowing:
+// paths too). On x86-64 with AVX2+F16C the 16-bit floats go through reduce_x86.cc's kernels
+// first (same results, bit for bit; the portable loops take the tail). Semantics worth knowing:
 //  * integers wrap on overflow (computed in unsigned arithmetic, no undefined behaviour);
 //  * float Min/Max propagate NaN from either side (like torch.minimum/np.minimum);
 //  * float16/bfloat16 are widened to float32, combined, and rounded back to nearest-even;
@@ -17,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "collectives/reduce_simd.h"
 #include "common/status.h"
 
 namespace appliance {
@@ -212,6 +214,13 @@ uint16_t float_to_bfloat16(float f) { return f2b(f); }
 
 void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp op) {
   if (count == 0) return;
+  if (dt == DataType::kFloat16 || dt == DataType::kBFloat16) {  // vector kernels first, where the CPU has them
+    const size_t done = simd::reduce16(dst, src, count, dt, op);
+    dst = static_cast<uint16_t*>(dst) + done;
+    src = static_cast<const uint16_t*>(src) + done;
+    count -= done;
+    if (count == 0) return;
+  }
   switch (op) {
     case ReduceOp::kSum: return reduce_typed<OpSum>(dst, src, count, dt);
     case ReduceOp::kMin: return reduce_typed<OpMin>(dst, src, count, dt);
@@ -226,6 +235,12 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp
 
 void scale(void* buf, size_t count, DataType dt, double factor) {
   if (factor == 1.0 || count == 0) return;
+  if (dt == DataType::kFloat16 || dt == DataType::kBFloat16) {
+    const size_t done = simd::scale16(buf, count, dt, static_cast<float>(factor));
+    buf = static_cast<uint16_t*>(buf) + done;
+    count -= done;
+    if (count == 0) return;
+  }
   switch (dt) {
     case DataType::kFloat32: return scale_float(static_cast<float*>(buf), count, static_cast<float>(factor));
     case DataType::kFloat64: return scale_float(static_cast<double*>(buf), count, factor);

@@ -24,7 +24,7 @@ int HandleTable::add(const OpPtr& op, size_t* outstanding) {
   if (outstanding) *outstanding = names_.size();
   if (names_.count(op->req.name))
     throw std::invalid_argument("a " + std::string(op_kind_name(op->req.sig.kind)) + " named '" + op->req.name +
-                                "' is already in flight on this rank; names must be unique until synchronized");
+                                "' is already in flight on this rank; a name is free again once its operation completes");
   op->handle = next_++;
   ops_[op->handle] = op;
   names_[op->req.name] = op->handle;
