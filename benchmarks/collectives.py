@@ -20,7 +20,9 @@ spoils one pass, not a size); times are medians over a rank's samples, then the 
 collective is as slow as its last rank). Sizes and bandwidths follow nccl-tests: size S is the per-rank buffer for
 allreduce and broadcast, the gathered output for allgather, each rank's send buffer for alltoall;
 algbw = S / time; busbw = algbw x 2(P-1)/P (allreduce), x (P-1)/P (allgather, alltoall), x 1
-(broadcast). Ratios are baseline time / our time: above 1 means we are faster. float32, Sum.
+(broadcast). Ratios are baseline time / our time: above 1 means we are faster. Sum over float32,
+or ``--dtype float16`` (mixed-precision gradients, ``hvd.Compression.fp16``): OpenMPI has no
+float16 reduction, so its legs are left out then, with a line saying so.
 """
 from __future__ import annotations
 
@@ -36,23 +38,24 @@ OPS = ("allreduce", "allgather", "broadcast", "alltoall")
 BACKENDS = ("ours", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp", "memcpy")
 BASELINES = ("gloo", "mpi-shm", "mpi-tcp")
 DEFAULT_SIZES = "4K-256M"
+DTYPES = {"float32": 4, "float16": 2}  # element sizes
 BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "allgather": lambda p: (p - 1) / p,
               "broadcast": lambda p: 1.0, "alltoall": lambda p: (p - 1) / p}
 
 
-def counts(op: str, nbytes: int, p: int) -> tuple:
-    """(elements in each rank's input, nccl-tests size in bytes) for float32 ``op`` at ``nbytes``."""
-    n = max(1, nbytes // 4)
+def counts(op: str, nbytes: int, p: int, esz: int = 4) -> tuple:
+    """(elements in each rank's input, nccl-tests size in bytes) for ``op`` at ``nbytes``, elements of ``esz`` bytes."""
+    n = max(1, nbytes // esz)
     if op == "allgather":
         per = max(1, n // p)
-        return per, per * p * 4
+        return per, per * p * esz
     if op == "alltoall":
         n = max(p, n - n % p)
-    return n, n * 4
+    return n, n * esz
 
 
-def ours_call(op, rt, np_, n, p, name):
-    a = np_.ones(n, np_.float32)
+def ours_call(op, rt, np_, n, p, name, dtype="float32"):
+    a = np_.ones(n, getattr(np_, dtype))
     if op == "allreduce":
         b = np_.empty_like(a)
         return lambda: rt.allreduce(a, op=rt.Sum, name=name, out=b)
@@ -63,12 +66,12 @@ def ours_call(op, rt, np_, n, p, name):
     return lambda: rt.alltoall(a, name=name)
 
 
-def gloo_call(op, torch, dist, n, p):
-    t = torch.ones(n, dtype=torch.float32)
+def gloo_call(op, torch, dist, n, p, dtype="float32"):
+    t = torch.ones(n, dtype=getattr(torch, dtype))
     if op == "allreduce":
         return lambda: dist.all_reduce(t)
     if op == "allgather":
-        out = torch.empty(n * p, dtype=torch.float32)
+        out = torch.empty(n * p, dtype=t.dtype)
         return lambda: dist.all_gather_into_tensor(out, t)
     if op == "broadcast":
         return lambda: dist.broadcast(t, 0)
@@ -90,7 +93,7 @@ def mpi_call(op, MPI, comm, np_, n, p):
     return lambda: comm.Alltoall(a, out)
 
 
-def worker_ours_and_gloo(ops, sizes, iters, out, tcp_only=False):
+def worker_ours_and_gloo(ops, sizes, iters, out, tcp_only=False, dtype="float32"):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -102,13 +105,14 @@ def worker_ours_and_gloo(ops, sizes, iters, out, tcp_only=False):
     if not tcp_only:
         dist.init_process_group("gloo", rank=rt.rank(), world_size=rt.size())
     p = rt.size()
-    cells = [(op, *counts(op, nbytes, p)) for op in ops for nbytes in sizes]
+    cells = [(op, *counts(op, nbytes, p, DTYPES[dtype])) for op in ops for nbytes in sizes]
 
     def make(cell):
         op, n, size = cell
+        ours = ours_call(op, rt, np, n, p, f"bench.{op}.{size}", dtype)
         if tcp_only:
-            return {"ours-tcp": ours_call(op, rt, np, n, p, f"bench.{op}.{size}")}
-        return {"ours": ours_call(op, rt, np, n, p, f"bench.{op}.{size}"), "gloo": gloo_call(op, torch, dist, n, p)}
+            return {"ours-tcp": ours}
+        return {"ours": ours, "gloo": gloo_call(op, torch, dist, n, p, dtype)}
 
     samples = bl.sweep(cells, make, rt.barrier, lambda cell: bl.iters_for(cell[2], iters))
     keys = sorted(samples)
@@ -143,12 +147,12 @@ def worker_mpi(ops, sizes, iters, out, backend):
             json.dump(rows, f)
 
 
-def memcpy_rows(ops, sizes, iters, p) -> list:
+def memcpy_rows(ops, sizes, iters, p, esz=4) -> list:
     """One core copying S bytes (numpy copyto: a single-threaded memcpy); algbw only."""
     import numpy as np
 
     rows = []
-    for size in sorted({counts(op, s, p)[1] for op in ops for s in sizes}):
+    for size in sorted({counts(op, s, p, esz)[1] for op in ops for s in sizes}):
         src = np.ones(size, np.uint8)
         dst = np.empty_like(src)
         np.copyto(dst, src)
@@ -165,7 +169,7 @@ def add_bandwidth(rows, p):
         r["busbw_GBps"] = r["algbw_GBps"] * factor
 
 
-def print_tables(rows, ops, p, backends, file=sys.stdout):
+def print_tables(rows, ops, p, backends, file=sys.stdout, dtype="float32"):
     by = {(r["op"], r["bytes"], r["backend"]): r for r in rows}
     memcpy = {r["bytes"]: r for r in rows if r["backend"] == "memcpy"}
     colls = [b for b in BACKENDS if b != "memcpy" and b in backends]
@@ -173,7 +177,7 @@ def print_tables(rows, ops, p, backends, file=sys.stdout):
     tcp_pair = "mpi-tcp" in colls and "ours-tcp" in colls
     for op in ops:
         sizes = sorted({r["bytes"] for r in rows if r["op"] == op})
-        print(f"\n{op}, float32, {p} ranks on one host: median time of the slowest rank (us) | "
+        print(f"\n{op}, {dtype}, {p} ranks on one host: median time of the slowest rank (us) | "
               f"busbw GB/s (nccl-tests) | time ratio baseline/ours (>1: ours faster)", file=file)
         head = f"{'size':>6} " + " ".join(f"{b:>8}" for b in colls) + " | " + " ".join(f"{b:>7}" for b in colls)
         if "memcpy" in backends:
@@ -202,13 +206,13 @@ def print_tables(rows, ops, p, backends, file=sys.stdout):
               "busbw columns", file=file)
 
 
-def run_ours_and_gloo(np_, ops, sizes, iters, tcp_only=False) -> list:
+def run_ours_and_gloo(np_, ops, sizes, iters, tcp_only=False, dtype="float32") -> list:
     from appliance.launcher import launch
 
     worker = "ours-tcp" if tcp_only else "ours"
     out = bl.result_path(worker)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--ops", ",".join(ops),
-           "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
+           "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--dtype", dtype, "--out", out]
     res = launch(cmd, np=np_, timeout=3600, env={"APPLIANCE_SHM": "0"} if tcp_only else None)
     if res.returncode != 0:
         raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
@@ -238,6 +242,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--plot", metavar="PNG", help="also plot busbw against size (benchmarks/plot.py)")
     p.add_argument("--no-mpi", action="store_true", help="leave out both OpenMPI backends")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="element type (default float32; float16 leaves OpenMPI out: it has no float16 reduction)")
     p.add_argument("--worker", choices=["ours", "ours-tcp", "mpi-shm", "mpi-tcp"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -249,7 +255,7 @@ def main(argv=None) -> int:
     if bad:
         p.error(f"unknown op or backend: {', '.join(bad)}")
     if a.worker in ("ours", "ours-tcp"):
-        worker_ours_and_gloo(ops, sizes, iters, a.out, tcp_only=a.worker == "ours-tcp")
+        worker_ours_and_gloo(ops, sizes, iters, a.out, tcp_only=a.worker == "ours-tcp", dtype=a.dtype)
         return 0
     if a.worker:
         worker_mpi(ops, sizes, iters, a.out, a.worker)
@@ -260,11 +266,13 @@ def main(argv=None) -> int:
     machine = bl.machine_line()
     rows, skipped = [], {}
     if "ours" in backends or "gloo" in backends:
-        rows += [r for r in run_ours_and_gloo(a.np, ops, sizes, iters) if r["backend"] in backends]
+        rows += [r for r in run_ours_and_gloo(a.np, ops, sizes, iters, dtype=a.dtype) if r["backend"] in backends]
     if "ours-tcp" in backends:
-        rows += run_ours_and_gloo(a.np, ops, sizes, iters, tcp_only=True)
+        rows += run_ours_and_gloo(a.np, ops, sizes, iters, tcp_only=True, dtype=a.dtype)
     mpi_legs = [b for b in backends if b.startswith("mpi-")]
     why = bl.mpi_missing() if mpi_legs else None
+    if mpi_legs and a.dtype != "float32":
+        why = f"OpenMPI legs left out: OpenMPI has no {a.dtype} reduction"
     if why:
         print(why, file=sys.stderr)
         skipped.update({b: why for b in mpi_legs})
@@ -275,12 +283,12 @@ def main(argv=None) -> int:
             if not got:
                 skipped[b] = "mpirun failed"
     if "memcpy" in backends:
-        rows += memcpy_rows(ops, sizes, iters, a.np)
+        rows += memcpy_rows(ops, sizes, iters, a.np, DTYPES[a.dtype])
     add_bandwidth(rows, a.np)
     present = [b for b in backends if b not in skipped]
     print(f"{a.np} ranks; host {platform.node()}: {machine}; backends: {', '.join(present)}")
-    print_tables(rows, ops, a.np, present)
-    result = {"np": a.np, "cpus": os.cpu_count(), "machine": machine, "dtype": "float32", "ops": ops, "backends": present,
+    print_tables(rows, ops, a.np, present, dtype=a.dtype)
+    result = {"np": a.np, "cpus": os.cpu_count(), "machine": machine, "dtype": a.dtype, "ops": ops, "backends": present,
               "skipped": skipped, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:

@@ -35,7 +35,7 @@ def plot(result: dict, png: str, op: str = "allreduce") -> None:
     ax.set_xlabel("message size (nccl-tests convention)")
     ax.set_yscale("log")
     ax.set_ylabel("busbw (GB/s, log scale)")
-    ax.set_title(f"{op}, float32, {result['np']} ranks on one host\n"
+    ax.set_title(f"{op}, {result.get('dtype', 'float32')}, {result['np']} ranks on one host\n"
                  f"{result.get('machine', str(result.get('cpus', '?')) + ' cores')}", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()

@@ -77,6 +77,18 @@ def test_collectives_quick(tmp_path, with_mpi, with_matplotlib):
         assert png2.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_collectives_quick_float16(tmp_path):
+    out = tmp_path / "c16.json"
+    proc = run("collectives.py", "--dtype", "float16", "--ops", "allreduce", "--json", out)
+    result = json.loads(out.read_text())
+    assert result["dtype"] == "float16" and "\nallreduce, float16, 2 ranks" in proc.stdout
+    assert {"ours", "ours-tcp", "gloo"} <= set(result["backends"])
+    assert not {"mpi-shm", "mpi-tcp"} & set(result["backends"]), result["backends"]
+    assert "no float16 reduction" in proc.stderr
+    rows = {(r["backend"], r["bytes"]) for r in result["rows"]}
+    assert {("ours", 4096), ("ours", 65536), ("gloo", 65536)} <= rows, rows
+
+
 def test_fusion_quick(tmp_path, with_mpi):
     out = tmp_path / "f.json"
     proc = run("fusion.py", "--json", out)
