@@ -3,7 +3,7 @@
 //
 // Cost model, P ranks, N bytes, alpha = one message's fixed cost (latency plus the wake-ups
 // around it), beta = transfer rate, gamma = reduction rate (the constants below are this
-// machine class's orders of magnitude: 10 us, 5 GB/s, 5 GB/s):
+// machine class's orders of magnitude over shared memory: 5 us, 5 GB/s, 5 GB/s):
 //   ring: 2(P-1) steps (P-1 reduce-scatter, P-1 allgather), each moving one block of about
 //     N/P bytes to the right neighbour while receiving one from the left;
 //     time ~ 2(P-1) alpha + 2N(P-1)/(P beta) + N(P-1)/(P gamma). Bandwidth-optimal: incoming
@@ -17,9 +17,11 @@
 //     kMaxDoublingBytes. Both partners reduce the same two operands (x op y on one, y op x on
 //     the other: the ops are commutative elementwise, NaN included), so every rank ends with
 //     the same bits, as with the ring.
-//   With these constants doubling wins up to ~100 KB at P = 2 (one message instead of two)
-//   and P = 4, ~160 KB at P = 8; with P not a power of two the fold costs more (~17 KB at
-//   P = 3, ~43 KB at P = 5). Tests force either algorithm (CollectiveOptions::allreduce_algo).
+//   With these constants doubling wins up to ~50 KB at P = 2 (one message instead of two),
+//   ~57 KB at P = 4, ~81 KB at P = 8; with P not a power of two the fold costs more (~8 KB at
+//   P = 3, ~22 KB at P = 5). Measured (2 ranks as threads over shm, one 2-core VM, medians of
+//   7): 4 KiB 8.4 us ring / 6.8 us doubling, 16 KiB 11.2 / 10.7, 64 KiB 16.5 / 17.7, 128 KiB
+//   23.8 / 25.4. Tests force either algorithm (CollectiveOptions::allreduce_algo).
 //
 // Ring blocks: element i of the P-way split gets floor(count/P) elements, plus one for the
 // first count mod P blocks. Rank r owns the reduction of block r after the first half.
@@ -32,7 +34,7 @@ namespace appliance {
 
 namespace {
 
-constexpr double kAlphaUs = 10.0;
+constexpr double kAlphaUs = 5.0;
 constexpr double kBetaBytesPerUs = 5000.0;
 constexpr double kGammaBytesPerUs = 5000.0;
 constexpr size_t kMaxDoublingBytes = 1 << 20;
