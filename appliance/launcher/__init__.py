@@ -64,10 +64,28 @@ import os
 import signal
 from typing import Mapping, Sequence
 
+from typing import TYPE_CHECKING, Any
+
 from ..config import ConfigError, LaunchConfig
-from .executors import LaunchError
 from .hosts import Host, HostsError, Slot, assign_ranks, parse_hostfile, parse_hosts
-from .run import LaunchResult, run
+
+if TYPE_CHECKING:
+    from .executors import LaunchError
+    from .run import LaunchResult, run
+
+_LAZY = {"LaunchError": "executors", "LaunchResult": "run", "run": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    """``run``, ``LaunchResult`` and ``LaunchError`` are imported on first use, so that a module run
+    on every task of a job (``python -m appliance.launcher.srun_task``) does not load the whole launcher."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "launch", "run", "LaunchResult", "LaunchConfig", "LaunchError", "HostsError", "ConfigError",
@@ -84,6 +102,7 @@ def launch(command: Sequence[str], np: int, hosts: str | None = None, env: Mappi
            network_interface: str | None = None, shared: str | os.PathLike | None = None,
            launcher: str | None = None) -> LaunchResult:
     """Start ``np`` ranks of ``command`` and wait for them; see the module docstring."""
+    from .run import run
     config = LaunchConfig.create(command, np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
                                  output_dir=output, verbose=verbose, timeout=timeout, forward=forward,
                                  env=env, cwd=cwd, port=ssh_port, key=ssh_key, remote_python=remote_python,

@@ -33,7 +33,6 @@ its last error line, blamed on rank 0.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import re
@@ -51,36 +50,8 @@ from . import env as envmod
 from .executors import LaunchError
 from .hosts import Slot, used_hosts
 from .reaper import Reaper
+from .srun_task import exit_file, read_json, start_file
 from .workers import MAX_LINE, OutputSink, read_fault
-
-# The step directory's files (``srun_task``'s docstring), written whole: temporary name, then rename.
-def write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
-
-
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def exit_file(d: str, rank: int) -> str:
-    return os.path.join(d, f"exit.{rank}.json")
-
-
-def start_file(d: str, rank: int) -> str:
-    return os.path.join(d, f"start.{rank}.json")
-
-
-def rendezvous_file(d: str) -> str:
-    return os.path.join(d, "rendezvous.json")
-
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
 TASK_STATUS = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")

@@ -33,6 +33,7 @@ exit 2 (recorded as the rank's exit).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -45,11 +46,38 @@ from ..config import ConfigError, interface_address
 from ..slurm import SlurmEnvError, SlurmTask
 from .env import JobPlan, worker_env
 from .hosts import Slot
-from .srun import exit_file, read_json, rendezvous_file, start_file, write_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PRIVATE = ("SLURM_HOSTFILE",)  # the launcher's means of pinning tasks; not for the rank's own sruns
 POLL_S = 0.01
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def exit_file(d: str, rank: int) -> str:
+    return os.path.join(d, f"exit.{rank}.json")
+
+
+def start_file(d: str, rank: int) -> str:
+    return os.path.join(d, f"start.{rank}.json")
+
+
+def rendezvous_file(d: str) -> str:
+    return os.path.join(d, "rendezvous.json")
 
 
 def data_address(node: str) -> str:
