@@ -23,7 +23,9 @@ What it owns:
 - Stopping (``stop``): ``scancel --signal=TERM JOB.STEP`` (the wrappers pass it to their ranks'
   process groups), up to APPLIANCE_STOP_GRACE seconds, then SIGTERM to srun (Slurm kills the
   step), then, bounded, SIGKILL to srun and ``scancel JOB.STEP``. ``scancel`` of the whole job
-  ends srun, so the launcher ends too; the reaper signals srun if the launcher is killed.
+  ends srun, so the launcher ends too (slurmstepd's ``*** STEP ... CANCELLED ***`` line is taken
+  out of rank 0's output and the summary says "Slurm cancelled the step (scancel)", or the
+  reason Slurm gives, e.g. time limit); the reaper signals srun if the launcher is killed.
 
 Env vars: none read directly (``LaunchConfig`` carries APPLIANCE_LAUNCHER, SLURM_JOB_ID and the
 allocation). Failure modes: ``ConfigError`` for a launcher choice that cannot work; ``LaunchError``
@@ -48,12 +50,14 @@ from .. import slurm
 from ..config import ConfigError, LaunchConfig
 from . import env as envmod
 from .executors import LaunchError
+from .failures import describe_exit
 from .hosts import Slot, used_hosts
 from .reaper import Reaper
 from .srun_task import exit_file, read_json, start_file
 from .workers import MAX_LINE, OutputSink, read_fault
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
+CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")
 TASK_STATUS = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")
 POLL_S = 0.02
 KILL_WAIT_S = 5.0
@@ -149,9 +153,22 @@ class SrunTask:
 
     pid = 0
 
-    def __init__(self, slot: Slot, d: str):
-        self.rank, self.host, self._dir = slot.rank, slot.host, d
-        self.cause: str | None = None
+    def __init__(self, slot: Slot, d: str, step: "SrunStep"):
+        self.rank, self.host, self._dir, self._step = slot.rank, slot.host, d, step
+        self.returncode: int | None = None
+        self._cause: str | None = None
+
+    @property
+    def cause(self) -> str | None:
+        """Why the rank ended, when its code alone does not say it (Slurm cancelled the step...)."""
+        cancelled = self._step.cancelled
+        if self._cause is None and cancelled and self.returncode is not None and self.returncode < 0:
+            return f"{describe_exit(self.returncode)}: Slurm cancelled {cancelled}"
+        return self._cause
+
+    @cause.setter
+    def cause(self, value: str | None) -> None:
+        self._cause = value
 
     @property
     def fault(self) -> dict | None:
@@ -165,7 +182,8 @@ class SrunStep:
                  reaper: Reaper | None = None):
         self.config, self.slots, self.plan, self.sink, self.reaper = config, list(slots), plan, sink, reaper
         self.dir = plan.fault_dir
-        self.workers = [SrunTask(s, self.dir) for s in slots]
+        self.workers = [SrunTask(s, self.dir, self) for s in slots]
+        self.cancelled = ""  # "the step (scancel)", "the job (time limit)": Slurm's cancel, not the launcher's
         self.returncodes: dict[int, int] = {}
         self.step: str | None = None  # JOB.STEP once a task reported it
         self.proc: subprocess.Popen | None = None
@@ -214,7 +232,14 @@ class SrunStep:
                 if not data:
                     break
                 m = LABEL.match(data)
-                if m and int(m.group(1)) < len(self.slots):
+                cancel = CANCELLED.search(data)
+                if cancel:  # slurmstepd's line, on task 0's stream: the summary says it, --verbose shows it
+                    if not self._stopped:
+                        why = (cancel.group("why") or b"").decode().strip().lower()
+                        self.cancelled = f"the {cancel.group(2).decode().lower()} ({why or 'scancel'})"
+                    if self.config.verbose:
+                        self.sink.message(data.rstrip(b"\n").decode("utf-8", errors="replace"))
+                elif m and int(m.group(1)) < len(self.slots):
                     self.sink.line(int(m.group(1)), name, data[m.end():])
                 else:
                     self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
@@ -286,7 +311,7 @@ class SrunStep:
             worker, code = self._exits.get(timeout=timeout)
         except queue.Empty:
             return None
-        self.returncodes[worker.rank] = code
+        self.returncodes[worker.rank] = worker.returncode = code
         return worker, code
 
     def running(self) -> list[SrunTask]:

@@ -4,7 +4,8 @@ What it is: the program ``srun`` starts as each task of the step ``launcher/srun
 It reads what Slurm says this task is (``appliance.slurm.SlurmTask.from_env``), gives COMMAND
 exactly the environment a rank gets from the launcher everywhere else (``env.worker_env``: rank,
 size, local and cross rank, HOROVOD_HOSTNAME = the Slurm node name, RANK/WORLD_SIZE/...,
-APPLIANCE_DATA_ADDR, the store at rank 0's node, MASTER_ADDR/PORT, APPLIANCE_FAULT_FILE in DIR;
+APPLIANCE_DATA_ADDR, the store at rank 0's node, MASTER_ADDR/PORT, APPLIANCE_FAULT_FILE in DIR,
+HOROVOD_GLOO_IFACE/NCCL_SOCKET_IFNAME defaulting to the data address's interface;
 the job's secret, id and start timeout arrive in the step's environment from the launcher), runs
 it as a child in a session of its own, and records how it ended where the launcher reads it.
 
@@ -48,7 +49,8 @@ from .env import JobPlan, worker_env
 from .hosts import Slot
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-PRIVATE = ("SLURM_HOSTFILE",)  # the launcher's means of pinning tasks; not for the rank's own sruns
+PRIVATE = ("SLURM_HOSTFILE",)
+NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")  # as executors.NETWORK_VARS  # the launcher's means of pinning tasks; not for the rank's own sruns
 POLL_S = 0.01
 
 
@@ -91,6 +93,18 @@ def data_address(node: str) -> str:
         except OSError:
             continue
     raise ConfigError(f"node {node!r} does not resolve to an address; set HOROVOD_GLOO_IFACE (--network-interface)")
+
+
+def interface_of(address: str) -> str:
+    """The interface whose address is ``address`` ("" when none is), as the executors default
+    HOROVOD_GLOO_IFACE and NCCL_SOCKET_IFNAME to the chosen interface."""
+    for _, name in socket.if_nameindex():
+        try:
+            if interface_address(name) == address:
+                return name
+        except ConfigError:
+            continue
+    return ""
 
 
 def free_ports(address: str, count: int) -> list[int]:
@@ -137,6 +151,10 @@ def rank_env(task: SlurmTask, d: str, environ: dict[str, str]) -> dict[str, str]
     slot = Slot(rank=task.rank, size=task.size, local_rank=task.local_rank, local_size=task.local_size,
                 cross_rank=task.cross_rank, cross_size=task.cross_size, host=task.node)
     base = {k: v for k, v in environ.items() if k not in PRIVATE}
+    iface = interface_of(address)
+    if iface:
+        for name in NETWORK_VARS:
+            base.setdefault(name, iface)
     return worker_env(slot, plan, base, {})
 
 

@@ -183,6 +183,8 @@ def test_scancel_mid_training_ends_the_launcher_with_no_leftovers(launches, slur
     rc = launch.wait(30)
     ended = time.time()
     assert rc != 0
+    assert re.search(r"appliance launch: rank \d \(host node\d\) .*Slurm cancelled the (step|job) \(scancel\)",
+                     launch.stderr), launch.stderr[-3000:]
     assert slurm.wait_no_strays(5) == {}
     assert launch.step_dirs() == []
     print(f"\nMEASURE scancel of the job: launcher (and salloc) exit after {ended - cancelled:.3f} s (rc {rc})")
@@ -230,6 +232,76 @@ def test_launcher_ssh_inside_an_allocation_runs_ranks_here(launches):
     first = max(rep["t_first"] for rep in reports)
     print(f"\nMEASURE --launcher ssh (local spawn: the nodes are this machine): launcher start -> every rank "
           f"past its first allreduce {first - launch.launcher_t0:.3f} s")
+
+
+def test_launcher_local_inside_an_allocation_ignores_it(launches):
+    launch = launches(["-N2", "--ntasks-per-node=1"], ["-np", "3", "--launcher", "local"])
+    assert launch.wait(60) == 0, launch.stderr[-3000:]
+    assert layout(launch, 3)[2][1:] == (2, 3, 2, 3, 0, 1)  # localhost:3, though the allocation has 2 slots
+    assert {launch.report(r)["node"] for r in range(3)}.isdisjoint({"node1", "node2"})
+
+
+def test_horovodrun_inside_an_allocation_uses_srun(slurm, tmp_path):
+    out, home = tmp_path / "out", tmp_path / "home"
+    out.mkdir()
+    home.mkdir()
+    r = slurm.run(["salloc", "-N2", "--ntasks-per-node=1", "--", PY, "-c",
+                   "import sys; from appliance.cli import horovodrun; sys.exit(horovodrun())",
+                   "-np", "2", PY, str(LAYOUT), "once", str(out)],
+                  env={"HOME": str(home), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT), timeout=60)
+    assert r.returncode == 0, r.stderr
+    nodes = [json.loads((out / f"rank{k}.json").read_text())["node"] for k in range(2)]
+    assert nodes == ["node1", "node2"]
+
+
+def test_sbatch_script_launches_on_the_allocation(slurm, tmp_path):
+    out, home = tmp_path / "out", tmp_path / "home"
+    out.mkdir()
+    home.mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\nexec {PY} -m appliance launch -np 4 -- {PY} {LAYOUT} once {out}\n")
+    r = slurm.run(["sbatch", "--wait", "-N2", "--ntasks-per-node=2", "-o", str(tmp_path / "slurm.out"), str(script)],
+                  env={"HOME": str(home), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT), timeout=90)
+    text = (tmp_path / "slurm.out").read_text() if (tmp_path / "slurm.out").exists() else ""
+    assert r.returncode == 0, r.stderr + text
+    assert [json.loads((out / f"rank{k}.json").read_text())["node"] for k in range(4)] == ["node1", "node1",
+                                                                                           "node2", "node2"]
+    assert "[3]<stdout>:layout 3 node2" in text
+
+
+def test_a_killed_launcher_leaves_nothing_behind(launches, slurm):
+    launch = launches(["-N2", "--ntasks-per-node=2"], ["-np", "4"], mode="train")
+    launch.wait_ready(4)
+    killed = time.time()
+    os.kill(launch.launcher_pid, signal.SIGKILL)
+    launch.wait(30)
+    assert slurm.wait_no_strays(10) == {}
+    print(f"\nMEASURE SIGKILL of the launcher: salloc and every task gone after {time.time() - killed:.3f} s")
+
+
+@pytest.mark.parametrize("launcher, hosts, in_allocation, expected", [
+    ("auto", None, True, "srun"), ("auto", "localhost:2", True, "ssh"), ("auto", None, False, "ssh"),
+    ("ssh", None, True, "ssh"), ("local", None, True, "local"), ("srun", None, True, "srun")])
+def test_which_launcher(launcher, hosts, in_allocation, expected):
+    from appliance.config import LaunchConfig
+    from appliance.launcher.srun import launcher_of
+
+    environ = {"PATH": os.environ.get("PATH", ""), "APPLIANCE_LAUNCHER": launcher}
+    if in_allocation:
+        environ.update(SLURM_JOB_ID="7", SLURM_JOB_NODELIST="n[1-2]", SLURM_TASKS_PER_NODE="2(x2)")
+    config = LaunchConfig.create(["true"], 2, hosts=hosts, environ=environ)
+    assert launcher_of(config) == expected
+
+
+def test_launcher_srun_with_hosts_is_refused():
+    from appliance.config import ConfigError, LaunchConfig
+    from appliance.launcher.srun import launcher_of
+
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    with pytest.raises(ConfigError, match="leave out -H"):
+        launcher_of(LaunchConfig.create(["true"], 2, hosts="n1:2", environ=environ, launcher="srun"))
+    with pytest.raises(ConfigError, match="--launcher"):
+        LaunchConfig.create(["true"], 2, environ=environ, launcher="mpirun")
 
 
 def test_launcher_srun_outside_an_allocation_is_refused(tmp_path):
