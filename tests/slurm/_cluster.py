@@ -106,10 +106,10 @@ class SlurmCluster:
     """A two-node Slurm cluster (see the module docstring). Use as a context manager."""
 
     def __init__(self, *, cpus_per_node: int = 4, start_timeout: float = 20.0, stop_timeout: float = 10.0,
-                 term_grace: float = 1.0):
+                 term_grace: float = 0.2):
         self.cpus_per_node = cpus_per_node
         self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
-        self.term_grace = term_grace  # slurmctld may take seconds on SIGTERM; its state is thrown away anyway
+        self.term_grace = term_grace  # slurmctld takes seconds on SIGTERM: its state is thrown away, so KILL it soon
         self.nodes = [name for name, _ in NODES]
         self.addresses = dict(NODES)
         self.dir: Path | None = None

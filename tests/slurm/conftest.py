@@ -1,7 +1,7 @@
 """Fixtures of the Slurm tier: a real two-node Slurm per test module (``tests/slurm/_cluster.py``).
 
 ``slurm_cluster``: a running ``SlurmCluster`` shared by the tests of one module (start ~0.2 s,
-teardown ~1 s), torn down even when a test fails, asserting no daemon survives. Before each test
+teardown ~0.25 s), torn down even when a test fails, asserting no daemon survives. Before each test
 that uses ``slurm``, the cluster is idle again (no job left, both nodes idle), and after it no
 process of a job may be left in the cluster (the test fails naming them, and they are killed).
 
