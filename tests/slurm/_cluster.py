@@ -5,8 +5,9 @@ bytes) holding a fresh munge key (1024 random bytes, mode 0400), ``munged`` with
 a ``slurm.conf`` (the recipe of ARCHITECTURE.md section 7: SlurmUser root, auth/cred munge with
 ``AuthInfo=socket=...``, proctrack/linuxproc, task/none, select/cons_tres with CR_Core, no
 accounting, state and spool inside the directory, ReturnToService=2), ``slurmctld`` and one
-``slurmd`` per node (``node1`` at 127.0.0.2, ``node2`` at 127.0.0.3), every daemon in the
-foreground (``-D``) as this object's own child. Ports (slurmctld's and each slurmd's) are chosen
+``slurmd`` per node (``node1`` at 127.0.0.2, ``node2`` at 127.0.0.3; or given nodes, each in its
+own network namespace, e.g. the SSH tier's simulated hosts), every daemon in the foreground
+(``-D``) as this object's own child. Ports (slurmctld's and each slurmd's) are chosen
 free when the cluster starts, and ``FirstJobId`` is random, so two clusters can run on this
 machine at once without meeting (a job's derived ports differ too).
 
@@ -106,12 +107,18 @@ class SlurmCluster:
     """A two-node Slurm cluster (see the module docstring). Use as a context manager."""
 
     def __init__(self, *, cpus_per_node: int = 4, start_timeout: float = 20.0, stop_timeout: float = 10.0,
-                 term_grace: float = 0.2):
+                 term_grace: float = 0.2, nodes: Sequence[tuple[str, str, str | None]] | None = None,
+                 ctld_addr: str = "127.0.0.1"):
+        """``nodes``: (name, address, network namespace or None) per node, default ``NODES`` on
+        loopback; a node in a namespace (``ip netns`` name) runs its slurmd there, and
+        ``ctld_addr`` must then be an address of this namespace the nodes reach."""
         self.cpus_per_node = cpus_per_node
         self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
         self.term_grace = term_grace  # slurmctld takes seconds on SIGTERM: its state is thrown away, so KILL it soon
-        self.nodes = [name for name, _ in NODES]
-        self.addresses = dict(NODES)
+        self._specs = list(nodes) if nodes is not None else [(n, a, None) for n, a in NODES]
+        self.nodes = [name for name, _, _ in self._specs]
+        self.addresses = {name: addr for name, addr, _ in self._specs}
+        self.ctld_addr = ctld_addr
         self.dir: Path | None = None
         self.env: dict[str, str] = {}
         self.start_s = self.stop_s = 0.0
@@ -207,7 +214,7 @@ class SlurmCluster:
         self._stop(raise_on_leftovers=exc[0] is None)
 
     def _write_config(self, d: Path) -> Path:
-        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
         key = d / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -215,11 +222,11 @@ class SlurmCluster:
             (d / sub).mkdir(parents=True, exist_ok=True)
         (d / "munge").chmod(0o700)
         hosts = Path("/etc/hosts").read_text(errors="replace") if os.path.exists("/etc/hosts") else ""
-        (d / "hosts").write_text(hosts.rstrip("\n") + "\n" + "".join(f"{a} {n}\n" for n, a in NODES))
+        (d / "hosts").write_text(hosts.rstrip("\n") + "\n" + "".join(f"{a} {n}\n" for n, a in self.addresses.items()))
         first_job = 1000 + int.from_bytes(os.urandom(3), "big") % 1_000_000
         lines = [
             f"ClusterName=t{os.getpid()}",
-            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldHost=localhost({self.ctld_addr})",
             f"SlurmctldPort={ctld_port}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", f"AuthInfo=socket={d}/munge/munge.socket", "CredType=cred/munge",
@@ -234,7 +241,7 @@ class SlurmCluster:
             "ReturnToService=2", f"FirstJobId={first_job}",
             "InactiveLimit=0", "KillWait=2", "MinJobAge=2", "MessageTimeout=5", "SlurmdTimeout=30",
             *(f"NodeName={n} NodeAddr={a} NodeHostname={n} Port={p} CPUs={self.cpus_per_node} State=UNKNOWN"
-              for (n, a), p in zip(NODES, node_ports)),
+              for (n, a), p in zip(self.addresses.items(), node_ports)),
             f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
         ]
         conf = d / "slurm.conf"
@@ -280,8 +287,9 @@ class SlurmCluster:
             time.sleep(0.01)
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(conf)], env)
         self._logs.append(d / "log" / "slurmctld.log")
-        for node in self.nodes:
-            self._spawn(f"slurmd-{node}", ["unshare", "--uts", "--", "sh", "-c", 'hostname "$1" && shift && exec "$@"',
+        for node, _, netns in self._specs:
+            net = ["nsenter", f"--net=/run/netns/{netns}", "--"] if netns else []
+            self._spawn(f"slurmd-{node}", [*net, "unshare", "--uts", "--", "sh", "-c", 'hostname "$1" && shift && exec "$@"',
                                            "slurmd", node, "slurmd", "-D", "-N", node, "-f", str(conf)], env)
             self._logs.append(d / "log" / f"slurmd.{node}.log")
 
