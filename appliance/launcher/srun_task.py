@@ -13,6 +13,8 @@ What it owns, in DIR (the launcher's per-step directory on a mount every node sh
 - ``rendezvous.json``: written by rank 0's wrapper: the store address (its node's address and a
   port free there) and torch's MASTER_ADDR/MASTER_PORT; every other wrapper waits for it (within
   HOROVOD_START_TIMEOUT) before starting its rank.
+- ``hostfile`` (the launcher's): the node of each rank, one per line (srun's SLURM_HOSTFILE); a
+  task that Slurm placed elsewhere fails at once, naming both nodes.
 - ``start.N.json``: rank N started (node, child pid, ``JOB.STEP``: the launcher signals the step by it).
 - ``exit.N.json``: rank N's child ended: its return code (negative: killed by that signal) and
   when (``at``, wall clock: the launcher orders exits it finds together by it), so the launcher
@@ -80,6 +82,16 @@ def start_file(d: str, rank: int) -> str:
 
 def rendezvous_file(d: str) -> str:
     return os.path.join(d, "rendezvous.json")
+
+
+def planned_node(d: str, rank: int) -> str | None:
+    """The node the launcher's layout gave ``rank`` (line ``rank`` of DIR/hostfile), None if unknown."""
+    try:
+        with open(os.path.join(d, "hostfile"), encoding="utf-8") as f:
+            names = f.read().split()
+    except OSError:
+        return None
+    return names[rank] if rank < len(names) else None
 
 
 def data_address(node: str) -> str:
@@ -180,6 +192,13 @@ def main(argv: Sequence[str]) -> int:
         print(f"appliance srun task: {e}", file=sys.stderr, flush=True)
         return 2
     record = {"rank": task.rank, "host": task.node}
+    planned = planned_node(d, task.rank)
+    if planned is not None and planned != task.node:
+        error = (f"Slurm placed rank {task.rank} on {task.node}, the launcher's layout on {planned} "
+                 "(SLURM_HOSTFILE with --distribution=arbitrary was not honoured)")
+        print(f"appliance srun task: {error}", file=sys.stderr, flush=True)
+        write_json(exit_file(d, task.rank), {**record, "returncode": 2, "error": error, "at": time.time()})
+        return 2
     signalled: list[int] = []
     child: subprocess.Popen | None = None
 

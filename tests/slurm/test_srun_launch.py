@@ -310,3 +310,43 @@ def test_launcher_srun_outside_an_allocation_is_refused(tmp_path):
                        env={**env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT), capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "needs a Slurm allocation" in r.stderr
+
+
+def _task_env(tmp_path: Path, rank: int, node: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=str(ROOT), SLURM_JOB_ID="5", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
+               SLURM_LOCALID="0", SLURM_NODEID=str(rank), SLURMD_NODENAME=node, SLURM_STEP_NODELIST="n[1-2]",
+               SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_HOSTFILE=str(tmp_path / "hostfile"),
+               APPLIANCE_JOB_ID="j1", APPLIANCE_JOB_SECRET="ab" * 16, HOROVOD_START_TIMEOUT="5.0")
+    return env
+
+
+def test_task_wrapper_gives_the_rank_contract_and_records_its_exit(tmp_path):
+    (tmp_path / "hostfile").write_text("n1\nn2\n")
+    (tmp_path / "rendezvous.json").write_text(json.dumps({"store_addr": "10.0.0.1:2000", "master_addr": "10.0.0.1",
+                                                          "master_port": 2001}))
+    r = subprocess.run([PY, "-m", "appliance.launcher.srun_task", str(tmp_path), "0", "--", PY, "-c",
+                        "import json, os; print(json.dumps(dict(os.environ))); raise SystemExit(7)"],
+                       env=_task_env(tmp_path, 1, "n2"), capture_output=True, text=True, timeout=30, cwd=str(ROOT))
+    assert r.returncode == 7, r.stderr
+    env = json.loads(r.stdout)
+    assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"], env["HOROVOD_CROSS_RANK"],
+            env["HOROVOD_CROSS_SIZE"], env["HOROVOD_HOSTNAME"]) == ("1", "2", "0", "1", "2", "n2")
+    assert (env["APPLIANCE_STORE_ADDR"], env["MASTER_PORT"], env["APPLIANCE_JOB_ID"]) == ("10.0.0.1:2000", "2001", "j1")
+    assert env["APPLIANCE_FAULT_FILE"] == str(tmp_path / "rank.1.json") and "SLURM_HOSTFILE" not in env
+    record = json.loads((tmp_path / "exit.1.json").read_text())
+    assert (record["rank"], record["host"], record["returncode"]) == (1, "n2", 7)
+    assert json.loads((tmp_path / "start.1.json").read_text())["step"] == "5.0"
+
+
+def test_task_wrapper_refuses_a_node_other_than_the_layouts(tmp_path):
+    (tmp_path / "hostfile").write_text("n1\nn1\n")
+    r = subprocess.run([PY, "-m", "appliance.launcher.srun_task", str(tmp_path), "0", "--", "true"],
+                       env=_task_env(tmp_path, 1, "n2"), capture_output=True, text=True, timeout=30, cwd=str(ROOT))
+    assert r.returncode == 2
+    assert "placed rank 1 on n2, the launcher's layout on n1" in r.stderr
+    assert json.loads((tmp_path / "exit.1.json").read_text())["returncode"] == 2
+    r = subprocess.run([PY, "-m", "appliance.launcher.srun_task", str(tmp_path), "0", "--", "true"],
+                       env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+                       capture_output=True, text=True, timeout=30, cwd=str(ROOT))
+    assert r.returncode == 2 and "not a Slurm task" in r.stderr
