@@ -8,7 +8,8 @@
 # project into it in editable mode with the test and bench extras (bench: matplotlib, and mpi4py,
 # whose PyPI wheel runs on Debian's OpenMPI, so the benchmarks' OpenMPI legs need no
 # libopenmpi-dev), which compiles the C++ core. As root on Debian it also
-# installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2), makes sure a
+# installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2, and munge and
+# slurm-wlm for the Slurm tier, tests/slurm, which starts its own two-node Slurm), makes sure a
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
 # skipping them. The Docker tier (tests/appliance) builds its CPU image (build.sh --cpu, first time
@@ -29,6 +30,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v iptables >/dev/null || need+=(iptables)  # the SSH tier firewalls a simulated host (bastion test)
   command -v cmake >/dev/null || need+=(cmake)
   command -v g++ >/dev/null || need+=(g++)
+  # the Slurm tier (tests/slurm) starts a real two-node Slurm: munged, slurmctld, two slurmd
+  [ -x /usr/sbin/munged ] || need+=(munge)
+  { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null; } || need+=(slurm-wlm)
   if [ ${#need[@]} -gt 0 ]; then
     say "installing system packages: ${need[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
