@@ -6,7 +6,9 @@ names are kept where Horovod has the knob (``HOROVOD_FUSION_THRESHOLD``...); our
 ``describe()`` renders the table (rank 0 prints it with ``--verbose`` / ``APPLIANCE_VERBOSE``).
 
 Nothing else in the package reads ``os.environ`` for a knob; modules ask for a dataclass
-built here (``RuntimeConfig.from_env()``...). Invalid values raise ``ConfigError`` naming the
+built here (``RuntimeConfig.from_env()``...). ``RuntimeConfig.from_env`` also reads the job's
+secret file (``appliance.jobsecret``) and, for a task ``srun`` started without a launcher, takes
+the layout from ``appliance.slurm`` (handed in by the runtime: that module imports this one). Invalid values raise ``ConfigError`` naming the
 variable and what was wrong with it.
 """
 from __future__ import annotations
