@@ -71,6 +71,16 @@ def _port(s: str) -> int:
     return n
 
 
+LAUNCHERS = ("auto", "ssh", "srun", "local")
+
+
+def _launcher(s: str) -> str:
+    v = s.strip().lower() or "auto"
+    if v not in LAUNCHERS:
+        raise ValueError(f"expected one of {', '.join(LAUNCHERS)}, got {s!r}")
+    return v
+
+
 def _rank_int(s: str) -> int:
     n = int(s)
     if n < 0:
@@ -128,6 +138,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("SLURM_TASKS_PER_NODE", str, None, "set by Slurm: tasks per node of the allocation (e.g. 2(x3),1) -> slots"),
     Knob("SLURM_JOB_ID", str, None, "set by Slurm: the job's id; `appliance secret` makes that job's secret file"),
     Knob("SLURM_NTASKS_PER_NODE", str, None, "set by Slurm with --ntasks-per-node: slots per node when SLURM_TASKS_PER_NODE is absent"),
+    Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun"),
+    Knob("APPLIANCE_LAUNCHER", _launcher, "auto", "how launch starts ranks: auto (srun inside a Slurm allocation without -H/--hostfile, else ssh), ssh, srun or local (launch: --launcher)"),
     # Appliance plane (Docker: appliance secondary|primary|status).
     Knob("APPLIANCE_IMAGE", str, "appliance:latest", "image of the secondary and primary containers (--image)"),
     Knob("APPLIANCE_NETWORK", str, "host", "Docker network of the containers: host, or a user-defined network (--network)"),
@@ -382,11 +394,12 @@ class SlurmAllocation:
     nodelist: str | None = None
     tasks_per_node: str | None = None
     ntasks_per_node: str | None = None
+    job_id: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "SlurmAllocation":
         return cls(read("SLURM_JOB_NODELIST", env) or None, read("SLURM_TASKS_PER_NODE", env) or None,
-                   read("SLURM_NTASKS_PER_NODE", env) or None)
+                   read("SLURM_NTASKS_PER_NODE", env) or None, read("SLURM_JOB_ID", env) or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -441,15 +454,18 @@ class LaunchConfig:
     remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
     ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
+    launcher: str = "auto"  # auto, ssh, srun, local (launcher/srun.py decides what auto means)
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
                start_timeout: float | None = None, output_dir: str | os.PathLike | None = None,
                verbose: bool | None = None, timeout: float | None = None, forward: Sequence[str] = (),
                env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-               environ: Mapping[str, str] | None = None, **remote: Any) -> "LaunchConfig":
+               environ: Mapping[str, str] | None = None, launcher: str | None = None,
+               **remote: Any) -> "LaunchConfig":
         """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
-        remote_python, network_interface, host_wait_s)."""
+        remote_python, network_interface, host_wait_s). ``launcher``: --launcher (else
+        APPLIANCE_LAUNCHER)."""
         environ = dict(os.environ if environ is None else environ)
         command = tuple(str(c) for c in command)
         if command and command[0] == "--":
@@ -487,7 +503,15 @@ class LaunchConfig:
             remote=RemoteConfig.create(environ=merged, **remote),
             slurm=SlurmAllocation.from_env(environ),
             ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
+            launcher=read("APPLIANCE_LAUNCHER", merged) if launcher is None else _launcher_flag(launcher),
         )
+
+
+def _launcher_flag(value: str) -> str:
+    try:
+        return _launcher(value)
+    except ValueError as e:
+        raise ConfigError(f"--launcher: {e}") from None
 
 
 # --- the appliance plane's view ----------------------------------------------------------------

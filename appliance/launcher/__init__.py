@@ -10,7 +10,7 @@ through the same function::
     print(result.output(rank=0))              # captured stdout of rank 0
 
 ``launch(command, np, hosts=None, env=None, timeout=None, output=None, *, hostfile=None,
-forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None) -> LaunchResult``
+forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None, launcher=None) -> LaunchResult``
 
 - ``command``: argv list (never a shell string). ``np``: number of ranks.
 - ``hosts``: ``-H`` syntax (``"localhost:2"``); default ``localhost:np``. ``hostfile``: path.
@@ -24,6 +24,9 @@ forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None
   ``ssh_key`` (``-i``), ``remote_python``, ``network_interface``, ``shared`` (the directory the
   preflight verifies); each defaults to its knob (``APPLIANCE_SSH_PORT``...). A preflight runs
   first; its failures raise ``LaunchError`` listing one line per problem.
+- ``launcher``: ``"srun"``, ``"ssh"``, ``"local"`` or ``"auto"`` (default: ``APPLIANCE_LAUNCHER``,
+  else auto: one ``srun`` step inside a Slurm allocation when neither ``hosts`` nor ``hostfile``
+  is given, see ``srun``).
 - ``echo``: also print prefixed lines (``[rank]<stdout>:``) to this process's stdout/stderr;
   ``capture``: keep them in ``result.lines``.
 
@@ -78,12 +81,13 @@ def launch(command: Sequence[str], np: int, hosts: str | None = None, env: Mappi
            start_timeout: float | None = None, verbose: bool | None = None, echo: bool = False,
            capture: bool = True, cwd: str | os.PathLike | None = None, ssh_port: int | None = None,
            ssh_key: str | os.PathLike | None = None, remote_python: str | None = None,
-           network_interface: str | None = None, shared: str | os.PathLike | None = None) -> LaunchResult:
+           network_interface: str | None = None, shared: str | os.PathLike | None = None,
+           launcher: str | None = None) -> LaunchResult:
     """Start ``np`` ranks of ``command`` and wait for them; see the module docstring."""
     config = LaunchConfig.create(command, np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
                                  output_dir=output, verbose=verbose, timeout=timeout, forward=forward,
                                  env=env, cwd=cwd, port=ssh_port, key=ssh_key, remote_python=remote_python,
-                                 network_interface=network_interface, shared=shared)
+                                 network_interface=network_interface, shared=shared, launcher=launcher)
     result = run(config, echo=echo, capture=capture)
     if result.interrupted == signal.SIGINT:
         raise KeyboardInterrupt(result.reason)

@@ -2,7 +2,7 @@
 
 What it owns: the syntax and meaning of ``-np``/``--num-proc``, ``-H``/``--hosts``,
 ``--hostfile``, ``--start-timeout``, ``--output-filename``, ``--verbose``, ``-x NAME[=VALUE]``,
-and for other hosts ``-p``/``--ssh-port``, ``-i``/``--ssh-identity-file``, ``--remote-python``,
+``--launcher {auto,ssh,srun,local}`` (how ranks start: ``launcher/srun.py``), and for other hosts ``-p``/``--ssh-port``, ``-i``/``--ssh-identity-file``, ``--remote-python``,
 ``--network-interface`` and ``--shared``. ``appliance launch`` and ``appliance check``
 (``cli.py``) add them to their subcommand with ``add_launch_flags``; the cluster plane (``appliance
 primary`` and its driver) parses the user's flags with ``parse_launch_flags``. Either way the
@@ -12,7 +12,8 @@ job.json) and then a ``LaunchConfig``/``CheckConfig`` through ``LaunchFlags.laun
 whoever parsed them.
 
 Env vars: none read here; the configs fall back to the knobs of ``appliance/config.py``
-(``--start-timeout`` -> HOROVOD_START_TIMEOUT, ``-p`` -> APPLIANCE_SSH_PORT...). Failure modes:
+(``--start-timeout`` -> HOROVOD_START_TIMEOUT, ``-p`` -> APPLIANCE_SSH_PORT, ``--launcher`` ->
+APPLIANCE_LAUNCHER...). Failure modes:
 argparse's (``SystemExit(2)`` with a usage line) for unusable syntax; ``ConfigError`` from the
 configs for unusable values; ``from_json`` raises ``ConfigError`` for a field it does not know.
 """
@@ -43,6 +44,7 @@ class LaunchFlags:
     remote_python: str | None = None
     network_interface: str | None = None
     shared: str | None = None
+    launcher: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "LaunchFlags":
@@ -79,7 +81,7 @@ class LaunchFlags:
         return LaunchConfig.create(
             command, self.np, hosts=self.hosts, hostfile=self.hostfile, start_timeout=self.start_timeout,
             output_dir=self.output_filename, verbose=True if self.verbose else None, forward=self.x,
-            **self.remote(), **extra)
+            launcher=self.launcher, **self.remote(), **extra)
 
     def check_config(self, **extra: Any) -> CheckConfig:
         """The checks ``appliance check`` runs for these flags (``-np`` optional)."""
@@ -116,6 +118,10 @@ def add_launch_flags(p: argparse.ArgumentParser, *, check: bool = False, np_requ
     if not check:
         p.add_argument("-x", dest="x", action="append", metavar="NAME[=VALUE]",
                        help="set NAME for every worker (to VALUE, or to the launcher's value); repeatable")
+        p.add_argument("--launcher", dest="launcher", choices=("auto", "ssh", "srun", "local"),
+                       help="how ranks start: srun (one step in the Slurm allocation), ssh (others over SSH), "
+                            "local (all on this machine); default auto: srun inside an allocation without "
+                            "-H/--hostfile, else ssh (env APPLIANCE_LAUNCHER)")
     p.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
                    help="SSH port of the other hosts (env APPLIANCE_SSH_PORT; default ~/.ssh/config, else 22)")
     p.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="KEY",

@@ -1,7 +1,8 @@
 """Orchestration of one job: hosts -> ranks -> plan -> workers -> first failure -> result.
 
-What it owns: ``run(config)``, which merges the names of one machine into one host, lays out
-the ranks, opens one executor per host, decides the job plan (job id, secret, free ports on rank
+What it owns: ``run(config)``, which picks the launcher (``srun.launcher_of``: one ``srun``
+step inside a Slurm allocation, else the executors), merges the names of one machine into one
+host, lays out the ranks, opens one executor per host (or, under srun, one ``srun.SrunStep``), decides the job plan (job id, secret, free ports on rank
 0's host, a private directory for the ranks' fault reports), starts the reaper (``reaper.py``:
 local ranks die with a killed launcher) and every rank with its environment, then waits
 (``failures.wait_for_end``). The first rank to exit non-zero (or be killed by a signal) ends the
@@ -26,9 +27,10 @@ from typing import Sequence
 
 from ..config import LaunchConfig
 from . import env as envmod
-from .executors import LocalExecutor, job_addresses, merge_same_machines, open_executors
+from . import srun
+from .executors import LocalExecutor, is_local, job_addresses, merge_same_machines, open_executors
 from .failures import Outcome, wait_for_end
-from .hosts import Host, Slot, assign_ranks, hosts_from, used_hosts
+from .hosts import Host, HostsError, Slot, assign_ranks, hosts_from, used_hosts
 from .reaper import Reaper
 from .signals import SignalTrap
 from .workers import OutputSink, SpawnError, WorkerGroup
@@ -55,9 +57,16 @@ class LaunchResult:
         return "".join(t + "\n" for r, s, t in self.lines if s == stream and (rank is None or r == rank))
 
 
-def hosts_of(config: LaunchConfig) -> list[Host]:
-    """-H, then --hostfile, then a Slurm allocation, else ``localhost`` with -np slots (horovodrun's default)."""
-    return hosts_from(config.hosts, config.hostfile, config.slurm, config.np)
+def hosts_of(config: LaunchConfig, launcher: str = "ssh") -> list[Host]:
+    """-H, then --hostfile, then a Slurm allocation (not for ``--launcher local``), else ``localhost``
+    with -np slots (horovodrun's default)."""
+    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np)
+    if launcher == "local":
+        other = [h.name for h in hosts if not is_local(h.name)]
+        if other:
+            raise HostsError(f"--launcher local runs every rank on this machine, but {', '.join(other)} "
+                             f"{'is' if len(other) == 1 else 'are'} another host")
+    return hosts
 
 
 def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig, fault_dir: str = "") -> envmod.JobPlan:
@@ -72,6 +81,13 @@ def plan_job(slots: Sequence[Slot], executors: dict, config: LaunchConfig, fault
 
 def _verbose_plan(sink: OutputSink, slots: Sequence[Slot], plan: envmod.JobPlan, executors: dict) -> None:
     hosts = used_hosts(slots)
+    if not executors:  # srun: the addresses are decided on the nodes
+        sink.message(f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} Slurm node(s) "
+                     f"with srun; store at rank 0's node ({hosts[0]})")
+        for s in slots:
+            sink.message(f"  rank {s.rank}: node {s.host} local_rank {s.local_rank}/{s.local_size} "
+                         f"cross_rank {s.cross_rank}/{s.cross_size}")
+        return
     sink.message(f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} host(s); "
                  f"store {plan.store_addr}; MASTER_ADDR:PORT {plan.master_addr}:{plan.master_port}")
     for h in hosts:
@@ -91,36 +107,50 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     envmod.check_explicit(config.env)
-    hosts, merges = merge_same_machines(hosts_of(config))
+    launcher = srun.launcher_of(config)
+    hosts, merges = (hosts_of(config, launcher), []) if launcher == "srun" else merge_same_machines(
+        hosts_of(config, launcher))
     slots = assign_ranks(hosts, config.np)
     with contextlib.ExitStack() as stack:
         trap = stack.enter_context(SignalTrap(handle_signals))
-        executors = stack.enter_context(open_executors(used_hosts(slots), config, on_report=on_host_report))
-        fault_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
-        plan = plan_job(slots, executors, config, fault_dir)
+        executors: dict = {}
+        if launcher == "srun":  # Slurm node names are distinct nodes: no merging, no preflight
+            job_id = envmod.new_job_id()
+            fault_dir = stack.enter_context(srun.step_dir(config, job_id))
+            plan = srun.plan_step(config, fault_dir, job_id)
+        else:
+            executors = stack.enter_context(open_executors(used_hosts(slots), config, on_report=on_host_report))
+            fault_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
+            plan = plan_job(slots, executors, config, fault_dir)
         sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
                                               stdout=stdout, stderr=stderr))
         for line in merges:
             sink.message(f"appliance launch: {line}")
         if config.ssh_flags and all(isinstance(ex, LocalExecutor) for ex in executors.values()):
-            sink.message(f"appliance launch: {' and '.join(config.ssh_flags)} unused: every host is this machine")
+            sink.message(f"appliance launch: {' and '.join(config.ssh_flags)} unused: "
+                         f"{'ranks start with srun' if launcher == 'srun' else 'every host is this machine'}")
         if config.verbose:
             _verbose_plan(sink, slots, plan, executors)
         reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[fault_dir]))
         if reaper.error:
             sink.message(f"appliance launch: warning: {reaper.error}")
-        group = stack.enter_context(WorkerGroup(config.stop_grace_s, reaper=reaper))
         outcome = None
-        for slot in slots:
-            if trap.received:
-                break
-            ex = executors[slot.host]
-            env = envmod.worker_env(slot, plan, ex.base_env(config.environ), config.env)
-            try:
-                group.add(ex.spawn(slot.rank, config.command, env, config.cwd, sink))
-            except SpawnError as e:
-                outcome = Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
-                break
+        if launcher == "srun":
+            group = stack.enter_context(srun.SrunStep(config, slots, plan, sink, reaper))
+            if not trap.received:
+                group.start()
+        else:
+            group = stack.enter_context(WorkerGroup(config.stop_grace_s, reaper=reaper))
+            for slot in slots:
+                if trap.received:
+                    break
+                ex = executors[slot.host]
+                env = envmod.worker_env(slot, plan, ex.base_env(config.environ), config.env)
+                try:
+                    group.add(ex.spawn(slot.rank, config.command, env, config.cwd, sink))
+                except SpawnError as e:
+                    outcome = Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
+                    break
         if outcome is None:
             outcome = wait_for_end(group, trap, deadline, config.timeout_s, config.failure_grace_s)
         others = len(group.running())

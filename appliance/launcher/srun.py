@@ -1,0 +1,359 @@
+"""The srun launcher: every rank of a job started by one ``srun`` step inside a Slurm allocation.
+
+What it owns:
+- ``launcher_of(config)``: which launcher a job uses. ``--launcher``/APPLIANCE_LAUNCHER ``srun``,
+  ``ssh`` or ``local``; ``auto`` (the default) is ``srun`` inside an allocation (SLURM_JOB_ID set)
+  when neither -H nor --hostfile is given, else ``ssh`` (the executors: this machine's ranks as
+  subprocesses, the others over SSH). ``local`` ignores the allocation and runs every rank on this
+  machine. ``srun`` outside an allocation, or with -H/--hostfile, is a ``ConfigError``.
+- ``step_dir(config)``: the step's private directory (mode 0700) next to the job's default secret
+  file, ``~/.appliance/slurm/launch-JOB-ID/`` (``slurm.default_secret_file``: the home is the
+  mount every node shares), removed at the end (and by the reaper if the launcher dies).
+- ``SrunStep``: the running step, shaped like a ``WorkerGroup`` for ``failures.wait_for_end``.
+  It runs ``srun --kill-on-bad-exit=1 --label --input=none --ntasks=NP --nodes=K --nodelist=...
+  --distribution=arbitrary`` with ``SLURM_HOSTFILE`` listing each rank's node, so rank r runs on
+  the host ``hosts.assign_ranks`` gave it (the same layout as over SSH), and each task is
+  ``python -m appliance.launcher.srun_task DIR GRACE -- COMMAND`` (its docstring: the rank's
+  environment, exit records). The job's secret, id and start timeout travel in srun's
+  environment, never on its command line. Output: srun's ``--label`` prefix ``N: `` is turned into
+  the launcher's ``[N]<stdout>:`` lines (and ``--output-filename`` files); srun's own lines go to
+  stderr only with --verbose, except errors that are not a task's exit status. A rank's exit is
+  seen when its wrapper records it (``exit.N.json``); a task whose wrapper left no record (itself
+  killed) is taken from srun's ``task N: Killed`` lines once srun ends.
+- Stopping (``stop``): ``scancel --signal=TERM JOB.STEP`` (the wrappers pass it to their ranks'
+  process groups), up to APPLIANCE_STOP_GRACE seconds, then SIGTERM to srun (Slurm kills the
+  step), then, bounded, SIGKILL to srun and ``scancel JOB.STEP``. ``scancel`` of the whole job
+  ends srun, so the launcher ends too; the reaper signals srun if the launcher is killed.
+
+Env vars: none read directly (``LaunchConfig`` carries APPLIANCE_LAUNCHER, SLURM_JOB_ID and the
+allocation). Failure modes: ``ConfigError`` for a launcher choice that cannot work; ``LaunchError``
+when srun is not on PATH; srun failing before any task started ends the job with srun's code and
+its last error line, blamed on rank 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Iterator, Sequence
+
+from .. import slurm
+from ..config import ConfigError, LaunchConfig
+from . import env as envmod
+from .executors import LaunchError
+from .hosts import Slot, used_hosts
+from .reaper import Reaper
+from .workers import MAX_LINE, OutputSink, read_fault
+
+# The step directory's files (``srun_task``'s docstring), written whole: temporary name, then rename.
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def exit_file(d: str, rank: int) -> str:
+    return os.path.join(d, f"exit.{rank}.json")
+
+
+def start_file(d: str, rank: int) -> str:
+    return os.path.join(d, f"start.{rank}.json")
+
+
+def rendezvous_file(d: str) -> str:
+    return os.path.join(d, "rendezvous.json")
+
+
+LABEL = re.compile(rb"^\s*(\d+): ?")
+TASK_STATUS = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")
+POLL_S = 0.02
+KILL_WAIT_S = 5.0
+
+
+def launcher_of(config: LaunchConfig) -> str:
+    """``srun``, ``ssh`` or ``local`` (see the module docstring)."""
+    choice = config.launcher
+    in_allocation = bool(config.slurm.job_id and config.slurm.nodelist)
+    given = config.hosts is not None or config.hostfile is not None
+    if choice == "auto":
+        return "srun" if in_allocation and not given else "ssh"
+    if choice == "srun":
+        if not in_allocation:
+            raise ConfigError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are "
+                              "not set): run it under salloc or in an sbatch script")
+        if given:
+            raise ConfigError("--launcher srun takes its hosts from the Slurm allocation: leave out -H/--hostfile")
+    return choice
+
+
+def _expand_ranks(spec: str) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _status_code(text: str) -> int:
+    """srun's words for a task's end -> a return code (negative: a signal)."""
+    m = re.match(r"Exited with exit code (\d+)", text)
+    if m:
+        return int(m.group(1))
+    words = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM, "Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS,
+             "Hangup": signal.SIGHUP, "Interrupt": signal.SIGINT}
+    for word, sig in words.items():
+        if text.startswith(word):
+            return -sig
+    return -signal.SIGKILL
+
+
+@contextlib.contextmanager
+def step_dir(config: LaunchConfig, job_id: str) -> Iterator[str]:
+    """The step's private directory on the shared home, removed at the end."""
+    base = os.path.dirname(slurm.default_secret_file(int(config.slurm.job_id or 0), config.environ))
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    d = os.path.join(base, f"launch-{config.slurm.job_id}-{job_id}")
+    os.mkdir(d, 0o700)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def plan_step(config: LaunchConfig, d: str, job_id: str) -> envmod.JobPlan:
+    """The per-job facts; the addresses are decided on the nodes (``srun_task``)."""
+    return envmod.JobPlan(job_id=job_id, secret=envmod.new_secret(), store_addr="", master_addr="", master_port=0,
+                          data_addrs={}, start_timeout_s=config.start_timeout_s, verbose=config.verbose, fault_dir=d)
+
+
+def srun_env(config: LaunchConfig, plan: envmod.JobPlan, hostfile: str) -> dict[str, str]:
+    """srun's environment (every task inherits it): the launcher's, -x, and the per-job contract."""
+    env = dict(config.environ)
+    env.update(config.env)
+    for name in envmod.CONTRACT_NAMES:
+        env.pop(name, None)  # per rank: the wrapper sets them
+    env.update({"APPLIANCE_JOB_SECRET": plan.secret, "APPLIANCE_JOB_ID": plan.job_id,
+                "HOROVOD_START_TIMEOUT": repr(float(plan.start_timeout_s)), "PYTHONUNBUFFERED": "1",
+                "SLURM_HOSTFILE": hostfile})
+    if plan.verbose:
+        env["APPLIANCE_VERBOSE"] = "1"
+    iface = config.remote.network_interface
+    if iface:
+        env.setdefault("HOROVOD_GLOO_IFACE", iface)
+        env.setdefault("NCCL_SOCKET_IFNAME", iface)
+    return env
+
+
+def srun_argv(config: LaunchConfig, slots: Sequence[Slot], d: str, srun: str = "srun") -> list[str]:
+    hosts = used_hosts(slots)
+    python = config.remote.remote_python or sys.executable
+    return [srun, "--kill-on-bad-exit=1", "--label", "--input=none", f"--ntasks={len(slots)}",
+            f"--nodes={len(hosts)}", "--distribution=arbitrary",
+            f"--job-name=appliance-{os.path.basename(d)}",
+            python, "-m", "appliance.launcher.srun_task", d, repr(float(config.failure_grace_s)), "--",
+            *config.command]
+
+
+class SrunTask:
+    """One rank of the step, as ``failures.wait_for_end`` sees a worker."""
+
+    pid = 0
+
+    def __init__(self, slot: Slot, d: str):
+        self.rank, self.host, self._dir = slot.rank, slot.host, d
+        self.cause: str | None = None
+
+    @property
+    def fault(self) -> dict | None:
+        return read_fault(envmod.fault_file(self._dir, self.rank))
+
+
+class SrunStep:
+    """The ranks of one job under one srun step; ``with SrunStep(...) as step: step.start()``."""
+
+    def __init__(self, config: LaunchConfig, slots: Sequence[Slot], plan: envmod.JobPlan, sink: OutputSink,
+                 reaper: Reaper | None = None):
+        self.config, self.slots, self.plan, self.sink, self.reaper = config, list(slots), plan, sink, reaper
+        self.dir = plan.fault_dir
+        self.workers = [SrunTask(s, self.dir) for s in slots]
+        self.returncodes: dict[int, int] = {}
+        self.step: str | None = None  # JOB.STEP once a task reported it
+        self.proc: subprocess.Popen | None = None
+        self._exits: queue.Queue = queue.Queue()
+        self._seen: set[int] = set()
+        self._srun_status: dict[int, tuple[str, str]] = {}  # rank -> (node, srun's words), from its stderr
+        self._errors: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+        self._done = threading.Event()
+
+    # --- starting ---------------------------------------------------------------------------
+    def start(self) -> None:
+        srun = shutil.which("srun", path=self.config.environ.get("PATH"))
+        if srun is None:
+            raise LaunchError("srun is not on PATH: the srun launcher needs Slurm's client commands "
+                              "(or use --launcher ssh)")
+        hostfile = os.path.join(self.dir, "hostfile")
+        with open(hostfile, "w", encoding="utf-8") as f:
+            f.write("".join(s.host + "\n" for s in self.slots))
+        for s in self.slots:
+            self.sink.open_rank(s.rank)
+        argv = srun_argv(self.config, self.slots, self.dir, srun)
+        if self.config.verbose:
+            self.sink.message(f"appliance launch: srun: {' '.join(argv)}")
+        self.proc = subprocess.Popen(argv, env=srun_env(self.config, self.plan, hostfile), cwd=self.config.cwd,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, close_fds=True)
+        if self.reaper is not None:
+            self.reaper.watch(self.proc.pid)  # a killed launcher: the reaper's SIGTERM makes srun end the step
+        for target, args, name in ((self._relay, (self.proc.stdout, "stdout"), "srun-stdout"),
+                                   (self._relay, (self.proc.stderr, "stderr"), "srun-stderr"),
+                                   (self._watch, (), "srun-watch")):
+            t = threading.Thread(target=target, args=args, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _relay(self, stream, name: str) -> None:
+        """srun's ``N: text`` lines -> rank N's lines; srun's own lines -> ``_own_line``."""
+        try:
+            while True:
+                try:
+                    data = stream.readline(MAX_LINE)
+                except (OSError, ValueError):
+                    break
+                if not data:
+                    break
+                m = LABEL.match(data)
+                if m and int(m.group(1)) < len(self.slots):
+                    self.sink.line(int(m.group(1)), name, data[m.end():])
+                else:
+                    self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
+        finally:
+            stream.close()
+
+    def _own_line(self, text: str) -> None:
+        m = TASK_STATUS.match(text)
+        if m:
+            for rank in _expand_ranks(m.group(2)):
+                self._srun_status.setdefault(rank, (m.group(1), m.group(3).strip()))
+        elif "error" in text.lower():
+            self._errors.append(text)
+        if self.config.verbose or (not m and "error" in text.lower() and not self._stopped):
+            self.sink.message(text)
+
+    def _scan(self) -> None:
+        found = []
+        for w in self.workers:
+            if self.step is None:
+                started = read_json(start_file(self.dir, w.rank))
+                if started and started.get("step"):
+                    self.step = str(started["step"])
+            if w.rank in self._seen:
+                continue
+            record = read_json(exit_file(self.dir, w.rank))
+            if record is not None:
+                found.append((float(record.get("at") or 0.0), w, record))
+        for _, w, record in sorted(found, key=lambda f: f[0]):  # exits found together: in the order they happened
+            self._seen.add(w.rank)
+            if record.get("error"):
+                w.cause = f"could not start: {record['error']}"
+            self._exits.put((w, int(record.get("returncode", 255))))
+
+    def _watch(self) -> None:
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            self._scan()
+            time.sleep(POLL_S)
+        for t in self._threads[:2]:
+            t.join(2.0)  # srun's last lines name the tasks that left no record
+        self._scan()
+        rc = self.proc.returncode
+        started = any(os.path.exists(start_file(self.dir, w.rank)) for w in self.workers)
+        for w in self.workers:
+            if w.rank in self._seen:
+                continue
+            self._seen.add(w.rank)
+            if w.rank in self._srun_status:
+                node, words = self._srun_status[w.rank]
+                code = _status_code(words)
+                w.cause = f"{words[:1].lower()}{words[1:]} (srun, no exit status from the task)"
+            elif not started and rc != 0:
+                code = rc
+                last = self._errors[-1] if self._errors else f"srun exited with code {rc}"
+                w.cause = f"could not start: {last}"
+            else:
+                code = 0 if rc == 0 else -signal.SIGKILL
+                if code:
+                    w.cause = f"ended with the srun step (srun exited with code {rc}; no exit status from the task)"
+            self._exits.put((w, code))
+        if self.reaper is not None:
+            self.reaper.forget(self.proc.pid)
+        self._done.set()
+
+    # --- the WorkerGroup side ---------------------------------------------------------------
+    def next_exit(self, timeout: float):
+        try:
+            worker, code = self._exits.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.returncodes[worker.rank] = code
+        return worker, code
+
+    def running(self) -> list[SrunTask]:
+        return [w for w in self.workers if w.rank not in self.returncodes]
+
+    def _scancel(self, *args: str) -> None:
+        if self.step is None:
+            return
+        try:
+            subprocess.run(["scancel", *args, self.step], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=10, env=dict(self.config.environ))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def stop(self) -> None:
+        """TERM to every rank (through the step), the grace, then Slurm kills the step; bounded."""
+        if self._stopped or self.proc is None:
+            self._stopped = True
+            return
+        self._stopped = True
+        if not self.running():  # every rank ended: srun is about to, by itself
+            self._done.wait(self.config.stop_grace_s)
+        if self.proc.poll() is None:
+            if self.step is not None:
+                self._scancel("--signal=TERM")
+            else:
+                self.proc.send_signal(signal.SIGTERM)
+            if not self._done.wait(self.config.stop_grace_s) and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination"
+                if not self._done.wait(KILL_WAIT_S):
+                    self._scancel()
+                    self.proc.kill()
+        self._done.wait(KILL_WAIT_S + 2.0)
+        while self.next_exit(0) is not None:
+            pass
+
+    def __enter__(self) -> "SrunStep":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
