@@ -136,9 +136,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_MIN_SHM", _size, 64 << 20, "free bytes /dev/shm must have on every host (appliance check)"),
     Knob("SLURM_JOB_NODELIST", str, None, "set by Slurm: the allocation's nodes, used as hosts when neither -H nor --hostfile is given"),
     Knob("SLURM_TASKS_PER_NODE", str, None, "set by Slurm: tasks per node of the allocation (e.g. 2(x3),1) -> slots"),
-    Knob("SLURM_JOB_ID", str, None, "set by Slurm: the job's id; `appliance secret` makes that job's secret file"),
     Knob("SLURM_NTASKS_PER_NODE", str, None, "set by Slurm with --ntasks-per-node: slots per node when SLURM_TASKS_PER_NODE is absent"),
-    Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun"),
+    Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun; `appliance secret` makes that job's secret file"),
     Knob("APPLIANCE_LAUNCHER", _launcher, "auto", "how launch starts ranks: auto (srun inside a Slurm allocation without -H/--hostfile, else ssh), ssh, srun or local (launch: --launcher)"),
     # Appliance plane (Docker: appliance secondary|primary|status).
     Knob("APPLIANCE_IMAGE", str, "appliance:latest", "image of the secondary and primary containers (--image)"),
