@@ -4,7 +4,7 @@ Each task runs ``direct_worker.py``: ``hvd.init()`` takes its layout from Slurm,
 at the store rank 0 hosts on the step's first node (the port derived from the job and step ids)
 with the job's secret file that ``appliance secret`` made inside the allocation, runs one
 allreduce and writes a JSON report. Checked: ranks, local and cross ranks on the two named nodes
-(even ``2(x2)`` and uneven ``2,1``), the allreduce; without a secret every task fails with the one
+(even ``2(x2)``, uneven ``2,1``, cyclic), the allreduce; without a secret every task fails with the one
 line and srun ends promptly; a taken derived port is named (node, port, the override) and the
 override works. HOME is a per-test directory, so the secret files live there.
 """
@@ -68,6 +68,16 @@ def test_uneven_tasks_per_node(slurm, tmp_path):
                'srun --kill-on-bad-exit=1 -N2 -n3 "$PY" "$WORKER" "$OUT"', env={"OUT": str(out)})
     assert r.returncode == 0, r.stdout + r.stderr
     check_layout(reports(out), [("node1", 0, 2, 0, 2), ("node1", 1, 2, 0, 1), ("node2", 0, 1, 1, 2)])
+
+
+def test_cyclic_distribution(slurm, tmp_path):
+    """Ranks dealt round-robin over the nodes: the runtime's local and cross ranks still follow Slurm's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    r = salloc(slurm, tmp_path, EVEN, '"$PY" -m appliance secret >/dev/null && '
+               'srun --kill-on-bad-exit=1 -m cyclic -n4 "$PY" "$WORKER" "$OUT"', env={"OUT": str(out)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    check_layout(reports(out), [("node1", 0, 2, 0, 2), ("node2", 0, 2, 1, 2), ("node1", 1, 2, 0, 2), ("node2", 1, 2, 1, 2)])
 
 
 def test_two_steps_of_one_job_each_meet_on_their_own_port(slurm, tmp_path):
