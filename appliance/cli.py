@@ -7,7 +7,7 @@ else (no logic lives here). The launch flags (horovodrun's ``-np``, ``-H``, ``--
 launcher: ``launcher/flags.py`` adds them to ``launch`` and ``check`` and turns them into the
 configs. ``horovodrun()`` (the image's ``horovodrun``) is ``launcher/horovodrun.py``: the launch
 flags plus horovodrun's own, and ``--check-build``. Subcommands: ``launch``, ``check`` (the preflight as a table), ``keys`` (the cluster's
-SSH keys), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
+SSH keys), ``secret`` (a Slurm job's secret file, ``appliance/jobsecret.py``), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
 from a primary container; its flags are ``launch``'s plus its own, which argparse cannot hold in
 one subparser, so ``main()`` dispatches it before argparse and the launcher's parser reads the
 launch flags) and ``status``. One ``_add_<name>(subparsers)`` each, setting ``func``.
@@ -16,7 +16,8 @@ Env vars: flags fall back to knobs read in ``appliance/config.py`` (``--start-ti
 HOROVOD_START_TIMEOUT, ``--verbose`` -> APPLIANCE_VERBOSE). Exit codes: the job's code for
 ``launch``; 2 for unusable arguments (bad -H, hostfile line, -np above the slots, -x); 1 when the
 job cannot be set up (preflight failures...); ``check``: 0 all hosts ready, 1 some failed, 2 bad
-arguments; ``keys``: 0, or 1 when the files cannot be made; ``secondary``/``status``: 0, 1 when
+arguments; ``keys``: 0, or 1 when the files cannot be made; ``secret``: 0 (path on stdout), 1 when
+the file cannot be made or an existing one is unusable, 2 when no job is known; ``secondary``/``status``: 0, 1 when
 Docker, the image or the share is missing (one line saying what to run), 2 bad arguments;
 ``primary``: the job's code, or those. Errors are one line on stderr starting ``appliance <cmd>:``.
 """
@@ -104,6 +105,40 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
                     "key), authorized_keys and known_hosts, with the modes sshd's StrictModes demands.")
     p.add_argument("--shared", metavar="DIR", help="the shared directory (env APPLIANCE_SHARED, default /mnt/share)")
     p.set_defaults(func=_keys)
+
+
+def _secret(args: argparse.Namespace) -> int:
+    from .config import read
+    from .jobsecret import SecretFileError, ensure
+    from .slurm import default_secret_file
+
+    path = args.file or read("APPLIANCE_JOB_SECRET_FILE")
+    if not path:
+        job = args.job or read("SLURM_JOB_ID")
+        if not job or not job.isdigit():
+            print("appliance secret: error: which job? run it inside a Slurm job (sbatch script, salloc shell), "
+                  "or give --job JOBID or --file PATH", file=sys.stderr)
+            return 2
+        path = default_secret_file(int(job))
+    try:
+        ensure(path)
+    except SecretFileError as e:
+        print(f"appliance secret: error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _add_secret(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "secret", allow_abbrev=False, help="create the job's secret file for `srun python ...` (idempotent)",
+        usage="appliance secret [--job JOBID | --file PATH]",
+        description="Create the secret file every task of a Slurm job reads at hvd.init() (mode 0600 in a 0700 "
+                    "directory; an existing usable one is kept) and print its path. Default: "
+                    "~/.appliance/slurm/job-$SLURM_JOB_ID.secret (env APPLIANCE_JOB_SECRET_FILE to put it elsewhere).")
+    p.add_argument("--job", metavar="JOBID", help="the Slurm job (default: SLURM_JOB_ID, set inside a job)")
+    p.add_argument("--file", metavar="PATH", help="this file instead of the job's default one")
+    p.set_defaults(func=_secret)
 
 
 # --- the appliance plane (Docker): secondary, primary, status ----------------------------------
@@ -254,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch(sub)
     _add_check(sub)
     _add_keys(sub)
+    _add_secret(sub)
     _add_secondary(sub)
     _add_primary(sub)
     _add_status(sub)

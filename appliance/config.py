@@ -6,7 +6,9 @@ names are kept where Horovod has the knob (``HOROVOD_FUSION_THRESHOLD``...); our
 ``describe()`` renders the table (rank 0 prints it with ``--verbose`` / ``APPLIANCE_VERBOSE``).
 
 Nothing else in the package reads ``os.environ`` for a knob; modules ask for a dataclass
-built here (``RuntimeConfig.from_env()``...). Invalid values raise ``ConfigError`` naming the
+built here (``RuntimeConfig.from_env()``...). ``RuntimeConfig.from_env`` also reads the job's
+secret file (``appliance.jobsecret``) and, for a task ``srun`` started without a launcher, takes
+the layout from ``appliance.slurm`` (handed in by the runtime: that module imports this one). Invalid values raise ``ConfigError`` naming the
 variable and what was wrong with it.
 """
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import re
 import socket
 from typing import Any, Callable, Mapping, Sequence
+
+from . import jobsecret
 
 
 class ConfigError(ValueError):
@@ -97,6 +101,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     # Bootstrap.
     Knob("APPLIANCE_STORE_ADDR", str, None, "host:port of the rendezvous store hosted by rank 0"),
     Knob("APPLIANCE_JOB_SECRET", str, None, "per-job secret (hex); every connection must prove it"),
+    Knob("APPLIANCE_JOB_SECRET_FILE", str, "", "file holding the job secret (hex, mode 0600) when APPLIANCE_JOB_SECRET is unset (default for a Slurm task: ~/.appliance/slurm/job-JOBID.secret; `appliance secret` makes it)"),
     Knob("APPLIANCE_JOB_ID", str, "", "job identifier, part of every handshake"),
     Knob("APPLIANCE_DATA_ADDR", str, "", "address this rank listens on for peers (the launcher picks it)"),
     Knob("HOROVOD_GLOO_IFACE", str, "", "network interface whose address this rank listens on"),
@@ -132,7 +137,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("SLURM_JOB_NODELIST", str, None, "set by Slurm: the allocation's nodes, used as hosts when neither -H nor --hostfile is given"),
     Knob("SLURM_TASKS_PER_NODE", str, None, "set by Slurm: tasks per node of the allocation (e.g. 2(x3),1) -> slots"),
     Knob("SLURM_NTASKS_PER_NODE", str, None, "set by Slurm with --ntasks-per-node: slots per node when SLURM_TASKS_PER_NODE is absent"),
-    Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun"),
+    Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun; `appliance secret` makes that job's secret file"),
     Knob("APPLIANCE_LAUNCHER", _launcher, "auto", "how launch starts ranks: auto (srun inside a Slurm allocation without -H/--hostfile, else ssh), ssh, srun or local (launch: --launcher)"),
     # Appliance plane (Docker: appliance secondary|primary|status).
     Knob("APPLIANCE_IMAGE", str, "appliance:latest", "image of the secondary and primary containers (--image)"),
@@ -181,6 +186,7 @@ class RuntimeConfig:
     host: str = ""
     store_host: str = ""
     store_port: int = 0
+    store_note: str = ""  # how the store's address was derived and how to override it ("" = given)
     secret: bytes = b""
     job_id: str = ""
     data_addr: str = ""
@@ -201,11 +207,18 @@ class RuntimeConfig:
     timeline_mark_cycles: bool = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "RuntimeConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 slurm: Callable[[Mapping[str, str]], Any] | None = None) -> "RuntimeConfig":
+        """``slurm``: ``appliance.slurm.SlurmTask.from_env``, asked only when no launcher described
+        the job (HOROVOD_RANK/SIZE and OMPI_COMM_WORLD_RANK unset); a Slurm task it returns gives
+        the layout, the store (the step's first node) and the secret file (README, "Slurm")."""
         env = os.environ if env is None else env
         rank, size = read("HOROVOD_RANK", env), read("HOROVOD_SIZE", env)
         if rank is None and "OMPI_COMM_WORLD_RANK" in env:  # started by OpenMPI's mpirun
             rank, size = int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"])
+        task = slurm(env) if rank is None and size is None and slurm is not None else None
+        if task is not None:  # a task srun started itself
+            rank, size = task.rank, task.size
         if rank is None and size is None:
             rank, size = 0, 1  # no launcher: a single rank, so the same script runs on a laptop
         if rank is None or size is None:
@@ -213,9 +226,13 @@ class RuntimeConfig:
         if size < 1 or rank >= size:
             raise ConfigError(f"HOROVOD_RANK={rank} is not below HOROVOD_SIZE={size}")
 
-        store_host, store_port, secret = "", 0, b""
+        store_host, store_port, secret, store_note = "", 0, b"", ""
         if size > 1:
             addr = read("APPLIANCE_STORE_ADDR", env)
+            if not addr and task is not None:
+                addr = f"{task.first_node}:{task.store_port}"
+                store_note = (f"the port Slurm job {task.job_id} step {task.step_id} derives from its ids; "
+                              f"choose another with APPLIANCE_STORE_ADDR={task.first_node}:PORT")
             if not addr:
                 raise ConfigError(
                     f"rank {rank} of {size}: APPLIANCE_STORE_ADDR is not set. Start workers with "
@@ -228,17 +245,7 @@ class RuntimeConfig:
                 raise ConfigError(f"APPLIANCE_STORE_ADDR={addr!r}: expected host:port") from None
             if not store_host or not 0 < store_port < 65536:
                 raise ConfigError(f"APPLIANCE_STORE_ADDR={addr!r}: expected host:port")
-            hex_secret = read("APPLIANCE_JOB_SECRET", env)
-            if not hex_secret:
-                raise ConfigError(
-                    f"rank {rank} of {size}: APPLIANCE_JOB_SECRET is not set; every rank needs the "
-                    "job's secret (the launcher passes it in the environment; under mpirun: "
-                    "export APPLIANCE_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))') "
-                    "and add -x APPLIANCE_JOB_SECRET)")
-            try:
-                secret = bytes.fromhex(hex_secret)
-            except ValueError:
-                raise ConfigError("APPLIANCE_JOB_SECRET must be hexadecimal") from None
+            secret = _job_secret(env, rank, size, task)
 
         data_addr = read("APPLIANCE_DATA_ADDR", env)
         iface = read("HOROVOD_GLOO_IFACE", env)
@@ -247,11 +254,12 @@ class RuntimeConfig:
         return cls(
             rank=rank,
             size=size,
-            host=read("HOROVOD_HOSTNAME", env) or socket.gethostname(),
+            host=read("HOROVOD_HOSTNAME", env) or (task.node if task is not None else socket.gethostname()),
             store_host=store_host,
             store_port=store_port,
+            store_note=store_note,
             secret=secret,
-            job_id=read("APPLIANCE_JOB_ID", env),
+            job_id=read("APPLIANCE_JOB_ID", env) or (f"slurm-{task.job_id}.{task.step_id}" if task is not None else ""),
             data_addr=data_addr,
             start_timeout_s=read("HOROVOD_START_TIMEOUT", env),
             fusion_threshold=read("HOROVOD_FUSION_THRESHOLD", env),
@@ -269,6 +277,37 @@ class RuntimeConfig:
             timeline=read("HOROVOD_TIMELINE", env),
             timeline_mark_cycles=read("HOROVOD_TIMELINE_MARK_CYCLES", env),
         )
+
+
+def _job_secret(env: Mapping[str, str], rank: int, size: int, task: Any) -> bytes:
+    """APPLIANCE_JOB_SECRET, else the file APPLIANCE_JOB_SECRET_FILE, else (a Slurm task) the job's
+    default file: never a fixed value. Missing: one line saying how to provide one."""
+    hex_secret = read("APPLIANCE_JOB_SECRET", env)
+    if hex_secret:
+        try:
+            return bytes.fromhex(hex_secret)
+        except ValueError:
+            raise ConfigError("APPLIANCE_JOB_SECRET must be hexadecimal") from None
+    path = read("APPLIANCE_JOB_SECRET_FILE", env) or (task.secret_file if task is not None else "")
+    if path:
+        try:
+            return jobsecret.read(path)
+        except FileNotFoundError:
+            pass
+        except jobsecret.SecretFileError as e:
+            raise ConfigError(f"rank {rank} of {size}: {e}") from None
+    if task is not None:
+        raise ConfigError(
+            f"rank {rank} of {size} (Slurm job {task.job_id}): no job secret: run `appliance secret` in the job "
+            f"before srun (it creates {path}), or export APPLIANCE_JOB_SECRET=<hex>")
+    if path:
+        raise ConfigError(f"rank {rank} of {size}: APPLIANCE_JOB_SECRET_FILE={path}: no such file "
+                          f"(create it with `appliance secret --file {path}`)")
+    raise ConfigError(
+        f"rank {rank} of {size}: APPLIANCE_JOB_SECRET is not set; every rank needs the "
+        "job's secret (the launcher passes it in the environment; under mpirun: "
+        "export APPLIANCE_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))') "
+        "and add -x APPLIANCE_JOB_SECRET)")
 
 
 # --- the launcher's view --------------------------------------------------------------------

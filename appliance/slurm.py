@@ -136,6 +136,7 @@ class SlurmTask:
     nodes: tuple[str, ...]  # the step's nodes, in Slurm's order (the first one hosts rank 0)
     job_id: int
     step_id: int
+    secret_file: str = ""   # the job's default secret file (``default_secret_file``)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "SlurmTask | None":
@@ -165,7 +166,8 @@ class SlurmTask:
         return cls(rank=rank, size=size, local_rank=local_rank, local_size=counts[node_index],
                    cross_rank=holders.index(node_index), cross_size=len(holders),
                    node=env.get("SLURMD_NODENAME") or nodes[node_index], node_index=node_index,
-                   nodes=tuple(nodes), job_id=_int(env, "SLURM_JOB_ID"), step_id=_int(env, "SLURM_STEP_ID"))
+                   nodes=tuple(nodes), job_id=_int(env, "SLURM_JOB_ID"), step_id=_int(env, "SLURM_STEP_ID"),
+                   secret_file=default_secret_file(_int(env, "SLURM_JOB_ID"), env))
 
     @property
     def first_node(self) -> str:

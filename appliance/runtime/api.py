@@ -2,9 +2,9 @@
 
 ``init()`` reads the environment through ``appliance.config.RuntimeConfig.from_env``
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET, APPLIANCE_FAULT_FILE, or
-OpenMPI's OMPI_COMM_WORLD_*) and starts the process's engine (``appliance.runtime.engine``
-owns it; init -> shutdown -> init works); with none of them the process is a single rank, so a
-script runs unchanged on a laptop.
+OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.slurm``)
+and starts the process's engine (``appliance.runtime.engine`` owns it; init -> shutdown -> init
+works); with none of them the process is a single rank, so a script runs unchanged on a laptop.
 
 Async ops return a ``_Pending`` handle. The arrays an op reads and writes are held by the
 engine's handle table until the core is done with them, so a caller may drop the handle
@@ -12,13 +12,16 @@ without ``synchronize``: the result is then lost, never written into freed memor
 
 Failure modes: ``init()`` raises ``ConfigError`` for a bad environment and HorovodInternalError
 when the rendezvous fails (it names the ranks that never arrived) or times out
-(HOROVOD_START_TIMEOUT); every call before ``init()`` raises ValueError, as Horovod does.
+(HOROVOD_START_TIMEOUT), or when rank 0 of a Slurm step finds the store's derived port taken
+(the message names node, port and APPLIANCE_STORE_ADDR); every call before ``init()`` raises ValueError, as Horovod does.
 ``start_timeline``/``stop_timeline`` (and HOROVOD_TIMELINE at init): Horovod's timeline, written
 by rank 0 (see README, "Timeline").
 """
 from __future__ import annotations
 
 import atexit
+import errno
+import socket
 import sys
 from typing import Optional, Sequence
 
@@ -27,6 +30,8 @@ import numpy as np
 from appliance.config import RuntimeConfig, describe
 from appliance.runtime import engine
 from appliance.runtime.engine import Average, Buffer, Kind, Result, Sum
+from appliance.runtime.errors import HorovodInternalError
+from appliance.slurm import SlurmTask
 
 
 # --- lifecycle -----------------------------------------------------------------------------
@@ -34,10 +39,28 @@ def init(*args, **kwargs) -> None:
     """Join the job described by the environment. A second call is a no-op (as in Horovod)."""
     if engine.is_started():
         return
-    cfg = RuntimeConfig.from_env()
+    cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
     if cfg.verbose and cfg.rank == 0:
         print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
-    engine.start(cfg)
+    try:
+        engine.start(cfg)
+    except HorovodInternalError:
+        if cfg.rank == 0 and cfg.store_note and _port_taken(cfg.store_port):
+            raise HorovodInternalError(
+                f"rank 0 of {cfg.size} cannot host the rendezvous store: port {cfg.store_port} on "
+                f"{cfg.store_host} is already in use ({cfg.store_note})", 0, cfg.host) from None
+        raise
+
+
+def _port_taken(port: int) -> bool:
+    """Whether another socket listens on ``port`` here (on all addresses or one of them)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 @atexit.register
