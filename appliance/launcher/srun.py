@@ -53,8 +53,8 @@ from .executors import LaunchError
 from .failures import describe_exit
 from .hosts import Slot, used_hosts
 from .reaper import Reaper
-from .srun_task import exit_file, read_json, start_file
-from .workers import MAX_LINE, OutputSink, read_fault
+from .srun_task import exit_file, start_file
+from .workers import MAX_LINE, OutputSink, read_fault, read_json
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
 CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")

@@ -49,6 +49,7 @@ from ..config import ConfigError, interface_address
 from ..slurm import SlurmEnvError, SlurmTask
 from .env import JobPlan, worker_env
 from .hosts import Slot
+from .workers import read_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PRIVATE = ("SLURM_HOSTFILE",)
@@ -61,15 +62,6 @@ def write_json(path: str, data: dict) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f)
     os.replace(tmp, path)
-
-
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def exit_file(d: str, rank: int) -> str:

@@ -177,16 +177,19 @@ class Worker(Protocol):
         """The rank's fault report (the ``APPLIANCE_FAULT_FILE`` contract) once it exited, else None."""
 
 
-def read_fault(path: str | None) -> dict | None:
-    """The fault report at ``path`` (one JSON object), or None when absent or unreadable."""
-    if not path:
-        return None
+def read_json(path: str) -> dict | None:
+    """The JSON object in ``path``, or None when absent, unreadable or not an object."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_fault(path: str | None) -> dict | None:
+    """The fault report at ``path`` (one JSON object), or None when absent or unreadable."""
+    return read_json(path) if path else None
 
 
 class LocalWorker:
