@@ -13,6 +13,7 @@
 #include "collectives/reduce.h"
 #include "collectives/reduce_simd.h"
 #include "transport/channel.h"
+#include "transport/shm/shm_link.h"
 #include "transport/tcp/tcp_link.h"
 #include "wire/codec.h"
 #include "wire/frame.h"
@@ -286,6 +287,32 @@ void bind_channel(py::module_& m, const py::object& exc) {
              return py::bytes(buf);
            })
       .def("close", [](PyChannel& c) { c.ch().link().close(); });
+  // A shm link pair whose side b raised its "waiting" flag and then went away: side a sends
+  // `nbytes` in one piece (the wake it owes b meets a closed socket), then tries to send and
+  // to receive once more. Returns the bytes the first send took and the two errors' texts.
+  m.def("shm_send_after_peer_left", [exc](size_t nbytes) {
+    size_t sent = 0;
+    std::string send_error, recv_error;
+    nogil(exc, [&] {
+      auto pr = make_shm_link_pair(0, 1, 1 << 20);
+      pr.second->arm_wait(true, false);
+      pr.second.reset();
+      std::vector<uint8_t> data(nbytes, 7);
+      sent = pr.first->send_some(data.data(), nbytes);
+      try {
+        pr.first->send_some(data.data(), 1);
+      } catch (const Error& e) {
+        send_error = e.status().to_string();
+      }
+      try {
+        uint8_t b;
+        pr.first->recv_some(&b, 1);
+      } catch (const Error& e) {
+        recv_error = e.status().to_string();
+      }
+    });
+    return py::make_tuple(sent, send_error, recv_error);
+  }, py::arg("nbytes"));
 }
 
 void bind_kernels(py::module_& m, const py::object& exc) {

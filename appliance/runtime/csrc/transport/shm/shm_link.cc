@@ -55,6 +55,12 @@ void ShmLink::ring(std::atomic<uint32_t>& flag) {
     ssize_t n = ::send(fd_, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0 || errno == EAGAIN || errno == EWOULDBLOCK) return;  // a full socket already wakes it
     if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET) {
+      // The peer has gone. What we published stays in the ring (it may even have read it
+      // already, without needing this wake); the next send fails, a receive drains then fails.
+      peer_closed_ = true;
+      return;
+    }
     lost("waking the peer", errno);
   }
 }

@@ -53,7 +53,7 @@ class ShmLink final : public Link {
   uint64_t cap_;
   int fd_;
   bool armed_ = false;
-  bool peer_closed_ = false;  // EOF seen on the doorbell
+  bool peer_closed_ = false;  // EOF seen on the doorbell, or the peer's end refused a wake
 };
 
 // Two connected shm links (peer ranks a and b) over an anonymous segment and a socketpair
