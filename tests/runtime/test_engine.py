@@ -79,6 +79,15 @@ def test_single_rank_without_launcher(tmp_path):
     assert (tmp_path / "rank0.json").exists()
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_large_outputs_recycled_never_while_referenced(run_ranks, np_):
+    ranks = run_ranks(np_, "engine", "outputs", timeout=120)
+    for r in range(np_):
+        assert ranks[r]["ok"] and ranks[r]["in_place"], ranks[r]
+        assert ranks[r]["reused"] >= 10, ranks[r]  # most of the 18 later outputs reuse a dropped one's block
+        assert 0 < ranks[r]["idle"] <= 256 << 20, ranks[r]
+
+
 def test_fusion_and_response_cache(run_ranks):
     n = 64
     ranks = run_ranks(2, "engine", "stats", n)

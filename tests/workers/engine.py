@@ -307,6 +307,37 @@ def case_links():
     report({"links": kinds, "ok": True})
 
 
+def case_outputs():
+    """Large core-allocated outputs (allgather, alltoall, reducescatter) recycled through the
+    output pool: an output still referenced is never reused (its contents survive the next ops),
+    a dropped one is; and an in-place broadcast (out=a)."""
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    n = 300_000  # 1.2 MB per rank: over the pool's 1 MiB floor
+    def gathered(salt):
+        return np.concatenate([data(k, np.float32, n, salt) for k in range(P)])
+    kept = [rt.allgather(data(r, np.float32, n, s), name=f"ag{s}") for s in range(3)]
+    for s, out in enumerate(kept):  # all three alive together: three distinct blocks
+        check(f"ag{s} kept", out, gathered(s), np.float32)
+    reused_before = engine.current().core.stats()["outputs_reused"]
+    for s in range(3, 9):  # each output dropped before the next: blocks come back from the pool
+        check(f"ag{s}", rt.allgather(data(r, np.float32, n, s), name="ag"), gathered(s), np.float32)
+        a2a, splits = rt.alltoall(data(r, np.float32, n * P, s), name="a2a")
+        want = np.concatenate([data(k, np.float32, n * P, s)[r * n:(r + 1) * n] for k in range(P)])
+        check(f"a2a{s}", a2a, want, np.float32)
+        rs = rt.reducescatter(data(r, np.float32, n * P, s), op=rt.Sum, name="rs")
+        check(f"rs{s}", rs, reference(rt.Sum, [data(k, np.float32, n * P, s) for k in range(P)], P)[r * n:(r + 1) * n],
+              np.float32)
+    for s, out in enumerate(kept):  # untouched by the ops that reused memory
+        check(f"ag{s} after reuse", out, gathered(s), np.float32)
+    stats = engine.current().core.stats()
+    b = data(r, np.float32, n, 99)
+    got = rt.broadcast(b, 1 % P, name="bc", out=b)
+    check("broadcast in place", b, data(1 % P, np.float32, n, 99), np.float32)
+    report({"reused": stats["outputs_reused"] - reused_before, "idle": stats["outputs_idle_bytes"],
+            "in_place": got is b, "ok": True})
+
+
 def case_join():
     rt.init()
     r, P = rt.rank(), rt.size()

@@ -37,35 +37,29 @@ void Runtime::loop() {
         ts.tv_sec = t / 1000;
         ts.tv_nsec = (t % 1000) * 1000000;
       }
-      // Callers write wake_fd_ only while this thread sleeps (enqueue() reads sleeping_), so a
-      // burst of enqueues costs one wake-up, not a syscall each. Dekker with qmu_: either we
-      // see their request in the queue, or they see sleeping_ and wake us.
-      sleeping_.store(true);
-      bool queued;
-      {
-        std::lock_guard<std::mutex> g(qmu_);
-        queued = !queue_.empty();
-      }
       // Just after work, while a caller waits (or just did), poll instead of sleeping
       // (APPLIANCE_SPIN_US): the next small op, or a peer's control message, then costs no
-      // wake-up. A caller that is computing is never competed with.
+      // wake-up. A caller that is computing is never competed with. Spinning needs no
+      // syscall beyond the yield: step() reads the queue and the control links anyway, and
+      // callers, seeing sleeping_ false, do not write wake_fd_.
       const bool spin = cfg_.spin_us > 0 && steady_us() - last_busy_us_ < cfg_.spin_us &&
                         handles_.waited_within(cfg_.spin_us);
       if (spin) {
         sched_yield();
-        ts = timespec{0, 0};
+      } else {
+        // Callers write wake_fd_ only while this thread sleeps (enqueue() reads sleeping_), so
+        // a burst of enqueues costs one wake-up, not a syscall each. Dekker on posted_: either
+        // we see their post, or they see sleeping_ and wake us.
+        sleeping_.store(true);
+        if (posted_.load() == taken_)
+          ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
+        sleeping_.store(false);
+        if (fds[0].revents & POLLIN) {
+          uint64_t v;
+          (void)!read(wake_fd_, &v, sizeof(v));
+        }
       }
-      if (!queued)
-        ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (spin || t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
-      sleeping_.store(false);
-      if (fds[0].revents & POLLIN) {
-        uint64_t v;
-        (void)!read(wake_fd_, &v, sizeof(v));
-      }
-      {
-        std::lock_guard<std::mutex> g(qmu_);
-        if (stopping_) break;
-      }
+      if (stopping_.load()) break;
       settle_burst();
       step();
       if (coordinator_gone_) {
@@ -126,11 +120,7 @@ void Runtime::step() {
 }
 
 void Runtime::settle_burst() {
-  if (!burst_.load()) return;
-  {
-    std::lock_guard<std::mutex> g(qmu_);
-    if (queue_.empty()) return;
-  }
+  if (!burst_.load() || posted_.load() == taken_) return;
   const int64_t until = steady_us() + std::min<int64_t>(static_cast<int64_t>(cfg_.cycle_time_ms * 1000), 5000);
   for (int64_t t = steady_us(); t < until; t = steady_us()) {
     const int64_t quiet = t - last_enqueue_us_.load();
@@ -155,10 +145,12 @@ int Runtime::poll_timeout_ms() const {
 }
 
 void Runtime::intake() {
+  if (posted_.load() == taken_) return;  // nothing new: no lock taken (callers may be enqueuing)
   std::deque<OpPtr> fresh;
   std::deque<SetChange> changes;
   {
     std::lock_guard<std::mutex> g(qmu_);
+    taken_ = posted_.load();
     fresh.swap(queue_);
     changes.swap(set_changes_);
   }

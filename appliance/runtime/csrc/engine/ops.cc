@@ -1,5 +1,7 @@
 #include "engine/ops.h"
 
+#include "transport/backoff.h"
+
 #include <sched.h>
 
 #include <chrono>
@@ -13,10 +15,10 @@ bool HandleTable::waited_within(int64_t us) const {
 }
 
 uint8_t* OpState::allocate_output(size_t bytes, std::vector<int64_t> shape) {
-  output.reset(new uint8_t[bytes ? bytes : 1]);
+  output = allocate_block(pool, bytes);
   output_bytes = bytes;
   out_shape = std::move(shape);
-  return output.get();
+  return output->data();
 }
 
 int HandleTable::add(const OpPtr& op, size_t* outstanding) {
@@ -36,7 +38,7 @@ void HandleTable::complete(const OpPtr& op, Status s) {
     std::lock_guard<std::mutex> g(mu_);
     if (op->done) return;
     op->status = std::move(s);
-    op->done = true;
+    op->done.store(true, std::memory_order_release);
     auto it = names_.find(op->req.name);
     if (it != names_.end() && it->second == op->handle) names_.erase(it);
   }
@@ -53,7 +55,7 @@ bool HandleTable::poll(int handle) {
 void HandleTable::mark_launched(const OpPtr& op) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    op->launched = true;
+    op->launched.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -63,7 +65,10 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
   auto it = ops_.find(handle);
   if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
   OpPtr op = it->second;
-  auto ready = [&] { return op->done || (until_launched && op->launched && op->ready_event); };
+  auto ready = [&] {
+    return op->done.load(std::memory_order_acquire) ||
+           (until_launched && op->launched.load(std::memory_order_acquire) && op->ready_event);
+  };
   struct Waiting {
     HandleTable& t;
     explicit Waiting(HandleTable& table) : t(table) { ++t.waiters_; }
@@ -73,12 +78,19 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
     }
   } waiting(*this);
   if (spin_us_ > 0 && !ready()) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-    do {
-      g.unlock();
-      sched_yield();
-      g.lock();
-    } while (!ready() && std::chrono::steady_clock::now() < until);
+    // Poll the op's atomics without the mutex (the completing thread needs it), yielding the
+    // CPU now and then: ranks and their threads may outnumber the cores.
+    g.unlock();
+    const int64_t until = steady_us() + spin_us_;
+    for (unsigned i = 1; !ready(); ++i) {
+      if (i % 32 == 0) {
+        if (steady_us() >= until) break;
+        sched_yield();
+      } else {
+        cpu_relax();
+      }
+    }
+    g.lock();
   }
   cv_.wait(g, ready);
   ops_.erase(handle);
@@ -93,9 +105,9 @@ void HandleTable::fail_all(const Status& s) {
     std::lock_guard<std::mutex> g(mu_);
     for (auto& kv : ops_) {
       OpState& op = *kv.second;
-      if (op.done) continue;
+      if (op.done.load()) continue;
       op.status = s;
-      op.done = true;
+      op.done.store(true, std::memory_order_release);
     }
     names_.clear();
   }

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "coordinator/request.h"
+#include "engine/output_pool.h"
 
 namespace appliance {
 
@@ -42,17 +43,21 @@ struct OpState {
 
   // Filled by the background thread before completion.
   Status status;
-  std::unique_ptr<uint8_t[]> output;  // core-allocated output (allgather, alltoall, reducescatter)
+  std::unique_ptr<OutputPool::Block> output;  // core-allocated output (allgather, alltoall, reducescatter)
   size_t output_bytes = 0;
+  std::shared_ptr<OutputPool> pool;  // where large outputs come from (null: plain allocation)
   std::vector<int64_t> out_shape;
   std::vector<int64_t> recv_splits;
   std::shared_ptr<void> device_output;  // CUDA output from the adapter's allocator (NCCL path)
   // Device work (NCCL path): an event recorded on the op's stream after it, set at launch.
   // A caller may make its own stream wait on it instead of waiting for `done` on the host.
   std::shared_ptr<void> ready_event;
-  bool launched = false;
   int64_t value = -1;
-  bool done = false;
+  // Set (under the table's mutex) by the background thread; atomic so that a spinning
+  // waiter reads them without taking that mutex, which it would otherwise keep from the
+  // thread that completes the op. Release/acquire: what was written before is visible.
+  std::atomic<bool> launched{false};
+  std::atomic<bool> done{false};
 
   // Allocate the output without zeroing it (the collective overwrites every byte).
   uint8_t* allocate_output(size_t bytes, std::vector<int64_t> shape);

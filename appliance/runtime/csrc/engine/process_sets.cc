@@ -31,6 +31,7 @@ void Runtime::add_process_set(int32_t id, std::vector<int> members) {
     known_sets_[id] = members;
     auto_names_.erase(id);  // a reused id starts its automatic names afresh on its new members
     set_changes_.push_back(SetChange{true, id, std::move(members)});
+    ++posted_;
   }
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -41,6 +42,7 @@ void Runtime::remove_process_set(int32_t id) {
     std::lock_guard<std::mutex> g(qmu_);
     if (!known_sets_.erase(id)) throw std::invalid_argument("process set " + std::to_string(id) + " is not registered");
     set_changes_.push_back(SetChange{false, id, {}});
+    ++posted_;
   }
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));

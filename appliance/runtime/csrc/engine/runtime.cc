@@ -132,6 +132,7 @@ void Runtime::shutdown() {
   {
     std::lock_guard<std::mutex> g(qmu_);
     stopping_ = true;
+    ++posted_;
   }
   uint64_t one = 1;
   if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
@@ -216,6 +217,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   op->req = std::move(req);
   op->in = std::move(in);
   op->out = std::move(out);
+  if (s.kind == OpKind::kAllgather || s.kind == OpKind::kAlltoall || s.kind == OpKind::kReducescatter) op->pool = outputs_;
   size_t outstanding = 0;
   int h = handles_.add(op, &outstanding);
   {
@@ -226,6 +228,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
       return h;
     }
     queue_.push_back(op);
+    ++posted_;
   }
   const int64_t now_us = steady_us();
   // A burst: issued soon after the previous one without waiting for it (a synchronous loop

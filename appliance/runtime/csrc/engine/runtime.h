@@ -92,6 +92,7 @@ class Runtime {
     std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0}, ready_full{0}, ready_ids{0};
   };
   const Stats& stats() const { return stats_; }
+  const OutputPool& output_pool() const { return *outputs_; }
   OpPtr wait(int handle) { return handles_.wait(handle); }
   // For a caller on a CUDA stream: returns once the op is done, or once its device work is on
   // its stream and `stream` has been made to wait for it (*finished false); an error after
@@ -210,6 +211,7 @@ class Runtime {
   std::deque<Running> running_;
   HandleTable handles_;
   Stats stats_;
+  std::shared_ptr<OutputPool> outputs_ = std::make_shared<OutputPool>();  // large core-allocated outputs
 
   int wake_fd_ = -1;
   int epoll_fd_ = -1;  // control fds, the Watch of collectives
@@ -221,10 +223,15 @@ class Runtime {
   std::atomic<int64_t> last_enqueue_us_{0};  // steady clock, set by enqueue()
   std::atomic<bool> burst_{false};  // the last enqueue came within kBurstGapUs of an unwaited one
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
+  // Counts what callers posted to the background thread (ops, set changes, the stop), each
+  // under qmu_; the thread compares it with taken_ (its own count at its last intake), so its
+  // idle loop takes no lock that an enqueuing caller would have to wait for.
+  std::atomic<uint64_t> posted_{0};
+  uint64_t taken_ = 0;  // background thread only (written under qmu_)
   std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
   std::map<int32_t, uint64_t> auto_names_;           // process set -> automatic names given
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // set under qmu_ (enqueue checks it there)
   Status terminal_;          // set once the runtime can run nothing more
   bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)
 
