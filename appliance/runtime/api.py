@@ -115,6 +115,15 @@ def _contig(a) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a))
 
 
+def _out_like(a: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    """``out`` checked to fit ``a`` (a fresh array when None)."""
+    if out is None:
+        return np.empty_like(a)
+    if not (out.flags.c_contiguous and out.dtype == a.dtype and out.shape == a.shape):
+        raise ValueError("out must be a C-contiguous array of the input's dtype and shape")
+    return out
+
+
 def _view(r: Result, dtype) -> np.ndarray:
     return r.output.view(dtype).reshape(r.shape)
 
@@ -158,10 +167,7 @@ def allreduce_async(a, op: int = Average, name: Optional[str] = None, prescale_f
                     postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> _Pending:
     """``out`` (C-contiguous, same dtype and shape; may be ``a`` itself) receives the result."""
     a = _contig(a)
-    if out is None:
-        out = np.empty_like(a)
-    elif not (out.flags.c_contiguous and out.dtype == a.dtype and out.shape == a.shape):
-        raise ValueError("out must be a C-contiguous array of the input's dtype and shape")
+    out = _out_like(a, out)
     return _submit(Kind.ALLREDUCE, name, a, out, lambda r: out, op=op, prescale=prescale_factor,
                    postscale=postscale_factor)
 
@@ -193,14 +199,15 @@ def allgather(a, name: Optional[str] = None) -> np.ndarray:
     return synchronize(allgather_async(a, name))
 
 
-def broadcast_async(a, root_rank: int, name: Optional[str] = None) -> _Pending:
+def broadcast_async(a, root_rank: int, name: Optional[str] = None, out: Optional[np.ndarray] = None) -> _Pending:
+    """``out`` (C-contiguous, same dtype and shape; may be ``a`` itself) receives root's data."""
     a = _contig(a)
-    out = np.empty_like(a)
+    out = _out_like(a, out)
     return _submit(Kind.BROADCAST, name, a, out, lambda r: out, root=root_rank)
 
 
-def broadcast(a, root_rank: int, name: Optional[str] = None) -> np.ndarray:
-    return synchronize(broadcast_async(a, root_rank, name))
+def broadcast(a, root_rank: int, name: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
+    return synchronize(broadcast_async(a, root_rank, name, out))
 
 
 def alltoall_async(a, splits: Optional[Sequence[int]] = None, name: Optional[str] = None) -> _Pending:

@@ -107,10 +107,17 @@ class Buffer(NamedTuple):
     def of_numpy(cls, a: np.ndarray) -> "Buffer":
         if not a.flags.c_contiguous:
             raise ValueError("the collective runtime needs C-contiguous arrays")
-        return cls(a.ctypes.data, numpy_dtype_code(a.dtype), tuple(a.shape))
+        code = _NUMPY.get(a.dtype)
+        return cls(_address(a), numpy_dtype_code(a.dtype) if code is None else code, a.shape)
 
 
-@dataclasses.dataclass
+def _address(a: np.ndarray) -> int:
+    """Data address of a contiguous array. Replaced by the core's (much cheaper) ``address``
+    once an Engine has loaded the core."""
+    return a.ctypes.data
+
+
+@dataclasses.dataclass(frozen=True)
 class Result:
     output: object = None  # flat uint8 numpy array the core allocated, or the allocator's owner (CUDA)
     shape: tuple = ()                    # output shape in elements
@@ -118,6 +125,7 @@ class Result:
     value: Optional[int] = None          # join: the last rank that joined
 
 
+_NOTHING = Result()  # the result of every op whose output is the caller's own memory
 _ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
 _NO_BUFFER = (0, 0, (), -1, 0)  # no memory (barrier, join; allgather's output the core allocates)
 _NO_SPLITS: tuple = ()
@@ -130,6 +138,8 @@ class Engine:
     def __init__(self, cfg: RuntimeConfig, generation: int):
         from appliance.runtime import _core
 
+        global _address
+        _address = _core.address
         core_cfg = _core.RuntimeConfig()
         for field in ("rank", "size", "host", "store_host", "store_port", "data_addr",
                       "fusion_threshold", "cycle_time_ms", "cache_capacity", "stall_check_s",
@@ -186,6 +196,8 @@ class Engine:
             if exc is not None:
                 raise exc(r.message)
             raise HorovodInternalError(r.message, r.origin_rank, r.origin_host, r.code)
+        if r.output is None and not r.has_splits and not r.has_value:
+            return _NOTHING  # allreduce, broadcast, barrier: nothing to hand back, no object to build
         return Result(output=r.output, shape=tuple(r.shape), splits=list(r.splits) if r.has_splits else None,
                       value=r.value if r.has_value else None)
 

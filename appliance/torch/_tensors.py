@@ -83,9 +83,9 @@ def stage(t: torch.Tensor) -> torch.Tensor:
     are copied to the host here, with a one-time warning saying why."""
     dtype_code(t)
     w = t.detach()
-    kind = w.device.type
-    if kind == "cpu":
+    if w.is_cpu:  # the common case first: is_cpu is far cheaper than building w.device
         return w if w.is_contiguous() else w.contiguous()
+    kind = w.device.type
     if kind == "cuda":
         caps = capabilities()
         if caps.get("cuda", False):
@@ -148,7 +148,7 @@ def _cuda_device(keep) -> Optional[int]:
     """The CUDA device of the first CUDA tensor among ``keep`` (nested tuples), else None."""
     for x in keep:
         if isinstance(x, torch.Tensor):
-            if x.device.type == "cuda":
+            if x.is_cuda:
                 return x.device.index
         elif isinstance(x, (tuple, list)):
             d = _cuda_device(x)
