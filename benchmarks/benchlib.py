@@ -6,13 +6,15 @@ Not a package module: the scripts in benchmarks/ import it as a sibling (their d
 OpenMPI legs run ``mpirun`` (openmpi-bin) with ``mpi4py`` (pip, the ``bench`` extra) in this
 interpreter. ``mpi_missing()`` says in one line why they cannot run (no mpirun, no mpi4py), and
 the scripts go on without them. ``mpirun_argv`` builds the command as an argv list: ob1 with the
-chosen BTLs (``shm``: self,vader; ``tcp``: self,tcp over loopback), no binding (other work shares
-this machine), ``--oversubscribe``, and ``--allow-run-as-root`` when running as root.
+chosen BTLs (``shm``: self,vader; ``tcp``: self,tcp over loopback, or over a given NIC/subnet with
+ranks on other hosts: crosshost.py), no binding (other work shares this machine), ``--oversubscribe``,
+and ``--allow-run-as-root`` when running as root.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -141,26 +143,42 @@ def mpi_missing() -> str | None:
     return None
 
 
-def mpirun_argv(np_: int, transport: str, argv: list) -> list:
-    """The mpirun command running ``argv`` on ``np_`` local ranks over ``transport`` (shm/tcp)."""
-    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1",
-           *MPI_TRANSPORTS[transport]]
+def mpirun_argv(np_: int, transport: str, argv: list, hosts: str | None = None, iface: str | None = None,
+                extra: list = ()) -> list:
+    """The mpirun command running ``argv`` on ``np_`` ranks over ``transport`` (shm/tcp): local ranks,
+    or with ``hosts`` (mpirun's ``--host`` list) ranks on those hosts, started as ``extra`` says (e.g.
+    ``--mca plm_rsh_agent ...``). ``iface`` (a NIC name or a CIDR) replaces loopback for the tcp BTL
+    and also carries mpirun's out-of-band channel to its remote daemons."""
+    mca = list(MPI_TRANSPORTS[transport])
+    if iface:
+        mca = [iface if i and mca[i - 1] == "btl_tcp_if_include" else x for i, x in enumerate(mca)]
+        mca += ["--mca", "oob_tcp_if_include", iface]
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1", *mca]
+    if hosts:
+        cmd += ["--host", hosts]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
-    return cmd + list(argv)
+    return cmd + list(extra) + list(argv)
 
 
-def run_mpi(np_: int, transport: str, argv: list, timeout: float) -> bool:
-    """Run an OpenMPI job; False (after printing why, in a few lines) when it failed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+def run_mpi(np_: int, transport: str, argv: list, timeout: float, env: dict | None = None, **where) -> bool:
+    """Run an OpenMPI job; False (after printing why, in a few lines) when it failed. ``env``: extra
+    variables for mpirun; ``where``: ``mpirun_argv``'s hosts, iface and extra."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}, **(env or {})}
+    # its own session: on a timeout the whole group goes (ssh clients to remote daemons included)
+    proc = subprocess.Popen(mpirun_argv(np_, transport, argv, **where), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(mpirun_argv(np_, transport, argv), env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        out = proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         print(f"OpenMPI {transport}: timed out after {timeout:.0f} s; its columns skipped", file=sys.stderr)
         return False
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     if proc.returncode != 0:
-        print(f"OpenMPI {transport}: mpirun exited {proc.returncode}; its columns skipped:\n"
-              + (proc.stdout + proc.stderr)[-3000:], file=sys.stderr)
+        print(f"OpenMPI {transport}: mpirun exited {proc.returncode}; its columns skipped:\n" + out[-3000:],
+              file=sys.stderr)
         return False
     return True

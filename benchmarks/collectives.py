@@ -20,7 +20,8 @@ spoils one pass, not a size); times are medians over a rank's samples, then the 
 collective is as slow as its last rank). Sizes and bandwidths follow nccl-tests: size S is the per-rank buffer for
 allreduce and broadcast, the gathered output for allgather, each rank's send buffer for alltoall;
 algbw = S / time; busbw = algbw x 2(P-1)/P (allreduce), x (P-1)/P (allgather, alltoall), x 1
-(broadcast). Ratios are baseline time / our time: above 1 means we are faster. Sum over float32,
+(broadcast). Broadcast runs in place in every backend; allgather and alltoall return a new
+output from ours (Horovod's API), into a buffer reused across calls for gloo and OpenMPI. Ratios are baseline time / our time: above 1 means we are faster. Sum over float32,
 or ``--dtype float16`` (mixed-precision gradients, ``hvd.Compression.fp16``): OpenMPI has no
 float16 reduction, so its legs are left out then, with a line saying so.
 """
@@ -62,7 +63,7 @@ def ours_call(op, rt, np_, n, p, name, dtype="float32"):
     if op == "allgather":
         return lambda: rt.allgather(a, name=name)
     if op == "broadcast":
-        return lambda: rt.broadcast(a, 0, name=name)
+        return lambda: rt.broadcast(a, 0, name=name, out=a)  # in place, as gloo's and MPI's
     return lambda: rt.alltoall(a, name=name)
 
 

@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -77,15 +75,7 @@ def main() -> None:
     why = _netns.available()
     if why:
         raise SystemExit(f"cannot build the cluster: {why}")
-    os.makedirs(os.path.expanduser("~/.cache"), exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="appliance-ssh-bench-", dir=os.path.expanduser("~/.cache")))
-    cluster = None
-    try:
-        shared, out = base / "share", base / "out"
-        out.mkdir()
-        subprocess.run([sys.executable, "-m", "appliance", "keys", "--shared", str(shared)], check=True,
-                       capture_output=True)
-        cluster = _netns.Cluster(2, str(shared), str(base))
+    with _netns.keyed_cluster(2, "appliance-ssh-bench-") as (cluster, base, shared, out):
         h1, h2 = cluster.hosts
         env = {**os.environ, "APPLIANCE_SHARED": str(shared), "APPLIANCE_STOP_GRACE": "1", "HOME": str(base),
                "APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
@@ -100,10 +90,6 @@ def main() -> None:
             if torch_starts:
                 print(f"-H {name}: launch -> all ranks past appliance.torch init(): median "
                       f"{statistics.median(torch_starts):.2f} s (min {min(torch_starts):.2f}, max {max(torch_starts):.2f})")
-    finally:
-        if cluster is not None:
-            cluster.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ clusters of dead test sessions (same prefix, pid gone) are removed at start.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -25,7 +26,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 PREFIX = "aps"  # appliance ssh tests
 PORT = 12345
@@ -230,3 +234,25 @@ LogLevel VERBOSE
             sh("ip", "netns", "del", ns, check=False)
         self._created_ns.clear()
         sh("ip", "link", "del", self.primary_nic, check=False)
+
+
+@contextlib.contextmanager
+def keyed_cluster(n: int, prefix: str):
+    """For the benchmarks: ``n`` simulated hosts with the cluster's keys from ``appliance keys``.
+    Yields (cluster, base, shared, out): ``base`` is a fresh directory under ~/.cache (sshd's
+    StrictModes refuses an authorized_keys below /tmp) to use as HOME, ``shared`` the keys'
+    mount, ``out`` an empty directory. Everything is torn down on exit, whatever happened."""
+    os.makedirs(os.path.expanduser("~/.cache"), exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=os.path.expanduser("~/.cache")))
+    cluster = None
+    try:
+        shared, out = base / "share", base / "out"
+        out.mkdir()
+        subprocess.run([sys.executable, "-m", "appliance", "keys", "--shared", str(shared)], check=True,
+                       capture_output=True, timeout=60)
+        cluster = Cluster(n, str(shared), str(base))
+        yield cluster, base, shared, out
+    finally:
+        if cluster is not None:
+            cluster.close()
+        shutil.rmtree(base, ignore_errors=True)
