@@ -140,7 +140,11 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
     res.enter_s = since(t0);
     auto start = Clock::now();
     if (spec.kind == "allreduce") {
-      allreduce(comm, buf.data(), buf.size() / esz, spec.dtype, spec.op, spec.opts);
+      // alias: in place; otherwise from buf into out, and buf must come back untouched.
+      if (!spec.alias) out.assign(buf.size(), 0xA5);
+      allreduce(comm, buf.data(), spec.alias ? buf.data() : out.data(), buf.size() / esz, spec.dtype, spec.op,
+                spec.opts);
+      if (!spec.alias && buf != in) throw Error(Code::kInternal, "allreduce wrote to its input");
     } else if (spec.kind == "adasum") {
       std::vector<size_t> counts = spec.counts.empty() ? std::vector<size_t>{buf.size() / esz} : spec.counts;
       adasum_allreduce(comm, buf.data(), counts, spec.dtype, spec.opts);
@@ -168,7 +172,7 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
     res.seconds += std::chrono::duration<double>(Clock::now() - start).count();
     res.exit_s = since(t0);
   }
-  if (spec.kind == "allreduce" || spec.kind == "adasum" || spec.kind == "broadcast") {
+  if ((spec.kind == "allreduce" && spec.alias) || spec.kind == "adasum" || spec.kind == "broadcast") {
     res.output = std::move(buf);
   } else {
     res.output = std::move(out);

@@ -41,7 +41,8 @@ struct CollectiveSpec {
   int root = 0;
   std::vector<size_t> counts;                   // reducescatter: elements per rank; adasum: per tensor
   std::vector<std::vector<size_t>> send_bytes;  // alltoallv: [rank][peer]
-  bool alias = false;     // allgatherv: in = out + offset; reducescatter: out = buf block
+  bool alias = false;     // allreduce: in place (else into a separate output); allgatherv: in = out + offset;
+                          // reducescatter: out = buf block
   CollectiveOptions opts;
   size_t max_frame = 1 << 20;
   int iterations = 1;

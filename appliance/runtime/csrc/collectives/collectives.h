@@ -41,10 +41,12 @@ struct CollectiveOptions {
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
 };
 
-// In place over `count` elements. op is Sum, Min, Max or Product (Average is Sum plus a
-// postscale applied by the caller). Ring (reduce-scatter then allgather) or, for small
-// buffers, recursive doubling: allreduce.cc's cost model decides.
-void allreduce(Comm& c, void* buf, size_t count, DataType dt, ReduceOp op, const CollectiveOptions& o);
+// `count` elements from `in` reduced over all ranks into `out`; in == out is in place, else
+// `in` is only read and the two must not overlap. op is Sum, Min, Max or Product (Average
+// is Sum plus a postscale applied by the caller). Ring (reduce-scatter then allgather) or,
+// for small buffers, recursive doubling: allreduce.cc's cost model decides.
+void allreduce(Comm& c, const void* in, void* out, size_t count, DataType dt, ReduceOp op,
+               const CollectiveOptions& o);
 
 // Rank r contributes bytes[r] bytes from `in`; `out` receives all contributions in rank
 // order (sum(bytes) bytes). `in` may alias out + offset(rank).

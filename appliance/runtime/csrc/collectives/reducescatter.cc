@@ -24,12 +24,14 @@ namespace appliance {
 
 namespace ring {
 
-void reduce_scatter(Comm& c, uint8_t* buf, const std::vector<size_t>& off, const std::vector<size_t>& len,
-                    DataType dt, ReduceOp op, const CollectiveOptions& o, uint8_t* final_out) {
+void reduce_scatter(Comm& c, const uint8_t* src, uint8_t* buf, const std::vector<size_t>& off,
+                    const std::vector<size_t>& len, DataType dt, ReduceOp op, const CollectiveOptions& o,
+                    uint8_t* final_out) {
   const int P = c.size(), r = c.rank();
   const size_t esz = dtype_size(dt);
   if (P == 1) {
-    if (final_out && len[0]) std::memcpy(final_out, buf + off[0], len[0]);
+    if (final_out && len[0]) std::memcpy(final_out, src + off[0], len[0]);
+    else if (!final_out && src != buf && len[0]) std::memcpy(buf + off[0], src + off[0], len[0]);
     return;
   }
   // Frames of whole elements, at most chunk_bytes: each incoming frame is staged in a
@@ -42,12 +44,15 @@ void reduce_scatter(Comm& c, uint8_t* buf, const std::vector<size_t>& off, const
   std::vector<RecvOp> recvs(1);
   for (int s = 0; s < P - 1; ++s) {
     const int sb = mod(r - s - 1, P), rb = mod(r - s - 2, P);
-    sends[0] = SendOp{right(c), buf + off[sb], len[sb], g};
+    // Step 0 sends a block of this rank's own input; every later step forwards the partial
+    // result the previous step wrote to buf.
+    sends[0] = SendOp{right(c), (s == 0 ? src : buf) + off[sb], len[sb], g};
     RecvOp& rv = recvs[0];
     rv.peer = left(c);
     rv.len = len[rb];
     rv.piece = g;
-    uint8_t* mine = buf + off[rb];
+    const uint8_t* mine = src + off[rb];
+    uint8_t* dst = buf + off[rb];
     if (s == P - 2 && final_out) {  // last step: straight into out, then fold the local part in
       rv.data = final_out;
       rv.stage = nullptr;
@@ -58,8 +63,9 @@ void reduce_scatter(Comm& c, uint8_t* buf, const std::vector<size_t>& off, const
     } else {
       rv.data = nullptr;
       rv.stage = stage;
-      rv.on_piece = [stage, mine, dt, op, esz](size_t at, size_t n) {
-        reduce_into(mine + at, stage, n / esz, dt, op);
+      rv.on_piece = [stage, mine, dst, dt, op, esz](size_t at, size_t n) {
+        if (dst != mine) std::memcpy(dst + at, mine + at, n);  // a chunk: still in cache for the reduce
+        reduce_into(dst + at, stage, n / esz, dt, op);
       };
     }
     c.exchange(sends, recvs);
@@ -91,7 +97,7 @@ void reducescatter(Comm& c, void* buf, void* out, const std::vector<size_t>& cou
   } else if (len[c.rank()] && dst < b + at && b < dst + len[c.rank()]) {
     throw Error(Code::kInvalid, "reducescatter: out overlaps buf other than at this rank's block");
   }
-  ring::reduce_scatter(c, b, off, len, dt, op, o, dst);
+  ring::reduce_scatter(c, b, b, off, len, dt, op, o, dst);
 }
 
 }  // namespace appliance

@@ -33,14 +33,18 @@ inline void check_op(ReduceOp op, const char* what) {
                                     " is not Sum, Min, Max or Product (Average = Sum plus a postscale)");
 }
 
-// Ring reduce-scatter over P-1 steps. At the end block `rank` holds the reduction of every
-// rank's block `rank`: in `buf` itself, or in `final_out` when given (then buf's block
-// `rank` keeps the partial value it had). Offsets/lengths in bytes, multiples of the
-// element size. Blocks travel in frames of whole elements of at most chunk_bytes; each
-// incoming frame is staged in the Comm workspace (one chunk) and reduced on arrival.
-// Error(kInvalid) when max_frame is smaller than one element. Lives in reducescatter.cc.
-void reduce_scatter(Comm& c, uint8_t* buf, const std::vector<size_t>& off, const std::vector<size_t>& len,
-                    DataType dt, ReduceOp op, const CollectiveOptions& o, uint8_t* final_out);
+// Ring reduce-scatter over P-1 steps. This rank's contribution is read from `src`; partial
+// results are written to `buf` (src == buf: in place; otherwise src is only read, and no
+// block of it is copied on its own: each is read once, when it is folded into what arrives).
+// At the end block `rank` holds the reduction of every rank's block `rank`: in `buf`, or in
+// `final_out` when given (then buf's block `rank` is not written). Offsets/lengths in bytes,
+// multiples of the element size. Blocks travel in frames of whole elements of at most
+// chunk_bytes; each incoming frame is staged in the Comm workspace (one chunk) and reduced
+// on arrival. Error(kInvalid) when max_frame is smaller than one element. Lives in
+// reducescatter.cc.
+void reduce_scatter(Comm& c, const uint8_t* src, uint8_t* buf, const std::vector<size_t>& off,
+                    const std::vector<size_t>& len, DataType dt, ReduceOp op, const CollectiveOptions& o,
+                    uint8_t* final_out);
 
 // Ring allgather over P-1 steps, in place: block r of `buf` starts on rank r and ends on all.
 // Lives in allgatherv.cc.

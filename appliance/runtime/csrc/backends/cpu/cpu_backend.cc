@@ -53,13 +53,18 @@ void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& o
   const ReduceOp op = wire_op(s.op);
   const double post = final_scale(s, comm_.size());
   if (e.names.size() == 1 && ops[0]) {
-    // Alone: reduce straight in the user's output buffer.
+    // Alone: reduce straight from the user's input into their output buffer (a prescale
+    // first needs the input copied there, where it may be scaled).
     OpState& o = *ops[0];
     size_t n = static_cast<size_t>(s.numel());
     void* buf = o.out.data();
-    if (o.in.ptr != o.out.ptr && n) std::memcpy(buf, o.in.data(), s.nbytes());
-    scale(buf, n, s.dtype, s.prescale);
-    reduce(buf, {n}, s.dtype, op);
+    const void* src = o.in.data();
+    if (src != buf && s.prescale != 1.0) {
+      if (n) std::memcpy(buf, src, s.nbytes());
+      src = buf;
+    }
+    scale(buf, n, s.dtype, s.prescale);  // a no-op at 1.0, so never on the user's input
+    reduce(src, buf, {n}, s.dtype, op);
     scale(buf, n, s.dtype, post);
     return;
   }
@@ -78,17 +83,21 @@ void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& o
   note(e, collective_step(e.kind));
   size_t n = total / dtype_size(s.dtype);
   scale(buf, n, s.dtype, s.prescale);
-  reduce(buf, counts, s.dtype, op);
+  reduce(buf, buf, counts, s.dtype, op);
   scale(buf, n, s.dtype, post);
   note(e, "MEMCPY_OUT_FUSION_BUFFER");
   fusion_unpack(buf, pieces);
 }
 
-void CpuBackend::reduce(void* buf, const std::vector<size_t>& counts, DataType dt, ReduceOp op) {
+void CpuBackend::reduce(const void* src, void* buf, const std::vector<size_t>& counts, DataType dt, ReduceOp op) {
   // Adasum combines each tensor of a fused buffer with its own dot products; the element-wise
   // ops do not care where one tensor ends.
-  if (op == ReduceOp::kAdasum) return adasum_allreduce(comm_, buf, counts, dt, opts_);
-  allreduce(comm_, buf, std::accumulate(counts.begin(), counts.end(), size_t{0}), dt, op, opts_);
+  const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  if (op == ReduceOp::kAdasum) {
+    if (src != buf && n) std::memcpy(buf, src, n * dtype_size(dt));
+    return adasum_allreduce(comm_, buf, counts, dt, opts_);
+  }
+  allreduce(comm_, src, buf, n, dt, op, opts_);
 }
 
 void CpuBackend::do_allgather(const PlanEntry& e, OpState& o) {

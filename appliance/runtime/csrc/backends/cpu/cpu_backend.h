@@ -22,7 +22,7 @@ class CpuBackend final : public Backend {
  private:
   void do_allreduce(const PlanEntry& e, const std::vector<OpState*>& ops);
   // In place over tensors of counts[i] elements back to back: ring allreduce, or Adasum.
-  void reduce(void* buf, const std::vector<size_t>& counts, DataType dt, ReduceOp op);
+  void reduce(const void* src, void* buf, const std::vector<size_t>& counts, DataType dt, ReduceOp op);
   void do_allgather(const PlanEntry& e, OpState& op);
   void do_broadcast(const PlanEntry& e, OpState& op);
   void do_alltoall(const PlanEntry& e, OpState& op);
