@@ -110,6 +110,12 @@ def case_ops():
     x = data(r, np.float32, 33)
     got = rt.allreduce(x, op=rt.Sum, name="scaled", prescale_factor=0.5, postscale_factor=4.0)
     check("scaled allreduce", got, 2.0 * sum(data(k, np.float32, 33) for k in range(P)), np.float32)
+    check("input of a scaled allreduce", x, data(r, np.float32, 33), np.float32)
+    # ring-sized (over 1 MiB), out of place: reduced from the input, which stays as it was
+    x = data(r, np.float32, 1 << 19)
+    got = rt.allreduce(x, op=rt.Sum, name="ring.out")
+    check("ring-sized allreduce", got, sum(data(k, np.float32, 1 << 19) for k in range(P)), np.float32)
+    check("input of a ring-sized allreduce", x, data(r, np.float32, 1 << 19), np.float32)
     x = data(r, np.int32, 33)
     got = rt.allreduce(x, op=rt.Sum, name="scaled.int", prescale_factor=3.0)
     check("scaled int allreduce", got, 3 * sum(data(k, np.int32, 33).astype(np.int64) for k in range(P)), np.int32)
