@@ -111,11 +111,22 @@ def test_train_quick(tmp_path):
     assert sorted((r["impl"], r["ranks"]) for r in rows) == [("ddp-gloo", 1), ("ddp-gloo", 2), ("ours", 1), ("ours", 2)]
     for r in rows:
         assert r["samples_per_s"] > 0 and math.isfinite(r["last_loss"])
+        assert r["rounds"] == [r["samples_per_s"]]  # --quick: one round
     # the same seed, data and model: both implementations compute the same losses at each size
     for n in (1, 2):
         ours, ddp = (next(r for r in rows if r["impl"] == i and r["ranks"] == n) for i in ("ours", "ddp-gloo"))
         assert ours["last_loss"] == pytest.approx(ddp["last_loss"], rel=1e-3)
     assert "ours / ddp-gloo samples/s at 2 ranks" in proc.stdout and "torch threads per rank" in proc.stdout
+
+
+def test_train_rounds_report_the_median_run(tmp_path):
+    out = tmp_path / "t.json"
+    proc = run("train.py", "--ranks", "1", "--rounds", "3", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["impl"] for r in rows) == ["ddp-gloo", "ours"]
+    for r in rows:
+        assert len(r["rounds"]) == 3 and r["samples_per_s"] == sorted(r["rounds"])[1]
+        assert " ".join(f"{x:.1f}" for x in r["rounds"]) in proc.stdout
 
 
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
