@@ -17,6 +17,9 @@ def _wait_for(trap: SignalTrap, count: int) -> None:
 
 
 def test_records_signals_while_entered_and_restores_the_handlers():
+    # this test's own dispositions: a shell running pytest under `cmd &` hands SIGINT down ignored
+    saved = {s: signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+             for s in (signal.SIGTERM, signal.SIGINT)}
     before = {s: signal.getsignal(s) for s in SignalTrap.SIGNALS}
     previous_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # ignored (nohup): stays ignored
     try:
@@ -32,6 +35,8 @@ def test_records_signals_while_entered_and_restores_the_handlers():
         assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
     finally:
         signal.signal(signal.SIGHUP, previous_hup)
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 def test_installs_nothing_outside_the_main_thread_or_when_disabled():
