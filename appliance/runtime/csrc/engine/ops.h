@@ -86,6 +86,8 @@ class HandleTable {
   // background thread polls instead of sleeping only then, so it never competes for the CPU
   // with a caller that is computing (a backward pass) rather than waiting.
   bool waited_within(int64_t us) const;
+  // Whether a caller is in wait() now (a caller that waits has stopped issuing a burst).
+  bool waiting() const { return waiters_.load(std::memory_order_relaxed) > 0; }
 
  private:
   std::mutex mu_;

@@ -125,8 +125,8 @@ class Runtime {
   void step();
   // A caller issuing operations back to back without waiting (a backward pass's gradients, a
   // burst of async calls) gets them announced together: while such enqueues come less than
-  // kBurstGapUs apart, wait (at most the cycle time) for a pause, so they negotiate and fuse
-  // as one plan. A lone operation, or a synchronous loop's, goes at once.
+  // kBurstGapUs apart, wait (at most the cycle time) for a pause or for a caller to wait, so
+  // they negotiate and fuse as one plan. A lone operation, or a synchronous loop's, goes at once.
   static constexpr int64_t kBurstGapUs = 50;
   void settle_burst();
   void intake();
