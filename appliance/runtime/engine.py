@@ -129,6 +129,7 @@ _NOTHING = Result()  # the result of every op whose output is the caller's own m
 _ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
 _NO_BUFFER = (0, 0, (), -1, 0)  # no memory (barrier, join; allgather's output the core allocates)
 _NO_SPLITS: tuple = ()
+_ALLREDUCE = int(Kind.ALLREDUCE)
 
 
 class Engine:
@@ -181,6 +182,21 @@ class Engine:
                 self._keep[h] = keep
         return h
 
+    def allreduce_host(self, name: Optional[str], ptr: int, dtype: int, shape, op: int, prescale: float,
+                       postscale: float) -> int:
+        """``submit`` for the commonest call, kept short (a backward pass makes one per
+        gradient): an allreduce in place of host memory over every rank, nothing kept."""
+        if self._abandoned:
+            self.reap()
+        d = (ptr, dtype, shape, -1, 0)
+        return self.core.enqueue(_ALLREDUCE, name or "", d, d, op, prescale, postscale, 0, _NO_SPLITS, 0, 0, 0)
+
+    def wait_host(self, handle: int) -> None:
+        """``wait`` for an operation submitted by ``allreduce_host`` (nothing to hand back)."""
+        r = self.core.wait(handle, -1)
+        if not r.ok:
+            self._raise(r)
+
     def poll(self, handle: int) -> bool:
         return self.core.poll(handle)
 
@@ -192,14 +208,18 @@ class Engine:
                 with self._mu:
                     self._keep.pop(handle, None)
         if not r.ok:
-            exc = _ERROR_KINDS.get(r.code)
-            if exc is not None:
-                raise exc(r.message)
-            raise HorovodInternalError(r.message, r.origin_rank, r.origin_host, r.code)
+            self._raise(r)
         if r.output is None and not r.has_splits and not r.has_value:
             return _NOTHING  # allreduce, broadcast, barrier: nothing to hand back, no object to build
         return Result(output=r.output, shape=tuple(r.shape), splits=list(r.splits) if r.has_splits else None,
                       value=r.value if r.has_value else None)
+
+    @staticmethod
+    def _raise(r) -> None:
+        exc = _ERROR_KINDS.get(r.code)
+        if exc is not None:
+            raise exc(r.message)
+        raise HorovodInternalError(r.message, r.origin_rank, r.origin_host, r.code)
 
     def abandon(self, handle: int) -> None:
         """Nobody will wait for ``handle``: release what it keeps once the core completes it.

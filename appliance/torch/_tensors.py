@@ -13,8 +13,8 @@ dtype or device (as Horovod); errors of the operation itself are raised by ``syn
 """
 from __future__ import annotations
 
+import itertools
 import sys
-import threading
 import weakref
 from typing import Callable, List, Optional, Sequence
 
@@ -31,6 +31,7 @@ _DTYPES = {
 }
 
 SUPPORTED_DTYPES = tuple(_DTYPES)
+HOST_DTYPES = {t: int(c) for t, c in _DTYPES.items()}  # torch dtype -> the core's dtype code, as an int
 
 
 def dtype_code(t: torch.Tensor) -> DType:
@@ -167,33 +168,45 @@ class _Entry:
 
 class HandleTable:
     """Integer handles as Horovod has them. One handle may stand for several engine
-    operations (grouped ops); ``keep`` holds every tensor the core may still touch."""
+    operations (grouped ops); ``keep`` holds every tensor the core may still touch. A host
+    allreduce in place (``add_host``) is kept as a bare ``(engine handle, tensor)`` tuple: it is
+    most of a training step's handles, and its result is the tensor itself."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._entries: dict = {}
-        self._next = 0
+        self._entries: dict = {}  # dict operations are atomic under the GIL: no lock needed
+        self._ids = itertools.count(1)  # next() on it is atomic too
 
     def add(self, handles: Sequence[int], keep: tuple, finish: Callable[[list], object]) -> int:
-        with self._lock:
-            self._next += 1
-            self._entries[self._next] = _Entry(list(handles), keep, finish)
-            return self._next
+        hid = next(self._ids)
+        self._entries[hid] = _Entry(list(handles), keep, finish)
+        return hid
+
+    def add_host(self, handle: int, tensor: torch.Tensor) -> int:
+        """``add`` for one host operation whose result is ``tensor`` itself."""
+        hid = next(self._ids)
+        self._entries[hid] = (handle, tensor)
+        return hid
 
     def poll(self, handle: int) -> bool:
-        with self._lock:
-            entry = self._entries.get(handle)
+        entry = self._entries.get(handle)
         if entry is None:
             raise ValueError(f"handle {handle!r} is not an operation in flight (already synchronized?)")
+        if entry.__class__ is tuple:
+            return engine.poll(entry[0])
         return all(engine.poll(h) for h in entry.handles)
 
     def synchronize(self, handle: int):
         """Wait for every engine operation of ``handle``; return its output. An unknown
         handle returns None, as in Horovod."""
-        with self._lock:
-            entry = self._entries.get(handle)
+        entry = self._entries.get(handle)
         if entry is None:
             return None
+        if entry.__class__ is tuple:
+            try:
+                engine.current().wait_host(entry[0])
+            finally:
+                self._entries.pop(handle, None)
+            return entry[1]
         # On CUDA, the caller's current stream waits for the device work (torch's semantics);
         # the host only waits for it to be queued. Host work is waited for.
         stream = None if entry.device is None else torch.cuda.current_stream(entry.device).cuda_stream
@@ -204,15 +217,13 @@ class HandleTable:
             except Exception as e:  # re-raised below, once the others have finished
                 results.append(None)
                 error = error or e
-        with self._lock:
-            self._entries.pop(handle, None)
+        self._entries.pop(handle, None)
         if error is not None:
             raise error
         return entry.finish(results)
 
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+        self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -40,6 +40,7 @@ from appliance.torch._tensors import from_result, stage
 
 _handles = _tensors.HandleTable()
 _REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+_FAST_OPS = frozenset((None, *_REDUCE_OPS))  # op= values allreduce_async_'s short path takes (None: Average)
 
 
 # --- process sets (appliance.runtime.process_sets; Horovod's names) ----------------------------
@@ -224,6 +225,14 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> int:
     """In-place ``allreduce_async``: ``synchronize`` returns ``tensor`` holding the result."""
+    if average is None and process_set is global_process_set and tensor.is_cpu:
+        # The call a backward pass makes per gradient, in few steps: a contiguous host tensor of a
+        # supported dtype over every rank. Anything else takes the general path below.
+        code = _tensors.HOST_DTYPES.get(tensor.dtype)
+        if code is not None and op in _FAST_OPS and tensor.is_contiguous():
+            h = _engine.current().allreduce_host(name, tensor.data_ptr(), code, tensor.shape,
+                                                 Average if op is None else op, prescale_factor, postscale_factor)
+            return _handles.add_host(h, tensor)
     op = resolve_op(op, average)
     return _allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
 

@@ -2,6 +2,7 @@
 in-place/async/grouped variants, scale factors, argument errors, and autograd gradients."""
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -50,6 +51,25 @@ def allreduce(hvd):
             xs = [data(case, p, (33,), dt) for p in range(P)]
             want = ref_reduce(xs, op, hvd, pre=0.5, post=3.0)
             check(hvd.allreduce(xs[r], op=op, prescale_factor=0.5, postscale_factor=3.0), want, case, False)
+
+    # allreduce_async_'s short path (a contiguous host tensor over every rank): its defaults,
+    # scale factors, poll, and the refusals it leaves to the general path.
+    xs = [data("short", p, (7, 3), torch.float32) for p in range(P)]
+    x = xs[r].clone()
+    h = hvd.allreduce_async_(x, name="short.default")
+    deadline = time.monotonic() + 30
+    while not hvd.poll(h):
+        assert time.monotonic() < deadline, "poll of an async_ allreduce never turned True"
+        time.sleep(0.001)
+    assert hvd.synchronize(h) is x
+    check(x, ref_reduce(xs, hvd.Average, hvd), "allreduce_async_ defaults to Average", False)
+    x = xs[r].clone()
+    hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3, name="short.scaled"))
+    check(x, ref_reduce(xs, hvd.Sum, hvd, pre=0.5, post=3.0), "allreduce_async_ scale factors", False)
+    expect_raises(ValueError, lambda: hvd.allreduce_async_(torch.zeros(3, dtype=torch.complex64)), "complex64 (async_)")
+    expect_raises(ValueError, lambda: hvd.allreduce_async_(torch.zeros(3), op=99), "unknown op (async_)")
+    expect_raises(ValueError, lambda: hvd.allreduce_async_(torch.zeros(3, dtype=torch.int32), op=hvd.Adasum),
+                  "Adasum of integers (async_)")
 
     # The deprecated average= argument, exactly as Horovod handles it.
     x = torch.full((4,), float(r + 1))
