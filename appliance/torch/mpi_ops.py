@@ -182,6 +182,9 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
 
 
 def _submit(kind, name, work, out=None, **kw) -> int:
+    if out is work and kind is Kind.ALLREDUCE and work.is_cpu and not kw.get("process_set"):  # the short way
+        return _engine.current().allreduce_host(name, work.data_ptr(), _tensors.HOST_DTYPES[work.dtype], work.shape,
+                                                kw["op"], kw["prescale"], kw["postscale"], *kw.get("group", (0, 0)))
     inp = None if work is None else _tensors.buffer(work)
     outb = inp if out is work else None if out is None else _tensors.buffer(out)  # in place: one description
     return _engine.submit(kind, name, inp, outb, **kw)  # kw: op, scales, root, splits, group, process_set
