@@ -182,15 +182,16 @@ class Engine:
                 self._keep[h] = keep
         return h
 
-    def allreduce_host(self, name: Optional[str], ptr: int, dtype: int, shape, op: int, prescale: float,
-                       postscale: float, group_id: int = 0, group_size: int = 0) -> int:
+    def allreduce_host(self, name: Optional[str], ptr: int, out_ptr: int, dtype: int, shape, op: int,
+                       prescale: float, postscale: float, group_id: int = 0, group_size: int = 0) -> int:
         """``submit`` for the commonest call, kept short (a backward pass makes one per
-        gradient): an allreduce in place of host memory over every rank, nothing kept."""
+        gradient): an allreduce of host memory (``out_ptr`` may be ``ptr``) over every rank,
+        nothing kept: the caller keeps both memories alive until it has waited."""
         if self._abandoned:
             self.reap()
         d = (ptr, dtype, shape, -1, 0)
-        return self.core.enqueue(_ALLREDUCE, name or "", d, d, op, prescale, postscale, 0, _NO_SPLITS, group_id,
-                                 group_size, 0)
+        return self.core.enqueue(_ALLREDUCE, name or "", d, d if out_ptr == ptr else (out_ptr, dtype, shape, -1, 0),
+                                 op, prescale, postscale, 0, _NO_SPLITS, group_id, group_size, 0)
 
     def wait_host(self, handle: int) -> None:
         """``wait`` for an operation submitted by ``allreduce_host`` (nothing to hand back)."""

@@ -183,7 +183,8 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
 
 def _submit(kind, name, work, out=None, **kw) -> int:
     if out is work and kind is Kind.ALLREDUCE and work.is_cpu and not kw.get("process_set"):  # the short way
-        return _engine.current().allreduce_host(name, work.data_ptr(), _tensors.HOST_DTYPES[work.dtype], work.shape,
+        ptr = work.data_ptr()
+        return _engine.current().allreduce_host(name, ptr, ptr, _tensors.HOST_DTYPES[work.dtype], work.shape,
                                                 kw["op"], kw["prescale"], kw["postscale"], *kw.get("group", (0, 0)))
     inp = None if work is None else _tensors.buffer(work)
     outb = inp if out is work else None if out is None else _tensors.buffer(out)  # in place: one description
@@ -233,7 +234,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         # supported dtype over every rank. Anything else takes the general path below.
         code = _tensors.HOST_DTYPES.get(tensor.dtype)
         if code is not None and op in _FAST_OPS and tensor.is_contiguous():
-            h = _engine.current().allreduce_host(name, tensor.data_ptr(), code, tensor.shape,
+            ptr = tensor.data_ptr()
+            h = _engine.current().allreduce_host(name, ptr, ptr, code, tensor.shape,
                                                  Average if op is None else op, prescale_factor, postscale_factor)
             return _handles.add_host(h, tensor)
     op = resolve_op(op, average)
