@@ -21,7 +21,8 @@ MESH = r"""
 def main():
     a = ARGS
     return T.mesh_smoke(a["store_host"], a["store_port"], bytes.fromhex(a["secret"]), a["job"], a["rank"],
-                        a["size"], a.get("host", ""), a.get("bind_addr", ""), a["timeout_ms"], 5000)
+                        a["size"], a.get("host", ""), a.get("bind_addr", ""), a["timeout_ms"], 5000,
+                        a.get("allow_shm", False))
 run(main)
 """
 
@@ -37,7 +38,7 @@ def start_mesh(w, server, job, size, ranks, hosts=None, timeout_ms=10000, secret
     return procs
 
 
-def check_mesh(results, size, hosts):
+def check_mesh(results, size, hosts, kind="tcp"):
     for r, res in enumerate(results):
         assert res.rc == 0 and res.result and "error" not in res.result, (r, res.result, res.stderr)
         out = res.result
@@ -55,7 +56,7 @@ def check_mesh(results, size, hosts):
         else:
             want += [(0, "control", "hello from rank 0 on control")]
         assert got == sorted(want), r
-        assert all(kind == "tcp" for _, _, kind, _ in out["received"])
+        assert all(k == kind for _, _, k, _ in out["received"]), out["received"]
 
 
 @pytest.fixture
@@ -73,6 +74,14 @@ def test_mesh_three_processes_one_host(server):
     check_mesh(results, 3, hosts)
     assert [res.result["topology"]["local_rank"] for res in results] == [0, 1, 2]
     assert all(res.result["topology"]["cross_size"] == 1 for res in results)
+
+
+def test_mesh_with_shm_puts_data_and_control_links_of_one_machine_in_shared_memory(server):
+    with Workers() as w:
+        start_mesh(w, server, "mesh-job", 3, range(3), bind_addr="", allow_shm=True)
+        results = w.collect(30)
+    hosts = [results[0].result["peers"][0]["host"]] * 3
+    check_mesh(results, 3, hosts, kind="shm")  # rank 0's control links to 1 and 2 as well
 
 
 def test_mesh_four_processes_two_simulated_hosts(server):

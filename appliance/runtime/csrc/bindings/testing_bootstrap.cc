@@ -90,7 +90,8 @@ struct SmokeResult {
 
 // build_mesh, then every link carries one length-prefixed greeting each way.
 SmokeResult mesh_smoke(const std::string& store_host, int store_port, const AuthParams& auth, int size,
-                       const std::string& host, const std::string& bind_addr, int64_t timeout_ms, int peer_timeout_ms) {
+                       const std::string& host, const std::string& bind_addr, int64_t timeout_ms, int peer_timeout_ms,
+                       bool allow_shm) {
   TcpStoreClient store(store_host, store_port, auth, timeout_ms);
   MeshOptions o;
   o.rank = auth.rank;
@@ -100,6 +101,7 @@ SmokeResult mesh_smoke(const std::string& store_host, int store_port, const Auth
   o.store_host = store_host;
   o.timeout_ms = timeout_ms;
   o.peer_timeout_ms = peer_timeout_ms;
+  o.allow_shm = allow_shm;
   o.auth = auth;
   Mesh m = build_mesh(store, o);
   SmokeResult res;
@@ -289,10 +291,10 @@ void bind_testing_bootstrap(py::module_& m) {
   });
   m.def("mesh_smoke", [](const std::string& store_host, int store_port, const py::bytes& secret,
                          const std::string& job_id, int rank, int size, const std::string& host,
-                         const std::string& bind_addr, int64_t timeout_ms, int peer_timeout_ms) {
+                         const std::string& bind_addr, int64_t timeout_ms, int peer_timeout_ms, bool allow_shm) {
     AuthParams a = make_auth(secret, job_id, rank);
     SmokeResult r = nogil([&] {
-      return mesh_smoke(store_host, store_port, a, size, host, bind_addr, timeout_ms, peer_timeout_ms);
+      return mesh_smoke(store_host, store_port, a, size, host, bind_addr, timeout_ms, peer_timeout_ms, allow_shm);
     });
     py::dict out;
     out["topology"] = topo_dict(r.topo);
@@ -305,7 +307,7 @@ void bind_testing_bootstrap(py::module_& m) {
     return out;
   }, py::arg("store_host"), py::arg("store_port"), py::arg("secret"), py::arg("job_id"), py::arg("rank"),
      py::arg("size"), py::arg("host") = "", py::arg("bind_addr") = "", py::arg("timeout_ms") = 10000,
-     py::arg("peer_timeout_ms") = 10000,
+     py::arg("peer_timeout_ms") = 10000, py::arg("allow_shm") = false,
      "build_mesh through a store client, then one greeting each way on every link.");
 }
 

@@ -199,6 +199,10 @@ void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector
     if (!r.done) add(r.ch->link(), true, false);
   if (ready) return;  // a link can progress already: pump again
   int watch_slot = -1;
+  if (watch_.arm && watch_.arm()) {
+    service_watch();
+    return;
+  }
   if (watch_.fd >= 0) {
     watch_slot = static_cast<int>(n);
     p[n++] = pollfd{watch_.fd, POLLIN, 0};

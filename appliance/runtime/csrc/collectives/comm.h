@@ -67,6 +67,9 @@ struct RecvOp {
 struct Watch {
   int fd = -1;                    // polled for readability while waiting; -1 = none
   std::function<void()> service;  // called when fd is readable, and now and then anyway
+  // Called before each poll (may be empty): arms the wake-ups of what fd stands for (links that
+  // only signal when armed, as shm's); true when something is readable already (then service).
+  std::function<bool()> arm;
 };
 
 class Comm {

@@ -51,7 +51,7 @@ void Runtime::loop() {
         // a burst of enqueues costs one wake-up, not a syscall each. Dekker on posted_: either
         // we see their post, or they see sleeping_ and wake us.
         sleeping_.store(true);
-        if (posted_.load() == taken_)
+        if (posted_.load() == taken_ && !arm_control())
           ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
         sleeping_.store(false);
         if (fds[0].revents & POLLIN) {
@@ -137,6 +137,13 @@ void Runtime::settle_burst() {
 }
 
 bool Runtime::is_ctrl_peer(int peer) const { return ctrl_[peer].ch && !ctrl_[peer].gone; }
+
+bool Runtime::arm_control() {
+  bool ready = false;
+  for (int r = 0; r < cfg_.size; ++r)
+    if (is_ctrl_peer(r) && ctrl_[r].ch->link().spins() && ctrl_[r].ch->link().arm_wait(true, false) == 0) ready = true;
+  return ready;
+}
 
 int Runtime::poll_timeout_ms() const {
   auto now = Clock::now();

@@ -109,7 +109,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     ev.data.u32 = static_cast<uint32_t>(r);
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ctrl_[r].ch->link().wait_handle(), &ev);
   }
-  comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }});
+  comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }, [this] { return arm_control(); }});
   if (!cfg_.timeline.empty()) try {
     timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
   } catch (const std::invalid_argument& e) {

@@ -169,6 +169,9 @@ class Runtime {
   void record_fault(const Status& s);
   int poll_timeout_ms() const;
   bool is_ctrl_peer(int peer) const;
+  // Before sleeping on epoll_fd_: arms the control links that wake only when armed (shm);
+  // true when one of them has bytes already (do not sleep).
+  bool arm_control();
 
   struct CtrlPeer {
     std::unique_ptr<Channel> ch;

@@ -467,34 +467,45 @@ Mesh build_mesh(Store& store, const MeshOptions& opts) {
     throw;
   }
 
-  // Same-host pairs: their data channel moves to shared memory (phases: shm_pairing.h).
-  std::map<int, std::shared_ptr<ShmSegment>> shm_seg;  // peer rank -> segment
-  std::map<int, int> shm_side;
+  // Same-host pairs: their channels (data; control too, between rank 0 and a rank on its
+  // host) move to shared memory, one segment per channel (phases: shm_pairing.h). Every
+  // channel key of a pair that pairs shm for data is offered, data first.
+  std::map<PairKey, std::shared_ptr<ShmSegment>> shm_seg;  // (peer rank, channel) -> segment
+  std::map<PairKey, int> shm_side;
   std::vector<std::string> fallbacks;
   std::vector<int> unshared;  // same kernel, no common /dev/shm
+  auto channels_with = [&](int r) {
+    std::vector<int> chs{kDataChannel};
+    if (me == 0 || r == 0) chs.push_back(kControlChannel);
+    return chs;
+  };
+  auto who = [](int r, int ch) {
+    return "rank " + std::to_string(r) + (ch == kControlChannel ? " (control)" : "");
+  };
   try {
-    std::vector<ShmOffer> offers;
+    std::vector<std::pair<int, ShmOffer>> offers;  // (channel, offer)
     for (int r = me + 1; r < n; ++r)
       if (choose_transport(self, mesh.peers[r], opts.allow_shm) == TransportKind::kShm)
-        offers.push_back(shm_offer(mine.at({r, kDataChannel}), me, r, opts.shm_ring_bytes, deadline,
-                                   "rank " + std::to_string(r)));
+        for (int ch : channels_with(r))
+          offers.emplace_back(ch, shm_offer(mine.at({r, ch}), me, r, opts.shm_ring_bytes, deadline, who(r, ch)));
     for (int r = 0; r < me; ++r)
-      if (choose_transport(self, mesh.peers[r], opts.allow_shm) == TransportKind::kShm) {
-        std::string why;
-        auto seg = shm_accept(mine.at({r, kDataChannel}), deadline, "rank " + std::to_string(r), &why);
-        if (seg) {
-          shm_seg[r] = seg;
-          shm_side[r] = 1;
-        } else {
-          fallbacks.push_back("rank " + std::to_string(r) + ": " + why);
+      if (choose_transport(self, mesh.peers[r], opts.allow_shm) == TransportKind::kShm)
+        for (int ch : channels_with(r)) {
+          std::string why;
+          auto seg = shm_accept(mine.at({r, ch}), deadline, who(r, ch), &why);
+          if (seg) {
+            shm_seg[{r, ch}] = seg;
+            shm_side[{r, ch}] = 1;
+          } else {
+            fallbacks.push_back(who(r, ch) + ": " + why);
+          }
         }
-      }
-    for (ShmOffer& o : offers) {
-      if (shm_confirm(o, deadline, "rank " + std::to_string(o.peer))) {
-        shm_seg[o.peer] = o.seg;
-        shm_side[o.peer] = 0;
+    for (auto& [ch, o] : offers) {
+      if (shm_confirm(o, deadline, who(o.peer, ch))) {
+        shm_seg[{o.peer, ch}] = o.seg;
+        shm_side[{o.peer, ch}] = 0;
       } else {
-        fallbacks.push_back("rank " + std::to_string(o.peer) + ": " + o.why);
+        fallbacks.push_back(who(o.peer, ch) + ": " + o.why);
       }
     }
   } catch (...) {
@@ -518,8 +529,8 @@ Mesh build_mesh(Store& store, const MeshOptions& opts) {
     const int r = kv.first.first;
     const bool data = kv.first.second == kDataChannel;
     LinkPtr link;
-    if (data && shm_seg.count(r)) {
-      link = std::make_unique<ShmLink>(shm_seg[r], shm_side[r], kv.second, r, mesh.peers[r].host);
+    if (shm_seg.count(kv.first)) {
+      link = std::make_unique<ShmLink>(shm_seg[kv.first], shm_side[kv.first], kv.second, r, mesh.peers[r].host);
     } else {
       link = std::make_unique<TcpLink>(kv.second, r, mesh.peers[r].host);
     }

@@ -75,9 +75,10 @@ Mesh build_mesh(Store& store, const MeshOptions& opts);
 Topology compute_topology(const std::vector<std::string>& hosts, int rank);
 
 // The one place the transport of a pair is decided. Shared memory needs both ranks on one
-// machine and IPC namespace with the same /dev/shm (same host_key) and allow_shm. The data
-// channel of such a pair becomes a ShmLink (transport/shm) whose doorbell is the pair's
-// authenticated socket; control channels stay on TCP (the engine polls them with epoll). A
+// machine and IPC namespace with the same /dev/shm (same host_key) and allow_shm. Each
+// channel of such a pair (data; control, when one of the two is rank 0) becomes a ShmLink
+// (transport/shm) with its own segment, whose doorbell is the channel's authenticated socket
+// (the engine arms control links before it sleeps on their doorbells with epoll). A
 // pair whose shm setup fails stays on TCP and this rank prints one line saying why; so does
 // a rank whose peers share its kernel (boot id) but not its /dev/shm (containers without
 // --ipc host or a shared /dev/shm).
