@@ -81,6 +81,13 @@ def _launcher(s: str) -> str:
     return v
 
 
+def _bind(s: str) -> str:
+    v = s.strip().lower() or "none"
+    if v not in ("none", "core"):
+        raise ValueError(f"expected none or core, got {s!r}")
+    return v
+
+
 def _rank_int(s: str) -> int:
     n = int(s)
     if n < 0:
@@ -138,6 +145,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("SLURM_TASKS_PER_NODE", str, None, "set by Slurm: tasks per node of the allocation (e.g. 2(x3),1) -> slots"),
     Knob("SLURM_NTASKS_PER_NODE", str, None, "set by Slurm with --ntasks-per-node: slots per node when SLURM_TASKS_PER_NODE is absent"),
     Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun; `appliance secret` makes that job's secret file"),
+    Knob("APPLIANCE_BIND", _bind, "none", "CPU binding of ranks: none (the kernel places them) or core (the ranks of a host split its CPUs into disjoint slices by local rank, as mpirun --bind-to core)"),
     Knob("APPLIANCE_LAUNCHER", _launcher, "auto", "how launch starts ranks: auto (srun inside a Slurm allocation without -H/--hostfile, else ssh), ssh, srun or local (launch: --launcher)"),
     # Appliance plane (Docker: appliance secondary|primary|status).
     Knob("APPLIANCE_IMAGE", str, "appliance:latest", "image of the secondary and primary containers (--image)"),

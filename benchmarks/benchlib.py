@@ -7,8 +7,9 @@ OpenMPI legs run ``mpirun`` (openmpi-bin) with ``mpi4py`` (pip, the ``bench`` ex
 interpreter. ``mpi_missing()`` says in one line why they cannot run (no mpirun, no mpi4py), and
 the scripts go on without them. ``mpirun_argv`` builds the command as an argv list: ob1 with the
 chosen BTLs (``shm``: self,vader; ``tcp``: self,tcp over loopback, or over a given NIC/subnet with
-ranks on other hosts: crosshost.py), no binding (other work shares this machine), ``--oversubscribe``,
-and ``--allow-run-as-root`` when running as root.
+ranks on other hosts: crosshost.py), the binding of ``APPLIANCE_BIND`` (``bind_mode()``: none by
+default, ``--bind-to core`` with ``APPLIANCE_BIND=core``, which our launcher applies to our and gloo's
+ranks too), ``--oversubscribe``, and ``--allow-run-as-root`` when running as root.
 """
 from __future__ import annotations
 
@@ -126,10 +127,19 @@ def threads_per_rank(np_: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, np_))
 
 
+def bind_mode() -> str:
+    """How every backend's ranks are placed in this run: ``APPLIANCE_BIND`` (none or core). Our
+    launcher binds our and gloo's ranks by it; ``mpirun_argv`` gives OpenMPI's the same."""
+    from appliance.config import read
+
+    return read("APPLIANCE_BIND")
+
+
 def machine_line() -> str:
-    """One line about the machine: cores and load (other work here skews every number)."""
+    """One line about the machine: cores, load (other work here skews every number), binding."""
     load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return f"{os.cpu_count()} cores, load average {load} (1/5/15 min) at start"
+    bound = "each rank bound to its cores (APPLIANCE_BIND=core)" if bind_mode() == "core" else "ranks unbound"
+    return f"{os.cpu_count()} cores, load average {load} (1/5/15 min) at start; {bound}"
 
 
 def mpi_missing() -> str | None:
@@ -153,7 +163,7 @@ def mpirun_argv(np_: int, transport: str, argv: list, hosts: str | None = None, 
     if iface:
         mca = [iface if i and mca[i - 1] == "btl_tcp_if_include" else x for i, x in enumerate(mca)]
         mca += ["--mca", "oob_tcp_if_include", iface]
-    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1", *mca]
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", bind_mode(), "--mca", "pml", "ob1", *mca]
     if hosts:
         cmd += ["--host", hosts]
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -50,6 +50,8 @@ import threading
 import time
 from typing import IO, Any
 
+from . import binding
+
 HEADER = struct.Struct(">cI")
 STDOUT, STDERR, STARTED, EXITED, HEARTBEAT = b"O", b"E", b"P", b"X", b"H"
 KINDS = frozenset({STDOUT, STDERR, STARTED, EXITED, HEARTBEAT})
@@ -273,9 +275,10 @@ class Stub:
             self.out.json(EXITED, {"returncode": 1, "error": f"working directory {cwd!r} does not exist on {host}"})
             return 0
         try:
-            proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                    preexec_fn=_die_with_parent)
+            with binding.bound(env):
+                proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                        preexec_fn=_die_with_parent)
         except (FileNotFoundError, PermissionError, OSError) as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             what = "command not found" if code == 127 else f"cannot execute ({e.strerror})"

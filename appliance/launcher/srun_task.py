@@ -47,6 +47,7 @@ from typing import Sequence
 
 from ..config import ConfigError, interface_address
 from ..slurm import SlurmEnvError, SlurmTask
+from . import binding
 from .env import JobPlan, worker_env
 from .hosts import Slot
 from .workers import read_json
@@ -212,7 +213,8 @@ def main(argv: Sequence[str]) -> int:
         write_json(exit_file(d, task.rank), {**record, "returncode": 2, "error": str(e), "at": time.time()})
         return 2
     try:
-        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        with binding.bound(env):
+            child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         code = 127 if isinstance(e, FileNotFoundError) else 126
         what = "command not found" if code == 127 else "command not executable" if isinstance(

@@ -40,6 +40,7 @@ import threading
 import time
 from typing import IO, Any, Mapping, Protocol, Sequence
 
+from . import binding
 from .reaper import Reaper, pgid_alive
 
 MAX_LINE = 1 << 16  # longer lines are delivered in pieces of this many bytes
@@ -200,9 +201,10 @@ class LocalWorker:
         self.rank, self.host = rank, host
         sink.open_rank(rank)
         try:
-            self._proc = subprocess.Popen(
-                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+            with binding.bound(env):
+                self._proc = subprocess.Popen(
+                    list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
         except FileNotFoundError:
             raise SpawnError(rank, host, f"command not found: {argv[0]!r}", 127) from None
         except PermissionError:

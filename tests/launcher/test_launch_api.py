@@ -126,3 +126,18 @@ def test_bad_arguments_raise_before_anything_starts(job):
     with pytest.raises(LaunchError, match="192.0.2.1"):
         launch(job.argv(""), np=2, hosts="localhost:1,192.0.2.1:1")
     assert job.files("pid") == {}
+
+
+@pytest.mark.timeout(60)
+def test_bind_core_gives_each_local_rank_its_share_of_the_cpus(job, monkeypatch):
+    import json
+    import os
+
+    from appliance.launcher.binding import rank_cpus
+
+    monkeypatch.setenv("APPLIANCE_BIND", "core")
+    r = launch(job.argv('mark("cpus", json.dumps(sorted(os.sched_getaffinity(0))))'), np=3, hosts="localhost:3",
+               timeout=30)
+    assert r.returncode == 0, r
+    allowed = os.sched_getaffinity(0)
+    assert {k: json.loads(job.read("cpus", k)) for k in range(3)} == {k: rank_cpus(k, 3, allowed) for k in range(3)}

@@ -18,13 +18,14 @@ import time
 import pytest
 
 from _netns import PORT
+from appliance.launcher.binding import rank_cpus
 
 pytestmark = [pytest.mark.ssh]
 
 DUMP = '''
 import socket
 mark("env", json.dumps(dict(os.environ)))
-mark("where", json.dumps({"host": socket.gethostname(), "cwd": os.getcwd()}))
+mark("where", json.dumps({"host": socket.gethostname(), "cwd": os.getcwd(), "cpus": sorted(os.sched_getaffinity(0))}))
 '''
 
 
@@ -81,7 +82,7 @@ wait_for("go")
     host_specific = {"HOSTNAME": "launcher-only-host", "DISPLAY": ":77", "SSH_AUTH_SOCK": "/launcher/agent.sock",
                      "PWD": "/launcher/pwd", "XDG_RUNTIME_DIR": "/run/user/launcher"}
     env = ssh_cluster.env(APPL_FWD="forwarded", FOO="1", HOROVOD_FUSION_THRESHOLD="12345",
-                          NCCL_DEBUG="WARN", **host_specific)
+                          NCCL_DEBUG="WARN", APPLIANCE_BIND="core", **host_specific)
     p = job.cli("-np", "4", "-H", f"localhost:1,{h1.address}:2,{h2.address}:1", "-p", str(PORT), "--verbose",
                 "--output-filename", str(outdir), "-x", "APPL_FWD", "-x", "APPL_SET=a b=c", "--", *job.argv(body),
                 env=env)
@@ -109,7 +110,9 @@ wait_for("go")
         assert (e["HOROVOD_HOSTNAME"], int(e["HOROVOD_LOCAL_RANK"]), int(e["HOROVOD_LOCAL_SIZE"]),
                 int(e["HOROVOD_CROSS_RANK"]), int(e["HOROVOD_CROSS_SIZE"])) == layout[rank]
         assert e["HOROVOD_RANK"] == str(rank) and e["HOROVOD_SIZE"] == "4"
-        assert where[rank] == {"host": machine[rank], "cwd": os.getcwd()}
+        # APPLIANCE_BIND=core: the local rank and the remote stubs bind each rank to its host's share
+        cpus = rank_cpus(layout[rank][1], layout[rank][2], os.sched_getaffinity(0))
+        assert where[rank] == {"host": machine[rank], "cwd": os.getcwd(), "cpus": cpus}
         assert e["APPLIANCE_DATA_ADDR"] == addr[rank]
         assert e["HOROVOD_GLOO_IFACE"] == e["NCCL_SOCKET_IFNAME"] == nic[rank]
         assert e["APPLIANCE_STORE_ADDR"] == store and e["APPLIANCE_JOB_SECRET"] == secret
