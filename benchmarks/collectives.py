@@ -21,7 +21,8 @@ collective is as slow as its last rank). Sizes and bandwidths follow nccl-tests:
 allreduce and broadcast, the gathered output for allgather, each rank's send buffer for alltoall;
 algbw = S / time; busbw = algbw x 2(P-1)/P (allreduce), x (P-1)/P (allgather, alltoall), x 1
 (broadcast). Broadcast runs in place in every backend; allgather and alltoall return a new
-output from ours (Horovod's API), into a buffer reused across calls for gloo and OpenMPI. Ratios are baseline time / our time: above 1 means we are faster. Sum over float32,
+output from ours (Horovod's API), into a buffer reused across calls for gloo and OpenMPI.
+Ratios are baseline time / our time: above 1 means we are faster. Sum over float32,
 or ``--dtype float16`` (mixed-precision gradients, ``hvd.Compression.fp16``): OpenMPI has no
 float16 reduction, so its legs are left out then, with a line saying so.
 """

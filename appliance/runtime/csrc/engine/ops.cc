@@ -1,12 +1,11 @@
 #include "engine/ops.h"
 
-#include "transport/backoff.h"
-
 #include <sched.h>
 
 #include <chrono>
-
 #include <stdexcept>
+
+#include "transport/backoff.h"
 
 namespace appliance {
 

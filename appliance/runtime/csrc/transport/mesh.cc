@@ -468,8 +468,7 @@ Mesh build_mesh(Store& store, const MeshOptions& opts) {
   }
 
   // Same-host pairs: their channels (data; control too, between rank 0 and a rank on its
-  // host) move to shared memory, one segment per channel (phases: shm_pairing.h). Every
-  // channel key of a pair that pairs shm for data is offered, data first.
+  // host) move to shared memory, one segment per channel, data first (phases: shm_pairing.h).
   std::map<PairKey, std::shared_ptr<ShmSegment>> shm_seg;  // (peer rank, channel) -> segment
   std::map<PairKey, int> shm_side;
   std::vector<std::string> fallbacks;
