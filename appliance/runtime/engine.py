@@ -129,7 +129,6 @@ _NOTHING = Result()  # the result of every op whose output is the caller's own m
 _ERROR_KINDS = {"mismatch": MismatchError, "invalid argument": ValueError}
 _NO_BUFFER = (0, 0, (), -1, 0)  # no memory (barrier, join; allgather's output the core allocates)
 _NO_SPLITS: tuple = ()
-_ALLREDUCE = int(Kind.ALLREDUCE)
 
 
 class Engine:
@@ -189,14 +188,13 @@ class Engine:
         nothing kept: the caller keeps both memories alive until it has waited."""
         if self._abandoned:
             self.reap()
-        d = (ptr, dtype, shape, -1, 0)
-        return self.core.enqueue(_ALLREDUCE, name or "", d, d if out_ptr == ptr else (out_ptr, dtype, shape, -1, 0),
-                                 op, prescale, postscale, 0, _NO_SPLITS, group_id, group_size, 0)
+        return self.core.allreduce_host(name or "", ptr, out_ptr, dtype, shape, op, prescale, postscale, group_id,
+                                        group_size)
 
     def wait_host(self, handle: int) -> None:
         """``wait`` for an operation submitted by ``allreduce_host`` (nothing to hand back)."""
-        r = self.core.wait(handle, -1)
-        if not r.ok:
+        r = self.core.wait_host(handle)
+        if r is not None:
             self._raise(r)
 
     def poll(self, handle: int) -> bool:

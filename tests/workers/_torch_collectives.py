@@ -265,6 +265,10 @@ def misc(hvd):
         e = expect_raises(hvd.MismatchError, lambda: hvd.allreduce(torch.zeros(2 + r), name="mismatched"),
                           "mismatched shapes")
         assert "mismatched" in str(e), f"the error names the tensor: {e}"
+        y = torch.zeros(2 + r)  # the same through allreduce_async_'s short path (in place, host)
+        e = expect_raises(hvd.MismatchError, lambda: hvd.synchronize(hvd.allreduce_async_(y, name="mismatched.in.place")),
+                          "mismatched shapes (allreduce_async_)")
+        assert "mismatched.in.place" in str(e), f"the error names the tensor: {e}"
         check(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after.mismatch"), torch.full((3,), float(P)),
               "usable after a mismatch")
     h = hvd.allreduce_async(torch.ones(5), op=hvd.Sum)

@@ -25,6 +25,24 @@ void gil_deleter(py::object* o) {
   delete o;
 }
 
+// The request of one operation, its arguments checked as enqueue() expects them.
+Request make_request(int kind, const std::string& name, int op, double prescale, double postscale, int root,
+                     uint32_t group_id, uint32_t group_size, int32_t process_set) {
+  if (!op_kind_valid(static_cast<uint8_t>(kind))) throw std::invalid_argument("unknown operation kind");
+  if (!reduce_op_valid(static_cast<uint8_t>(op))) throw std::invalid_argument("unknown reduce op " + std::to_string(op));
+  Request q;
+  q.name = name;
+  q.sig.kind = static_cast<OpKind>(kind);
+  q.sig.op = static_cast<ReduceOp>(op);
+  q.sig.prescale = prescale;
+  q.sig.postscale = postscale;
+  q.sig.root = root;
+  q.sig.group_id = group_id;
+  q.sig.group_size = group_size;
+  q.sig.process_set = process_set;
+  return q;
+}
+
 TensorDesc to_desc(const DescTuple& t) {
   TensorDesc d;
   d.ptr = std::get<0>(t);
@@ -143,24 +161,25 @@ PYBIND11_MODULE(_core, m) {
            [](Runtime& rt, int kind, const std::string& name, const DescTuple& in, const DescTuple& out, int op,
               double prescale, double postscale, int root, std::vector<int64_t> splits, uint32_t group_id,
               uint32_t group_size, int32_t process_set) {
-             if (!op_kind_valid(static_cast<uint8_t>(kind))) throw std::invalid_argument("unknown operation kind");
-             if (!reduce_op_valid(static_cast<uint8_t>(op))) throw std::invalid_argument("unknown reduce op " + std::to_string(op));
-             Request q;
-             q.name = name;
-             q.sig.kind = static_cast<OpKind>(kind);
-             q.sig.op = static_cast<ReduceOp>(op);
-             q.sig.prescale = prescale;
-             q.sig.postscale = postscale;
-             q.sig.root = root;
-             q.sig.group_id = group_id;
-             q.sig.group_size = group_size;
-             q.sig.process_set = process_set;
+             Request q = make_request(kind, name, op, prescale, postscale, root, group_id, group_size, process_set);
              q.splits = std::move(splits);
              return rt.enqueue(std::move(q), to_desc(in), to_desc(out));
            },
            py::arg("kind"), py::arg("name"), py::arg("inp"), py::arg("out"), py::arg("op"), py::arg("prescale"),
            py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
            py::arg("process_set") = 0)
+      .def("allreduce_host",
+           // enqueue() of an allreduce of host memory over every rank (out_ptr may be ptr), with
+           // plain arguments: what a backward pass issues per gradient, so its cost counts.
+           [](Runtime& rt, const std::string& name, uint64_t ptr, uint64_t out_ptr, int dtype, std::vector<int64_t> shape,
+              int op, double prescale, double postscale, uint32_t group_id, uint32_t group_size) {
+             Request q = make_request(static_cast<int>(OpKind::kAllreduce), name, op, prescale, postscale, 0, group_id,
+                                      group_size, 0);
+             TensorDesc in = to_desc(DescTuple{ptr, dtype, std::move(shape), -1, 0});
+             TensorDesc out = in;
+             out.ptr = out_ptr;
+             return rt.enqueue(std::move(q), std::move(in), std::move(out));
+           })
       .def("add_process_set", &Runtime::add_process_set, py::arg("id"), py::arg("ranks"))
       .def("remove_process_set", &Runtime::remove_process_set, py::arg("id"))
       .def("poll", &Runtime::poll)
@@ -190,6 +209,18 @@ PYBIND11_MODULE(_core, m) {
              return to_result(*op, finished);
            },
            py::arg("handle"), py::arg("stream") = -1)
+      .def("wait_host",
+           // wait() for an operation with nothing to hand back (allreduce_host's): None when it
+           // succeeded, its failed Result otherwise.
+           [](Runtime& rt, int handle) -> py::object {
+             OpPtr op;
+             {
+               py::gil_scoped_release nogil;
+               op = rt.wait(handle);
+             }
+             if (op->status.ok()) return py::none();
+             return py::cast(to_result(*op));
+           })
       .def("set_device_allocator",
            [](Runtime& rt, py::object fn) {
              // fn(device, nbytes, stream) -> (data_ptr, owner): called on the background thread.
