@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 import benchlib as bl
 
@@ -36,7 +37,7 @@ def plot(result: dict, png: str, op: str = "allreduce") -> None:
     ax.set_yscale("log")
     ax.set_ylabel("busbw (GB/s, log scale)")
     ax.set_title(f"{op}, {result.get('dtype', 'float32')}, {result['np']} ranks on one host\n"
-                 f"{result.get('machine', str(result.get('cpus', '?')) + ' cores')}", fontsize=10)
+                 + "\n".join(textwrap.wrap(result.get("machine", f"{result.get('cpus', '?')} cores"), 90)), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
