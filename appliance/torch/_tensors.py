@@ -166,6 +166,21 @@ class _Entry:
         self.device = _cuda_device(keep)  # CUDA work: synchronize orders the caller's stream
 
 
+def _wait_all(wait, handles) -> list:
+    """``wait`` for every handle, even after one fails (no memory may be released while the core
+    still uses it); then raise the first failure. Returns the results."""
+    results, error = [], None
+    for h in handles:
+        try:
+            results.append(wait(h))
+        except Exception as e:  # re-raised below, once the others have finished
+            results.append(None)
+            error = error or e
+    if error is not None:
+        raise error
+    return results
+
+
 class HandleTable:
     """Integer handles as Horovod has them. One handle may stand for several engine
     operations (grouped ops); ``keep`` holds every tensor the core may still touch. A host
@@ -181,10 +196,11 @@ class HandleTable:
         self._entries[hid] = _Entry(list(handles), keep, finish)
         return hid
 
-    def add_host(self, handle: int, tensor: torch.Tensor) -> int:
-        """``add`` for one host operation whose result is ``tensor`` itself."""
+    def add_host(self, handles, result) -> int:
+        """``add`` for host operations (``allreduce_host``) whose result is their own memory:
+        one handle and its tensor, or a group's handles and the tuple of its tensors."""
         hid = next(self._ids)
-        self._entries[hid] = (handle, tensor)
+        self._entries[hid] = (handles, result)
         return hid
 
     def poll(self, handle: int) -> bool:
@@ -192,7 +208,8 @@ class HandleTable:
         if entry is None:
             raise ValueError(f"handle {handle!r} is not an operation in flight (already synchronized?)")
         if entry.__class__ is tuple:
-            return engine.poll(entry[0])
+            hs = entry[0]
+            return engine.poll(hs) if hs.__class__ is int else all(engine.poll(h) for h in hs)
         return all(engine.poll(h) for h in entry.handles)
 
     def synchronize(self, handle: int):
@@ -202,24 +219,22 @@ class HandleTable:
         if entry is None:
             return None
         if entry.__class__ is tuple:
+            hs, result = entry
             try:
-                engine.current().wait_host(entry[0])
+                if hs.__class__ is int:
+                    engine.current().wait_host(hs)
+                else:
+                    _wait_all(engine.current().wait_host, hs)
             finally:
                 self._entries.pop(handle, None)
-            return entry[1]
+            return result
         # On CUDA, the caller's current stream waits for the device work (torch's semantics);
         # the host only waits for it to be queued. Host work is waited for.
         stream = None if entry.device is None else torch.cuda.current_stream(entry.device).cuda_stream
-        results, error = [], None
-        for h in entry.handles:  # wait for all, so no tensor is released while the core uses it
-            try:
-                results.append(engine.wait(h, stream))
-            except Exception as e:  # re-raised below, once the others have finished
-                results.append(None)
-                error = error or e
-        self._entries.pop(handle, None)
-        if error is not None:
-            raise error
+        try:
+            results = _wait_all(lambda h: engine.wait(h, stream), entry.handles)
+        finally:
+            self._entries.pop(handle, None)
         return entry.finish(results)
 
     def clear(self) -> None:

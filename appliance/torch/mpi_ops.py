@@ -259,6 +259,9 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
     ps = check_process_set(process_set)
     core_op = _core_op(op)
     tensors = list(tensors)
+    if inplace and ps == 0 and tensors and all(t.is_cpu and t.is_contiguous() and t.dtype in _tensors.HOST_DTYPES
+                                               for t in tensors):
+        return _grouped_host_allreduce_(tensors, name, core_op, float(prescale_factor), float(postscale_factor))
     _one_device_kind(tensors, "grouped allreduce")
     works = [stage(t) for t in tensors]
     outs = works if inplace else [_tensors.empty_like(w) for w in works]
@@ -272,6 +275,24 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
     else:
         finish = lambda rs: tuple(_tensors.to_device(o, t) for t, o in zip(tensors, outs))  # noqa: E731
     return _handles.add(handles, (tuple(tensors), tuple(works), tuple(outs)), finish)
+
+
+def _grouped_host_allreduce_(tensors, name, core_op, pre, post) -> int:
+    """The grouped in-place allreduce of contiguous host tensors over every rank, on the short
+    path of ``allreduce_async_``: one core call per member, a bare handle-table entry."""
+    eng, codes = _engine.current(), _tensors.HOST_DTYPES
+    group_id = eng.new_group_id(0)
+    handles = []
+    try:
+        for i, t in enumerate(tensors):
+            ptr = t.data_ptr()
+            handles.append(eng.allreduce_host(_member_name(name, i), ptr, ptr, codes[t.dtype], t.shape, core_op, pre,
+                                              post, group_id, len(tensors)))
+    except Exception:
+        if handles:  # keep the submitted members' tensors alive until the core is done with them
+            _handles.add_host(handles, tuple(tensors))
+        raise
+    return _handles.add_host(handles, tuple(tensors))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

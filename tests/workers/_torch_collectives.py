@@ -113,6 +113,10 @@ def grouped(hvd):
             h1 = hvd.grouped_allreduce_async([x[r] for x in xs], op=op)
             again = [x[r].clone() for x in xs]
             h2 = hvd.grouped_allreduce_async_(again, op=op)
+            deadline = time.monotonic() + 30
+            while not hvd.poll(h2):
+                assert time.monotonic() < deadline, "poll of a grouped_allreduce_async_ never turned True"
+                time.sleep(0.001)
             for h in (h2, h1):
                 for o, want in zip(hvd.synchronize(h), wants):
                     check(o, want, f"grouped_allreduce async {case}", exact)
@@ -269,6 +273,10 @@ def misc(hvd):
         e = expect_raises(hvd.MismatchError, lambda: hvd.synchronize(hvd.allreduce_async_(y, name="mismatched.in.place")),
                           "mismatched shapes (allreduce_async_)")
         assert "mismatched.in.place" in str(e), f"the error names the tensor: {e}"
+        ys = [torch.ones(3), torch.zeros(2 + r)]  # a group on the short path: one member disagrees
+        e = expect_raises(hvd.MismatchError, lambda: hvd.grouped_allreduce_(ys, op=hvd.Sum, name="mismatched.group"),
+                          "a mismatched member (grouped_allreduce_)")
+        assert "mismatched.group.1" in str(e), f"the error names the member: {e}"
         check(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after.mismatch"), torch.full((3,), float(P)),
               "usable after a mismatch")
     h = hvd.allreduce_async(torch.ones(5), op=hvd.Sum)
