@@ -183,9 +183,9 @@ def _wait_all(wait, handles) -> list:
 
 class HandleTable:
     """Integer handles as Horovod has them. One handle may stand for several engine
-    operations (grouped ops); ``keep`` holds every tensor the core may still touch. A host
-    allreduce in place (``add_host``) is kept as a bare ``(engine handle, tensor)`` tuple: it is
-    most of a training step's handles, and its result is the tensor itself."""
+    operations (grouped ops); ``keep`` holds every tensor the core may still touch. Host
+    allreduces in place (``add_host``) are kept as a bare ``(engine handle(s), result)`` tuple:
+    they are most of a training step's handles, and their result is their own tensor(s)."""
 
     def __init__(self):
         self._entries: dict = {}  # dict operations are atomic under the GIL: no lock needed

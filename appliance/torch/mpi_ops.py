@@ -40,6 +40,7 @@ from appliance.torch._tensors import from_result, stage
 
 _handles = _tensors.HandleTable()
 _REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+_HOST_DTYPES = _tensors.HOST_DTYPES
 _FAST_OPS = frozenset((None, *_REDUCE_OPS))  # op= values allreduce_async_'s short path takes (None: Average)
 
 
@@ -181,11 +182,17 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
     return None if name is None else f"{name}.{i}"
 
 
+def _host_allreduce_(t, name, op, pre, post, group_id=0, group_size=0) -> int:
+    """The short path: enqueue an in-place allreduce of ``t`` (contiguous, on the host, of a
+    supported dtype) over every rank, in one core call; return its engine handle."""
+    ptr = t.data_ptr()
+    return _engine.current().allreduce_host(name, ptr, ptr, _HOST_DTYPES[t.dtype], t.shape, op, pre, post,
+                                            group_id, group_size)
+
+
 def _submit(kind, name, work, out=None, **kw) -> int:
     if out is work and kind is Kind.ALLREDUCE and work.is_cpu and not kw.get("process_set"):  # the short way
-        ptr = work.data_ptr()
-        return _engine.current().allreduce_host(name, ptr, ptr, _tensors.HOST_DTYPES[work.dtype], work.shape,
-                                                kw["op"], kw["prescale"], kw["postscale"], *kw.get("group", (0, 0)))
+        return _host_allreduce_(work, name, kw["op"], kw["prescale"], kw["postscale"], *kw.get("group", (0, 0)))
     inp = None if work is None else _tensors.buffer(work)
     outb = inp if out is work else None if out is None else _tensors.buffer(out)  # in place: one description
     return _engine.submit(kind, name, inp, outb, **kw)  # kw: op, scales, root, splits, group, process_set
@@ -232,11 +239,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if average is None and process_set is global_process_set and tensor.is_cpu:
         # The call a backward pass makes per gradient, in few steps: a contiguous host tensor of a
         # supported dtype over every rank. Anything else takes the general path below.
-        code = _tensors.HOST_DTYPES.get(tensor.dtype)
-        if code is not None and op in _FAST_OPS and tensor.is_contiguous():
-            ptr = tensor.data_ptr()
-            h = _engine.current().allreduce_host(name, ptr, ptr, code, tensor.shape,
-                                                 Average if op is None else op, prescale_factor, postscale_factor)
+        if tensor.dtype in _HOST_DTYPES and op in _FAST_OPS and tensor.is_contiguous():
+            h = _host_allreduce_(tensor, name, Average if op is None else op, prescale_factor, postscale_factor)
             return _handles.add_host(h, tensor)
     op = resolve_op(op, average)
     return _allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
@@ -259,7 +263,7 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
     ps = check_process_set(process_set)
     core_op = _core_op(op)
     tensors = list(tensors)
-    if inplace and ps == 0 and tensors and all(t.is_cpu and t.is_contiguous() and t.dtype in _tensors.HOST_DTYPES
+    if inplace and ps == 0 and tensors and all(t.is_cpu and t.is_contiguous() and t.dtype in _HOST_DTYPES
                                                for t in tensors):
         return _grouped_host_allreduce_(tensors, name, core_op, float(prescale_factor), float(postscale_factor))
     _one_device_kind(tensors, "grouped allreduce")
@@ -280,14 +284,11 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
 def _grouped_host_allreduce_(tensors, name, core_op, pre, post) -> int:
     """The grouped in-place allreduce of contiguous host tensors over every rank, on the short
     path of ``allreduce_async_``: one core call per member, a bare handle-table entry."""
-    eng, codes = _engine.current(), _tensors.HOST_DTYPES
-    group_id = eng.new_group_id(0)
+    group = (_engine.new_group_id(0), len(tensors))
     handles = []
     try:
         for i, t in enumerate(tensors):
-            ptr = t.data_ptr()
-            handles.append(eng.allreduce_host(_member_name(name, i), ptr, ptr, codes[t.dtype], t.shape, core_op, pre,
-                                              post, group_id, len(tensors)))
+            handles.append(_host_allreduce_(t, _member_name(name, i), core_op, pre, post, *group))
     except Exception:
         if handles:  # keep the submitted members' tensors alive until the core is done with them
             _handles.add_host(handles, tuple(tensors))
