@@ -60,6 +60,7 @@ LABEL = re.compile(rb"^\s*(\d+): ?")
 CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")
 TASK_STATUS = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")
 POLL_S = 0.02
+CANCEL_WAIT_S = 3.0  # how long a summary waits for srun's end to learn whether Slurm cancelled a signalled rank
 KILL_WAIT_S = 5.0
 
 
@@ -160,10 +161,15 @@ class SrunTask:
 
     @property
     def cause(self) -> str | None:
-        """Why the rank ended, when its code alone does not say it (Slurm cancelled the step...)."""
-        cancelled = self._step.cancelled
-        if self._cause is None and cancelled and self.returncode is not None and self.returncode < 0:
-            return f"{describe_exit(self.returncode)}: Slurm cancelled {cancelled}"
+        """Why the rank ended, when its code alone does not say it (Slurm cancelled the step...).
+        Read once, for the summary. A rank killed by a signal may have been killed by Slurm's
+        cancel, whose slurmstepd line can trail the rank's exit record: srun's end (its output
+        drained) is awaited first, at most CANCEL_WAIT_S."""
+        if self._cause is None and self.returncode is not None and self.returncode < 0:
+            if not self._step.cancelled:
+                self._step.wait_ended(CANCEL_WAIT_S)
+            if self._step.cancelled:
+                return f"{describe_exit(self.returncode)}: Slurm cancelled {self._step.cancelled}"
         return self._cause
 
     @cause.setter
@@ -313,6 +319,10 @@ class SrunStep:
             return None
         self.returncodes[worker.rank] = worker.returncode = code
         return worker, code
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until srun has ended and its output is read."""
+        return self._done.wait(timeout)
 
     def running(self) -> list[SrunTask]:
         return [w for w in self.workers if w.rank not in self.returncodes]
