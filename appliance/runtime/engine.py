@@ -143,7 +143,7 @@ class Engine:
         core_cfg = _core.RuntimeConfig()
         for field in ("rank", "size", "host", "store_host", "store_port", "data_addr",
                       "fusion_threshold", "cycle_time_ms", "cache_capacity", "stall_check_s",
-                      "stall_shutdown_s", "chunk_bytes", "heartbeat_timeout_s", "shm", "spin_us", "verbose",
+                      "stall_shutdown_s", "chunk_bytes", "heartbeat_timeout_s", "shm", "spin_us", "caller_drives", "verbose",
                       "start_timeout_s", "fault_file"):
             setattr(core_cfg, field, getattr(cfg, field))
         core_cfg.secret = cfg.secret

@@ -1,6 +1,7 @@
 """The engine end to end: real ranks (processes) over real sockets, numpy API.
 
-Covers: every op x dtype x size at 2 and 3 ranks against numpy; out-of-order submission;
+Covers: every op x dtype x size at 2 and 3 ranks against numpy (and at 2 with callers not
+driving the engine); waiting callers driving the engine; out-of-order submission;
 mismatches raised on every rank with the culprits named, runtime still usable; duplicate
 in-flight names; joins; init->shutdown->init; a single rank without a launcher; fusion and the
 response cache doing their job; a killed rank named on every survivor within seconds.
@@ -20,9 +21,9 @@ WORKERS = ROOT / "tests" / "workers"
 SMALL_CHUNKS = {"APPLIANCE_CHUNK_BYTES": "4096"}
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_every_op_dtype_and_size(run_ranks, np_):
-    ranks = run_ranks(np_, "engine", "ops", env=SMALL_CHUNKS, timeout=120)
+@pytest.mark.parametrize("np_,drives", [(2, "1"), (3, "1"), (2, "0")])
+def test_every_op_dtype_and_size(run_ranks, np_, drives):
+    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_CALLER_DRIVES": drives}, timeout=120)
     for r in range(np_):
         assert ranks[r]["ok"] and ranks[r]["checked"] > 100
         assert (ranks[r]["local_rank"], ranks[r]["local_size"]) == (r, np_)
@@ -96,6 +97,21 @@ def test_fusion_and_response_cache(run_ranks):
     assert s1["fused_entries"] >= 1 and s1["entries"] < n, s1  # small tensors were fused
     assert s1["ready_full"] == n and s1["ready_ids"] == 0, s1  # first step: full requests
     assert s2["ready_full"] == n and s2["ready_ids"] == n, s2  # second step: cache ids only
+
+
+@pytest.mark.parametrize("drives", ["1", "0"])
+def test_waiting_callers_drive_the_engine_unless_turned_off(run_ranks, drives):
+    n = 200
+    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives})
+    for r in range(2):
+        rep = ranks[r]
+        assert rep["ok"], rep
+        if drives == "1":
+            # A synchronous loop's waits run (nearly) every plan on the caller's thread; a wait
+            # that finds its op done, or a peer late for more than APPLIANCE_SPIN_US, does not.
+            assert rep["sync_driven"] >= n // 2, rep
+        else:
+            assert rep["stats"]["driven_plans"] == 0, rep
 
 
 def test_fusion_disabled(run_ranks):

@@ -302,6 +302,25 @@ def case_stats(n):
     report({"first": first, "second": second})
 
 
+def case_drive(n):
+    """n synchronous small allreduces, then a burst of n async ones: results, and how many plans
+    the waiting callers ran themselves (APPLIANCE_CALLER_DRIVES)."""
+    n = int(n)
+    rt.init()
+    P = rt.size()
+    e = engine.current()
+    rt.barrier()
+    before = e.core.stats()["driven_plans"]
+    for i in range(n):
+        check(f"sync{i}", rt.allreduce(np.full(1024, i, np.float32), op=rt.Sum, name="sync"),
+              np.full(1024, i * P, np.float32), np.float32)
+    sync_driven = e.core.stats()["driven_plans"] - before
+    hs = [rt.allreduce_async(np.full(10, i, np.float32), op=rt.Sum, name=f"b{i}") for i in range(n)]
+    for i, h in enumerate(hs):
+        check(f"b{i}", rt.synchronize(h), np.full(10, i * P, np.float32), np.float32)
+    report({"ok": True, "sync_driven": sync_driven, "stats": dict(e.core.stats())})
+
+
 def case_links():
     """Which transport each data link uses, and a large allreduce over it (many ring laps)."""
     rt.init()

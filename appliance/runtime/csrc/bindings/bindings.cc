@@ -126,6 +126,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("heartbeat_timeout_s", &RuntimeConfig::heartbeat_timeout_s)
       .def_readwrite("shm", &RuntimeConfig::shm)
       .def_readwrite("spin_us", &RuntimeConfig::spin_us)
+      .def_readwrite("caller_drives", &RuntimeConfig::caller_drives)
       .def_readwrite("verbose", &RuntimeConfig::verbose)
       .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
       .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)
@@ -193,6 +194,7 @@ PYBIND11_MODULE(_core, m) {
              d["fused_entries"] = s.fused_entries.load();
              d["ready_full"] = s.ready_full.load();
              d["ready_ids"] = s.ready_ids.load();
+             d["driven_plans"] = s.driven_plans.load();
              d["outputs_reused"] = rt.output_pool().reused();
              d["outputs_idle_bytes"] = rt.output_pool().idle_bytes();
              return d;

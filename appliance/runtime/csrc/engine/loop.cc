@@ -25,57 +25,59 @@ int64_t ms_until(Clock::time_point t, Clock::time_point now) {
 
 void Runtime::loop() {
   prctl(PR_SET_TIMERSLACK, 1000UL);  // 1 us: short waits here (bursts, device polls) stay short
-  try {
-    for (;;) {
-      pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {epoll_fd_, POLLIN, 0}};
-      int64_t t = poll_timeout_ms();
-      timespec ts{};
-      if (!running_.empty()) {
-        ts.tv_nsec = 20000;  // device work in flight: look at its events every 20 us
-      } else if (t >= 0) {
-        t = std::min<int64_t>(t, 60000);
-        ts.tv_sec = t / 1000;
-        ts.tv_nsec = (t % 1000) * 1000000;
-      }
-      // Just after work, while a caller waits (or just did), poll instead of sleeping
-      // (APPLIANCE_SPIN_US): the next small op, or a peer's control message, then costs no
-      // wake-up. A caller that is computing is never competed with. Spinning needs no
-      // syscall beyond the yield: step() reads the queue and the control links anyway, and
-      // callers, seeing sleeping_ false, do not write wake_fd_.
-      const bool spin = cfg_.spin_us > 0 && steady_us() - last_busy_us_ < cfg_.spin_us &&
-                        handles_.waited_within(cfg_.spin_us);
-      if (spin) {
-        sched_yield();
-      } else {
-        // Callers write wake_fd_ only while this thread sleeps (enqueue() reads sleeping_), so
-        // a burst of enqueues costs one wake-up, not a syscall each. Dekker on posted_: either
-        // we see their post, or they see sleeping_ and wake us.
-        sleeping_.store(true);
-        if (posted_.load() == taken_ && !arm_control())
-          ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
-        sleeping_.store(false);
-        if (fds[0].revents & POLLIN) {
-          uint64_t v;
-          (void)!read(wake_fd_, &v, sizeof(v));
-        }
-      }
-      if (stopping_.load()) break;
-      settle_burst();
-      step();
-      if (coordinator_gone_) {
-        Status gone{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"};
-        bool had_work = !inflight_.empty() || !running_.empty();
-        {
-          std::lock_guard<std::mutex> g(qmu_);
-          had_work = had_work || !queue_.empty();
-        }
-        if (had_work) record_fault(gone);  // an orderly end of rank 0 is a fault only for work it leaves behind
-        finish(gone);
-        return;
+  std::unique_lock<std::mutex> lk(engine_mu_, std::defer_lock);
+  for (;;) {
+    park();
+    lk.lock();
+    if (ended_) return;
+    if (stopping_.load()) break;
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {epoll_fd_, POLLIN, 0}};
+    int64_t t = poll_timeout_ms();
+    timespec ts{};
+    if (!running_.empty()) {
+      ts.tv_nsec = 20000;  // device work in flight: look at its events every 20 us
+    } else if (t >= 0) {
+      t = std::min<int64_t>(t, 60000);
+      ts.tv_sec = t / 1000;
+      ts.tv_nsec = (t % 1000) * 1000000;
+    }
+    // Just after work, while a caller waits (or just did), poll instead of sleeping
+    // (APPLIANCE_SPIN_US): the next small op, or a peer's control message, then costs no
+    // wake-up. A caller that is computing is never competed with. Spinning needs no
+    // syscall beyond the yield: step() reads the queue and the control links anyway, and
+    // callers, seeing sleeping_ false, do not write wake_fd_.
+    const bool spin = cfg_.spin_us > 0 && steady_us() - last_busy_us_ < cfg_.spin_us &&
+                      handles_.waited_within(cfg_.spin_us);
+    if (spin) {
+      lk.unlock();
+      sched_yield();
+    } else {
+      // Callers write wake_fd_ only while this thread sleeps (enqueue() reads sleeping_), so
+      // a burst of enqueues costs one wake-up, not a syscall each. Dekker on posted_: either
+      // we see their post, or they see sleeping_ and wake us. A driving caller that leaves
+      // work behind wakes us the same way.
+      sleeping_.store(true);
+      bool sleep = false;
+      if (!guard([&] { sleep = posted_.load() == taken_ && !arm_control(); })) return;
+      lk.unlock();
+      if (sleep) ::ppoll(fds, cfg_.size > 1 ? 2 : 1, (t >= 0 || !running_.empty()) ? &ts : nullptr, nullptr);
+      sleeping_.store(false);
+      if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        (void)!read(wake_fd_, &v, sizeof(v));
       }
     }
-    // Device work already launched (its callers may only have ordered their streams after
-    // it) finishes before the communicator is torn down; bounded, in case a peer is gone.
+    lk.lock();
+    if (ended_) return;
+    if (stopping_.load()) break;
+    bool go_on = turn(true);
+    lk.unlock();
+    if (!go_on) return;
+  }
+  // Stopping (lk held). Device work already launched (its callers may only have ordered
+  // their streams after it) finishes before the communicator is torn down; bounded, in case
+  // a peer is gone.
+  guard([&] {
     const auto drain_until = Clock::now() + std::chrono::milliseconds(
                                                 std::max<int64_t>(5000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000)));
     while (!running_.empty() && Clock::now() < drain_until) {
@@ -91,18 +93,51 @@ void Runtime::loop() {
       }
     }
     finish(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
-  } catch (const Error& e) {
-    Status s = e.status();
-    if (s.origin_rank < 0) {
-      s.origin_rank = cfg_.rank;
-      s.host = cfg_.host;
+  });
+  ended_ = true;
+}
+
+bool Runtime::turn(bool settle) {
+  return guard([&] {
+    if (settle) settle_burst();
+    step();
+    if (coordinator_gone_) {
+      Status gone{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"};
+      bool had_work = !inflight_.empty() || !running_.empty();
+      {
+        std::lock_guard<std::mutex> g(qmu_);
+        had_work = had_work || !queue_.empty();
+      }
+      if (had_work) record_fault(gone);  // an orderly end of rank 0 is a fault only for work it leaves behind
+      finish(gone);
+      ended_ = true;
     }
-    // A lost peer we noticed ourselves may only have given up because of someone else; a
-    // status that came in an ABORT already names the origin.
-    if (s.code == Code::kPeerLost && abort_from_ < 0 && !silence_seen_) s = await_better_cause(s);
-    abort_job(s, abort_from_);
-  } catch (const std::exception& e) {
-    abort_job(Status{Code::kInternal, cfg_.rank, cfg_.host, e.what()}, -1);
+  });
+}
+
+void Runtime::fail_engine(Status s) {
+  if (s.origin_rank < 0) {
+    s.origin_rank = cfg_.rank;
+    s.host = cfg_.host;
+  }
+  // A lost peer we noticed ourselves may only have given up because of someone else; a
+  // status that came in an ABORT already names the origin.
+  if (s.code == Code::kPeerLost && abort_from_ < 0 && !silence_seen_) s = await_better_cause(s);
+  abort_job(s, abort_from_);
+  ended_ = true;
+}
+
+void Runtime::park() {
+  if (!cfg_.caller_drives) return;
+  std::unique_lock<std::mutex> l(park_mu_);
+  for (;;) {
+    if (stopping_.load()) return;
+    const int64_t quiet = steady_us() - last_drive_us_.load();
+    const bool driving = drivers_.load() > 0;
+    if (!driving && quiet >= cfg_.spin_us) return;
+    // A driver that leaves with its op done does not notify (that would cost its caller a
+    // syscall per op): re-check every spin_us.
+    park_cv_.wait_for(l, std::chrono::microseconds(driving ? cfg_.spin_us : cfg_.spin_us - quiet));
   }
 }
 
@@ -124,7 +159,7 @@ void Runtime::settle_burst() {
   const int64_t until = steady_us() + std::min<int64_t>(static_cast<int64_t>(cfg_.cycle_time_ms * 1000), 5000);
   // Until the callers pause for kBurstGapUs, or one of them waits: a caller that waits (a
   // burst's synchronize) issues nothing more, so its ops are announced at once.
-  for (int64_t t = steady_us(); t < until && !handles_.waiting(); t = steady_us()) {
+  for (int64_t t = steady_us(); t < until && !handles_.waiting() && drivers_.load() == 0; t = steady_us()) {
     const int64_t quiet = t - last_enqueue_us_.load();
     if (quiet >= kBurstGapUs) return;
     if (quiet < kBurstGapUs / 2) {

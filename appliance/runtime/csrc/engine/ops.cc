@@ -51,6 +51,13 @@ bool HandleTable::poll(int handle) {
   return it->second->done;
 }
 
+OpPtr HandleTable::find(int handle) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = ops_.find(handle);
+  if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
+  return it->second;
+}
+
 void HandleTable::mark_launched(const OpPtr& op) {
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -72,6 +72,8 @@ class HandleTable {
   int add(const OpPtr& op, size_t* outstanding = nullptr);
   void complete(const OpPtr& op, Status s);
   bool poll(int handle);
+  // The op behind a handle that is not yet waited for; throws std::invalid_argument if none.
+  OpPtr find(int handle);
   // Device work of op is on its stream (op->ready_event is set).
   void mark_launched(const OpPtr& op);
   // Blocks until done (or, with until_launched, until launched with a ready event), then

@@ -136,6 +136,10 @@ void Runtime::shutdown() {
   }
   uint64_t one = 1;
   if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
+  {
+    std::lock_guard<std::mutex> g(park_mu_);
+  }
+  park_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   timeline_.stop();  // after the loop: its last events are in
   store_.reset();
@@ -213,6 +217,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     req.name = (s.process_set ? "ps" + std::to_string(s.process_set) + "/" : std::string()) + op_kind_name(s.kind) +
                ".noname." + std::to_string(n);
   }
+  if (in.device >= 0 || out.device >= 0 || s.device >= 0) device_ops_.store(true);  // callers stop driving (drive.cc)
   auto op = std::make_shared<OpState>();
   op->req = std::move(req);
   op->in = std::move(in);

@@ -4,8 +4,11 @@
 // one Runtime per init() and destroys it at shutdown().
 //
 // Threads: callers enqueue/poll/wait from any thread; everything else (control plane,
-// negotiation, collectives) runs on the background thread, which sleeps in poll() until work,
-// a control frame or a deadline (fusion cycle, heartbeat, stall check) wakes it.
+// negotiation, collectives) is the engine's work, done under engine_mu_ by one thread at a
+// time: the background thread, which sleeps in poll() until work, a control frame or a
+// deadline (fusion cycle, heartbeat, stall check) wakes it, or a caller waiting for a host
+// operation, which drives the engine itself for a while (engine/drive.cc) so that a small
+// operation costs no hand-off between threads.
 //
 // Failure: see csrc/README.md. A failed job fails every pending handle with a Status naming
 // the origin rank; later enqueues complete at once with the same status. The first failure
@@ -13,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -56,6 +60,9 @@ struct RuntimeConfig {
   // Microseconds the background thread keeps polling after work, and a waiting caller polls
   // before blocking, so back-to-back small operations do not pay thread wake-ups (0 = never).
   int spin_us = 100;
+  // A caller waiting for a host operation runs the engine itself for up to spin_us
+  // (APPLIANCE_CALLER_DRIVES; engine/drive.cc) instead of handing the work to the background thread.
+  bool caller_drives = true;
   bool verbose = false;
   // CUDA tensors (engine/devices.cc): where the CUDA runtime and NCCL may be found, in order
   // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
@@ -90,10 +97,12 @@ class Runtime {
   // Counters for tests and diagnostics (read from any thread).
   struct Stats {
     std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0}, ready_full{0}, ready_ids{0};
+    std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/drive.cc)
   };
   const Stats& stats() const { return stats_; }
   const OutputPool& output_pool() const { return *outputs_; }
-  OpPtr wait(int handle) { return handles_.wait(handle); }
+  // Blocks until the op is done. A host op's caller first drives the engine (engine/drive.cc).
+  OpPtr wait(int handle);
   // For a caller on a CUDA stream: returns once the op is done, or once its device work is on
   // its stream and `stream` has been made to wait for it (*finished false); an error after
   // that reaches the job as an abort. Host work is always waited for.
@@ -122,7 +131,31 @@ class Runtime {
  private:
   // --- background thread (engine/loop.cc) ---
   void loop();
+  // The engine's work, under engine_mu_, from the background thread or a driving caller:
+  // settle a burst (background thread only), step(), and turn a failure or the coordinator's
+  // end into the job's end. False once the engine has ended (ended_).
+  bool turn(bool settle);
   void step();
+  void fail_engine(Status s);  // a failure caught by guard(): abort the job, end the engine
+  // Runs f (engine work, under engine_mu_); a failure it throws ends the engine. False once
+  // the engine has ended.
+  template <class F>
+  bool guard(F&& f) {
+    try {
+      f();
+      return !ended_;
+    } catch (const Error& e) {
+      fail_engine(e.status());
+    } catch (const std::exception& e) {
+      fail_engine(Status{Code::kInternal, cfg_.rank, cfg_.host, e.what()});
+    }
+    return false;
+  }
+  // The background thread stays off while a caller drives, or did within spin_us.
+  void park();
+  // --- callers driving (engine/drive.cc) ---
+  // Drives the engine until op is done, the engine ends, or spin_us passes without op done.
+  void drive(const OpState& op);
   // A caller issuing operations back to back without waiting (a backward pass's gradients, a
   // burst of async calls) gets them announced together: while such enqueues come less than
   // kBurstGapUs apart, wait (at most the cycle time) for a pause or for a caller to wait, so
@@ -216,6 +249,15 @@ class Runtime {
   Stats stats_;
   std::shared_ptr<OutputPool> outputs_ = std::make_shared<OutputPool>();  // large core-allocated outputs
 
+  // Held by whichever thread does the engine's work: guards every "background-thread state"
+  // member below (and the backends, comm_, ctrl_, coord_, cache_, timeline_ recording).
+  std::mutex engine_mu_;
+  bool ended_ = false;  // the job failed or the coordinator left: no more turns (engine_mu_)
+  std::atomic<int> drivers_{0};             // callers driving (or about to)
+  std::atomic<int64_t> last_drive_us_{0};   // when a driving caller last left with its op done
+  std::atomic<bool> device_ops_{false};     // a CUDA op was enqueued: callers no longer drive
+  std::mutex park_mu_;
+  std::condition_variable park_cv_;  // the background thread parks on it while callers drive
   int wake_fd_ = -1;
   int epoll_fd_ = -1;  // control fds, the Watch of collectives
   std::thread thread_;
