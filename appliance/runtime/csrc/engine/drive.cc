@@ -35,7 +35,7 @@ OpPtr Runtime::wait(int handle) {
 void Runtime::drive(const OpState& op) {
   drivers_.fetch_add(1);
   const int64_t until = steady_us() + cfg_.spin_us;
-  for (;;) {
+  for (unsigned turns = 1;; ++turns) {
     if (op.done.load(std::memory_order_acquire)) break;
     std::unique_lock<std::mutex> lk(engine_mu_, std::try_to_lock);
     if (lk.owns_lock()) {
@@ -44,6 +44,10 @@ void Runtime::drive(const OpState& op) {
       const bool on = turn(false);
       stats_.driven_plans += stats_.plans.load(std::memory_order_relaxed) - plans;
       if (!on) break;
+      lk.unlock();
+      // Ranks may outnumber cores: a peer we wait for may need this one. Turns that find
+      // nothing yield now and then, as a waiting caller's poll does.
+      if (turns % 4 == 0 && !op.done.load(std::memory_order_acquire)) sched_yield();
     } else {
       sched_yield();  // the background thread is mid-turn: it parks after it
     }
