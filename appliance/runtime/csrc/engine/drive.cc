@@ -4,10 +4,12 @@
 // hand-off to the background thread and back, which on a busy core is two context switches
 // per rank and most of a 4 KiB allreduce's time.
 //
-// The background thread parks (Runtime::park) while a caller drives, and for spin_us after a
-// driver left with its op done: the next op of a synchronous loop is driven too. A driver
-// that gives up (its peers are not ready) hands back at once: it unparks the background
-// thread, which then carries on as if no caller had driven. One that finds the background
+// The background thread parks (Runtime::park) while a caller drives, and for a cycle
+// (HOROVOD_CYCLE_TIME) after a driver left with its op done: the next op of a synchronous
+// loop is driven too. A driver that gives up (its peers are not ready), a caller that waits
+// without driving or polls, hand back at once: they unpark the background thread, which
+// then carries on as if no caller had driven. An async op enqueued within that cycle and not
+// waited for starts when the cycle ends (Horovod's background thread woke once a cycle). One that finds the background
 // thread asleep (in poll) wakes it as it leaves, so that it re-arms the control links the
 // driver's reads disarmed.
 //
@@ -28,8 +30,24 @@ OpPtr Runtime::wait(int handle) {
   if (cfg_.caller_drives && cfg_.spin_us > 0 && !device_ops_.load(std::memory_order_relaxed) && !burst_.load()) {
     OpPtr op = handles_.find(handle);
     if (!op->done.load(std::memory_order_acquire)) drive(*op);
+  } else {
+    unpark();  // this wait leaves the work to the background thread: it must not sit out a cycle
   }
   return handles_.wait(handle);
+}
+
+bool Runtime::poll(int handle) {
+  const bool done = handles_.poll(handle);
+  if (!done && drivers_.load() == 0) unpark();  // a caller polling in a loop does not drive
+  return done;
+}
+
+void Runtime::unpark() {
+  {  // under park_mu_: park() reads it there before it waits, so no wake-up is lost
+    std::lock_guard<std::mutex> g(park_mu_);
+    last_drive_us_.store(0);
+  }
+  park_cv_.notify_one();
 }
 
 void Runtime::drive(const OpState& op) {
@@ -58,12 +76,8 @@ void Runtime::drive(const OpState& op) {
     last_drive_us_.store(steady_us());
     drivers_.fetch_sub(1);
   } else {
-    {
-      std::lock_guard<std::mutex> g(park_mu_);
-      last_drive_us_.store(0);
-      drivers_.fetch_sub(1);
-    }
-    park_cv_.notify_one();
+    drivers_.fetch_sub(1);
+    unpark();
   }
   // A background thread asleep since before we drove armed its control links, and our reads
   // disarmed them: wake it to re-arm (and to take over what we leave, if our op is not done).

@@ -84,7 +84,7 @@ void Runtime::loop() {
       poll_running();
       if (!running_.empty()) usleep(50);
     }
-    for (int r = 0; r < cfg_.size; ++r) {
+    for (int r : ctrl_ranks_) {
       if (!is_ctrl_peer(r)) continue;
       try {
         auto bye = encode_bye();
@@ -129,15 +129,20 @@ void Runtime::fail_engine(Status s) {
 
 void Runtime::park() {
   if (!cfg_.caller_drives) return;
+  // How long after a drive the work stays the callers': a cycle (HOROVOD_CYCLE_TIME), the
+  // longest Horovod ever let an op wait for its background thread. Waking every spin_us
+  // instead cost a 2-rank 4 KiB loop a third of its time (9.2 vs 6.2 us per op).
+  const int64_t park_us = std::max<int64_t>(cfg_.spin_us, static_cast<int64_t>(cfg_.cycle_time_ms * 1000));
   std::unique_lock<std::mutex> l(park_mu_);
   for (;;) {
     if (stopping_.load()) return;
     const int64_t quiet = steady_us() - last_drive_us_.load();
     const bool driving = drivers_.load() > 0;
-    if (!driving && quiet >= cfg_.spin_us) return;
+    if (!driving && quiet >= park_us) return;
     // A driver that leaves with its op done does not notify (that would cost its caller a
-    // syscall per op): re-check every spin_us.
-    park_cv_.wait_for(l, std::chrono::microseconds(driving ? cfg_.spin_us : cfg_.spin_us - quiet));
+    // syscall per op): re-check a cycle later. Whoever needs this thread sooner (a driver
+    // that gives up, a caller waiting without driving, shutdown) notifies.
+    park_cv_.wait_for(l, std::chrono::microseconds(driving ? park_us : park_us - quiet));
   }
 }
 
@@ -175,7 +180,7 @@ bool Runtime::is_ctrl_peer(int peer) const { return ctrl_[peer].ch && !ctrl_[pee
 
 bool Runtime::arm_control() {
   bool ready = false;
-  for (int r = 0; r < cfg_.size; ++r)
+  for (int r : ctrl_ranks_)
     if (is_ctrl_peer(r) && ctrl_[r].ch->link().spins() && ctrl_[r].ch->link().arm_wait(true, false) == 0) ready = true;
   return ready;
 }
@@ -233,7 +238,7 @@ void Runtime::send_control(int peer, FrameType type, const std::vector<uint8_t>&
 }
 
 void Runtime::read_control(bool in_collective) {
-  for (int r = 0; r < cfg_.size; ++r) {
+  for (int r : ctrl_ranks_) {
     if (!is_ctrl_peer(r)) continue;
     CtrlPeer& c = ctrl_[r];
     Frame f;
@@ -425,7 +430,7 @@ void Runtime::heartbeats() {
   auto now = Clock::now();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000));
   int silent = -1;  // of the peers silent for too long, the one silent the longest
-  for (int r = 0; r < cfg_.size; ++r) {
+  for (int r : ctrl_ranks_) {
     if (!is_ctrl_peer(r)) continue;
     CtrlPeer& c = ctrl_[r];
     if (now - c.last_recv > timeout && (silent < 0 || c.last_recv < ctrl_[silent].last_recv)) silent = r;
@@ -439,7 +444,7 @@ void Runtime::heartbeats() {
                     " s (host down, network cut or process stopped; APPLIANCE_HEARTBEAT_TIMEOUT)",
                 silent, host_of(silent));
   }
-  for (int r = 0; r < cfg_.size; ++r) {
+  for (int r : ctrl_ranks_) {
     if (!is_ctrl_peer(r)) continue;
     if (now - ctrl_[r].last_send >= std::chrono::milliseconds(hb_interval_ms_)) send_control(r, FrameType::kHeartbeat, {});
   }
@@ -486,7 +491,7 @@ void Runtime::abort_job(const Status& s, int skip_peer) {
   log_line(cfg_.rank, "collective job failed: " + s.to_string());
   Writer w;
   w.status(s);
-  for (int r = 0; r < cfg_.size; ++r) {
+  for (int r : ctrl_ranks_) {
     if (r == skip_peer || !is_ctrl_peer(r)) continue;
     try {
       ctrl_[r].ch->send_frame(FrameType::kAbort, w.buffer().data(), w.buffer().size(), deadline_after_ms(1000));

@@ -66,6 +66,8 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
       ctrl_[peer].ch = std::make_unique<Channel>(std::move(mesh.control[r]), kControlFrameMax);
       ctrl_[peer].last_recv = ctrl_[peer].last_send = now;
     }
+    for (int r = 0; r < cfg_.size; ++r)
+      if (ctrl_[r].ch) ctrl_ranks_.push_back(r);
     if (cfg_.verbose && cfg_.rank == 0) {
       std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
       for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;

@@ -92,7 +92,7 @@ class Runtime {
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
-  bool poll(int handle) { return handles_.poll(handle); }
+  bool poll(int handle);  // engine/drive.cc
 
   // Counters for tests and diagnostics (read from any thread).
   struct Stats {
@@ -151,8 +151,10 @@ class Runtime {
     }
     return false;
   }
-  // The background thread stays off while a caller drives, or did within spin_us.
+  // The background thread stays off while a caller drives, or did within a cycle.
   void park();
+  // Ends the background thread's parking at once (a caller needs it: drive.cc).
+  void unpark();
   // --- callers driving (engine/drive.cc) ---
   // Drives the engine until op is done, the engine ends, or spin_us passes without op done.
   void drive(const OpState& op);
@@ -225,6 +227,7 @@ class Runtime {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Comm> comm_;
   std::vector<CtrlPeer> ctrl_;  // indexed by rank (rank 0: every peer; others: only [0])
+  std::vector<int> ctrl_ranks_;  // the ranks ctrl_ has a channel for, ascending (what loops visit)
   std::unique_ptr<Coordinator> coord_;
   ResponseCache cache_;
   // One backend per device kind: host memory, and CUDA memory (through NCCL, or through host
