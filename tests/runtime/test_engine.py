@@ -1,7 +1,8 @@
 """The engine end to end: real ranks (processes) over real sockets, numpy API.
 
 Covers: every op x dtype x size at 2 and 3 ranks against numpy (and at 2 with callers not
-driving the engine); waiting callers driving the engine; out-of-order submission;
+driving the engine); waiting callers driving the engine, from several threads at once;
+out-of-order submission;
 mismatches raised on every rank with the culprits named, runtime still usable; duplicate
 in-flight names; joins; init->shutdown->init; a single rank without a launcher; fusion and the
 response cache doing their job; a killed rank named on every survivor within seconds.
@@ -112,6 +113,14 @@ def test_waiting_callers_drive_the_engine_unless_turned_off(run_ranks, drives):
             assert rep["sync_driven"] >= n // 2, rep
         else:
             assert rep["stats"]["driven_plans"] == 0, rep
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_caller_threads_drive_and_wait_side_by_side(run_ranks, np_):
+    ranks = run_ranks(np_, "engine", "threads", 400, timeout=120)
+    for r in range(np_):
+        assert ranks[r]["ok"], ranks[r]["errors"]
+        assert ranks[r]["driven"] > 0, ranks[r]
 
 
 def test_fusion_disabled(run_ranks):

@@ -321,6 +321,45 @@ def case_drive(n):
     report({"ok": True, "sync_driven": sync_driven, "stats": dict(e.core.stats())})
 
 
+def case_threads(n):
+    """Three caller threads per rank at once, each with its own names: two synchronous loops of
+    small allreduces and allgathers (callers that drive the engine, often together) and one
+    of async bursts (left to the background thread). Every result checked."""
+    n = int(n)
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    errors = []
+
+    def sync_allreduce():
+        for i in range(n):
+            got = rt.allreduce(data(r, np.float32, 300, salt=i), op=rt.Sum, name="ta")
+            check(f"ta{i}", got, sum(data(k, np.float32, 300, salt=i) for k in range(P)), np.float32)
+
+    def sync_allgather():
+        for i in range(n):
+            got = rt.allgather(data(r, np.int32, 6, salt=i).reshape(-1, 2), name="tg")
+            check(f"tg{i}", got, np.concatenate([data(k, np.int32, 6, salt=i).reshape(-1, 2) for k in range(P)]), np.int32)
+
+    def bursts():
+        for i in range(max(1, n // 20)):
+            hs = [rt.allreduce_async(np.full(8, j + i, np.float64), op=rt.Sum, name=f"tb{j}") for j in range(20)]
+            for j, h in enumerate(hs):
+                check(f"tb{j}.{i}", rt.synchronize(h), np.full(8, (j + i) * P, np.float64), np.float64)
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as e:  # reported below, with the thread that met it
+            errors.append(f"{fn.__name__}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in (sync_allreduce, sync_allgather, bursts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report({"ok": not errors, "errors": errors, "driven": engine.current().core.stats()["driven_plans"]})
+
+
 def case_links():
     """Which transport each data link uses, and a large allreduce over it (many ring laps)."""
     rt.init()
