@@ -146,23 +146,14 @@ bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* al
 }
 
 // Nothing moved: sleep until some involved link can progress (or the Watch fd is readable),
-// at most until the Watch is due. Links that move bytes without syscalls (shared memory)
-// are spun on first (Backoff's spin and yield rounds); then every pending link arms its
-// doorbell (Link::arm_wait) and we poll. Links without any handle make this a backoff step.
+// at most until the Watch is due. Every link is spun on first (Backoff's spin and yield
+// rounds, pumping between them): shared memory moves bytes without syscalls, and a TCP peer
+// that answers within tens of microseconds is then met without a sleep and a wake-up (1 MiB
+// over loopback TCP at 2 ranks: 403-415 us with poll() at once, 345-368 us spinning first).
+// Then every pending link arms its doorbell (Link::arm_wait) and we poll. Links without any
+// handle make this a backoff step.
 void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector<RecvState>& rs) {
-  bool spinning = false, fdless = false;
-  auto classify = [&](Link& link) {
-    if (link.wait_handle() < 0) {
-      fdless = true;
-    } else if (link.spins()) {
-      spinning = true;
-    }
-  };
-  for (const SendState& s : ss)
-    if (!s.done) classify(s.ch->link());
-  for (const RecvState& r : rs)
-    if (!r.done) classify(r.ch->link());
-  if ((spinning || fdless) && backoff_.next_sleep_us() == 0) {
+  if (backoff_.next_sleep_us() == 0) {
     backoff_.step();
     return;
   }
@@ -176,8 +167,7 @@ void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector
     p = many.data();
   }
   size_t n = 0;
-  fdless = false;
-  bool ready = false;
+  bool fdless = false, ready = false;
   auto add = [&](Link& link, bool rd, bool wr) {
     int fd = link.wait_handle();
     if (fd < 0) {
