@@ -99,7 +99,10 @@ void Runtime::loop() {
 
 bool Runtime::turn(bool settle) {
   return guard([&] {
-    if (settle) settle_burst();
+    if (settle) {  // the background thread's turn: one wake-up (HOROVOD_TIMELINE_MARK_CYCLES)
+      if (coord_ && timeline_.on()) timeline_.cycle();
+      settle_burst();
+    }
     step();
     if (coordinator_gone_) {
       Status gone{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"};
@@ -147,7 +150,6 @@ void Runtime::park() {
 }
 
 void Runtime::step() {
-  if (coord_ && timeline_.on()) timeline_.cycle();
   poll_running();
   intake();
   read_control(false);
