@@ -385,8 +385,7 @@ void Runtime::run_entry(const PlanEntry& e) {
     }
   }
   if (!e.ok) {
-    for (auto& op : ops)
-      if (op) handles_.complete(op, Status{e.error_code, -1, "", e.error});
+    handles_.complete_all(ops, Status{e.error_code, -1, "", e.error});
     return;
   }
   Backend& backend = backend_for(e, raw);
@@ -406,11 +405,10 @@ void Runtime::run_entry(const PlanEntry& e) {
     running_.push_back(Running{std::move(pending), std::move(ops)});
     return;
   }
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i]) {
-      if (timeline_.on()) timeline_.done(e.names[i], e.sigs[i]);
-      handles_.complete(ops[i], Status::Ok());
-    }
+  if (timeline_.on())
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i]) timeline_.done(e.names[i], e.sigs[i]);
+  handles_.complete_all(ops, Status::Ok());
 }
 
 void Runtime::note_skipped_name(const std::string& name) {

@@ -44,6 +44,20 @@ void HandleTable::complete(const OpPtr& op, Status s) {
   cv_.notify_all();
 }
 
+void HandleTable::complete_all(const std::vector<OpPtr>& ops, const Status& s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const OpPtr& op : ops) {
+      if (!op || op->done) continue;
+      op->status = s;
+      op->done.store(true, std::memory_order_release);
+      auto it = names_.find(op->req.name);
+      if (it != names_.end() && it->second == op->handle) names_.erase(it);
+    }
+  }
+  cv_.notify_all();
+}
+
 bool HandleTable::poll(int handle) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = ops_.find(handle);

@@ -71,6 +71,9 @@ class HandleTable {
   // *outstanding (optional) receives how many ops were added and not yet waited for before it.
   int add(const OpPtr& op, size_t* outstanding = nullptr);
   void complete(const OpPtr& op, Status s);
+  // complete() of every non-null op with the same status, under one lock and one notify (a
+  // fused entry's tensors: waiters are woken once, not once per tensor).
+  void complete_all(const std::vector<OpPtr>& ops, const Status& s);
   bool poll(int handle);
   // The op behind a handle that is not yet waited for; throws std::invalid_argument if none.
   OpPtr find(int handle);
