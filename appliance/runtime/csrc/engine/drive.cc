@@ -6,19 +6,20 @@
 //
 // The background thread parks (Runtime::park) while a caller drives, and for a cycle
 // (HOROVOD_CYCLE_TIME) after a driver left with its op done: the next op of a synchronous
-// loop is driven too. A driver that gives up (its peers are not ready), a caller that waits
-// without driving or polls, hand back at once: they unpark the background thread, which
-// then carries on as if no caller had driven. An async op enqueued within that cycle and not
-// waited for starts when the cycle ends (Horovod's background thread woke once a cycle). One that finds the background
-// thread asleep (in poll) wakes it as it leaves, so that it re-arms the control links the
-// driver's reads disarmed.
+// loop is driven too. A driver that gives up (its peers are not ready), and a caller that
+// waits without driving or polls, hand back at once: they unpark the background thread,
+// which then carries on as if no caller had driven. An async op enqueued within that cycle
+// and not waited for starts when the cycle ends (Horovod's background thread woke once a
+// cycle). A driver that finds the background thread asleep (in poll) wakes it as it leaves,
+// so that it re-arms the control links the driver's reads disarmed.
 //
 // Not driven: a wait while the last enqueue was part of a burst (the background thread is
 // gathering the burst to fuse it, and measured faster at that than a driver: 100 x 4 KiB at
 // 2 ranks, ~300 vs ~360 us); CUDA operations (once any was enqueued, device state such as
 // the current device belongs to the background thread); everything when
-// APPLIANCE_CALLER_DRIVES=0 or APPLIANCE_SPIN_US=0. A failure met while driving ends the engine exactly as on the
-// background thread (Runtime::guard): the job is aborted and every pending handle fails.
+// APPLIANCE_CALLER_DRIVES=0 or APPLIANCE_SPIN_US=0. A failure met while driving ends the
+// engine exactly as on the background thread (Runtime::guard): the job is aborted and every
+// pending handle fails.
 #include <sched.h>
 #include <unistd.h>
 

@@ -54,8 +54,8 @@ void Runtime::loop() {
     } else {
       // Callers write wake_fd_ only while this thread sleeps (enqueue() reads sleeping_), so
       // a burst of enqueues costs one wake-up, not a syscall each. Dekker on posted_: either
-      // we see their post, or they see sleeping_ and wake us. A driving caller that leaves
-      // work behind wakes us the same way.
+      // we see their post, or they see sleeping_ and wake us. A driving caller that finds us
+      // asleep as it leaves wakes us the same way (drive.cc).
       sleeping_.store(true);
       bool sleep = false;
       if (!guard([&] { sleep = posted_.load() == taken_ && !arm_control(); })) return;
@@ -144,7 +144,9 @@ void Runtime::park() {
     if (!driving && quiet >= park_us) return;
     // A driver that leaves with its op done does not notify (that would cost its caller a
     // syscall per op): re-check a cycle later. Whoever needs this thread sooner (a driver
-    // that gives up, a caller waiting without driving, shutdown) notifies.
+    // that gives up, a caller waiting without driving, shutdown) notifies. (A driver on
+    // another thread that leaves with its op done just after may renew the parking: the
+    // one waiting then waits at most a cycle.)
     park_cv_.wait_for(l, std::chrono::microseconds(driving ? park_us : park_us - quiet));
   }
 }

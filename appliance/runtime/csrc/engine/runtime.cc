@@ -139,7 +139,7 @@ void Runtime::shutdown() {
   uint64_t one = 1;
   if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
   {
-    std::lock_guard<std::mutex> g(park_mu_);
+    std::lock_guard<std::mutex> g(park_mu_);  // park() checks stopping_ under it: no lost wake-up
   }
   park_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
