@@ -127,7 +127,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_CHUNK_BYTES", _size, 1 << 20, "pipelining grain of the ring algorithms"),
     Knob("APPLIANCE_SHM", _bool, True, "shared memory between ranks of one machine (0 = TCP for every pair)"),
     Knob("APPLIANCE_SPIN_US", _rank_int, 100, "microseconds the engine polls after work, and a waiting caller before it blocks, so back-to-back small ops skip thread wake-ups (0 = never)"),
-    Knob("APPLIANCE_CALLER_DRIVES", _bool, True, "a caller waiting for a host op runs the engine itself for up to APPLIANCE_SPIN_US, sparing a small op two thread hand-offs (0 = the background thread does all)"),
+    Knob("APPLIANCE_CALLER_DRIVES", _bool, True, "a caller waiting for a host op runs the engine itself for up to APPLIANCE_SPIN_US, sparing a small op two thread hand-offs; the background thread stands aside until a cycle after (0 = the background thread does all)"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
     Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)"),
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
