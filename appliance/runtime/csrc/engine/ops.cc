@@ -32,17 +32,7 @@ int HandleTable::add(const OpPtr& op, size_t* outstanding) {
   return op->handle;
 }
 
-void HandleTable::complete(const OpPtr& op, Status s) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (op->done) return;
-    op->status = std::move(s);
-    op->done.store(true, std::memory_order_release);
-    auto it = names_.find(op->req.name);
-    if (it != names_.end() && it->second == op->handle) names_.erase(it);
-  }
-  cv_.notify_all();
-}
+void HandleTable::complete(const OpPtr& op, Status s) { complete_all({op}, s); }
 
 void HandleTable::complete_all(const std::vector<OpPtr>& ops, const Status& s) {
   {
@@ -58,12 +48,7 @@ void HandleTable::complete_all(const std::vector<OpPtr>& ops, const Status& s) {
   cv_.notify_all();
 }
 
-bool HandleTable::poll(int handle) {
-  std::lock_guard<std::mutex> g(mu_);
-  auto it = ops_.find(handle);
-  if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
-  return it->second->done;
-}
+bool HandleTable::poll(int handle) { return find(handle)->done.load(std::memory_order_acquire); }
 
 OpPtr HandleTable::find(int handle) {
   std::lock_guard<std::mutex> g(mu_);
