@@ -117,6 +117,12 @@ def median(samples) -> float:
     return statistics.median(samples)
 
 
+def ranks_output(res, tail: int = 4000) -> str:
+    """The end of what a failed ``launch`` result's ranks wrote, stdout and then stderr (where
+    a crash says why, e.g. an abort's message)."""
+    return "\n".join(f"{stream} (end):\n{res.output(stream=stream)[-tail:]}" for stream in ("stdout", "stderr"))
+
+
 def result_path(tag: str) -> str:
     """A fresh path in a private temporary directory, for a worker's JSON result."""
     return os.path.join(tempfile.mkdtemp(prefix="appliance-bench-"), f"{tag}.json")

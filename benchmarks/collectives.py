@@ -217,7 +217,7 @@ def run_ours_and_gloo(np_, ops, sizes, iters, tcp_only=False, dtype="float32") -
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--dtype", dtype, "--out", out]
     res = launch(cmd, np=np_, timeout=3600, env={"APPLIANCE_SHM": "0"} if tcp_only else None)
     if res.returncode != 0:
-        raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
+        raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
     with open(out) as f:
         return json.load(f)
 

@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     common = ["--cases", ",".join(cases), "--iters", str(iters)]
     res = launch([sys.executable, here, "--worker", "ours", *common, "--out", out], np=a.np, timeout=3600)
     if res.returncode != 0:
-        raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
+        raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
     with open(out) as f:
         rows = json.load(f)
     backends = ["ours", "ours-grouped", "gloo"]

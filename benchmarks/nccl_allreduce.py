@@ -21,7 +21,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import human, iters_for, parse_size, result_path, time_op  # noqa: E402
+from benchlib import human, iters_for, parse_size, ranks_output, result_path, time_op  # noqa: E402
 
 
 def worker(sizes, iters, out):
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     res = launch([sys.executable, __file__, "--worker", "--sizes", ",".join(map(str, sizes)),
                   "--iters", str(a.iters), "--out", out], np=P, timeout=1800)
     if res.returncode != 0:
-        print(res.output()[-4000:], file=sys.stderr)
+        print(ranks_output(res), file=sys.stderr)
         return res.returncode
     with open(out) as f:
         data = json.load(f)

@@ -100,7 +100,7 @@ def run_job(impl, ranks, cfg) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--cfg", json.dumps(cfg), "--out", out]
     res = launch(cmd, np=ranks, timeout=3600)
     if res.returncode != 0:
-        raise SystemExit(f"{impl} at {ranks} ranks failed (rc={res.returncode}):\n{res.output()[-4000:]}")
+        raise SystemExit(f"{impl} at {ranks} ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
     with open(out) as f:
         return json.load(f)
 
