@@ -219,7 +219,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     req.name = (s.process_set ? "ps" + std::to_string(s.process_set) + "/" : std::string()) + op_kind_name(s.kind) +
                ".noname." + std::to_string(n);
   }
-  if (in.device >= 0 || out.device >= 0 || s.device >= 0) device_ops_.store(true);  // callers stop driving (drive.cc)
+  if (in.device >= 0 || out.device >= 0) device_ops_.store(true);  // callers stop driving (drive.cc)
   auto op = std::make_shared<OpState>();
   op->req = std::move(req);
   op->in = std::move(in);
