@@ -184,8 +184,8 @@ def _wait_all(wait, handles) -> list:
 class HandleTable:
     """Integer handles as Horovod has them. One handle may stand for several engine
     operations (grouped ops); ``keep`` holds every tensor the core may still touch. Host
-    allreduces in place (``add_host``) are kept as a bare ``(engine handle(s), result)`` tuple:
-    they are most of a training step's handles, and their result is their own tensor(s)."""
+    allreduces (``add_host``) are kept as a bare ``(engine handle(s), result, input)`` tuple:
+    they are most of a training step's handles, and their result is the tensor(s) they write."""
 
     def __init__(self):
         self._entries: dict = {}  # dict operations are atomic under the GIL: no lock needed
@@ -196,11 +196,12 @@ class HandleTable:
         self._entries[hid] = _Entry(list(handles), keep, finish)
         return hid
 
-    def add_host(self, handles, result) -> int:
-        """``add`` for host operations (``allreduce_host``) whose result is their own memory:
-        one handle and its tensor, or a group's handles and the tuple of its tensors."""
+    def add_host(self, handles, result, keep=None) -> int:
+        """``add`` for host operations (``allreduce_host``) whose result is the memory they
+        write: one handle and its tensor, or a group's handles and the tuple of its tensors;
+        ``keep``: the input, when it is not the result."""
         hid = next(self._ids)
-        self._entries[hid] = (handles, result)
+        self._entries[hid] = (handles, result, keep)
         return hid
 
     def poll(self, handle: int) -> bool:
@@ -219,7 +220,7 @@ class HandleTable:
         if entry is None:
             return None
         if entry.__class__ is tuple:
-            hs, result = entry
+            hs, result = entry[0], entry[1]
             try:
                 if hs.__class__ is int:
                     engine.current().wait_host(hs)

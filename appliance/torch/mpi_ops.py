@@ -182,12 +182,13 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
     return None if name is None else f"{name}.{i}"
 
 
-def _host_allreduce_(t, name, op, pre, post, group_id=0, group_size=0) -> int:
-    """The short path: enqueue an in-place allreduce of ``t`` (contiguous, on the host, of a
-    supported dtype) over every rank, in one core call; return its engine handle."""
+def _host_allreduce_(t, name, op, pre, post, group_id=0, group_size=0, out=None) -> int:
+    """The short path: enqueue an allreduce of ``t`` (contiguous, on the host, of a supported
+    dtype) over every rank into ``out`` (a new contiguous tensor like ``t``; None: in place), in
+    one core call; return its engine handle."""
     ptr = t.data_ptr()
-    return _engine.current().allreduce_host(name, ptr, ptr, _HOST_DTYPES[t.dtype], t.shape, op, pre, post,
-                                            group_id, group_size)
+    return _engine.current().allreduce_host(name, ptr, ptr if out is None else out.data_ptr(), _HOST_DTYPES[t.dtype],
+                                            t.shape, op, pre, post, group_id, group_size)
 
 
 def _submit(kind, name, work, out=None, **kw) -> int:
@@ -216,6 +217,12 @@ def _submit_all(calls) -> list:
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
     ps = check_process_set(process_set)
     core_op = _core_op(op)
+    if not ps and tensor.is_cpu and tensor.dtype in _HOST_DTYPES and tensor.is_contiguous():  # the short way
+        if inplace:
+            return _handles.add_host(_host_allreduce_(tensor, name, core_op, prescale_factor, postscale_factor), tensor)
+        out = torch.empty(tensor.shape, dtype=tensor.dtype)
+        h = _host_allreduce_(tensor, name, core_op, prescale_factor, postscale_factor, out=out)
+        return _handles.add_host(h, out, keep=tensor)
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
     h = _submit(Kind.ALLREDUCE, name, work, out, op=core_op, prescale=float(prescale_factor),

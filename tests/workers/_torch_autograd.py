@@ -86,6 +86,26 @@ def autograd(hvd):
             torch.autograd.backward(outs, [g[r] for g in gs])
             for i in range(2):
                 check(xs[i].grad, torch.cat(gs[i]) * P, f"grouped_reducescatter grad [{i}]", exact=False)
+    # No graph to record (grad mode off, or no input requiring grad): the ops run their forward
+    # alone, without Function.apply, and their outputs are plain tensors.
+    from appliance.torch import _autograd
+    applied = []
+    real_apply = _autograd._Allreduce.apply
+    _autograd._Allreduce.apply = lambda *a: applied.append(1) or real_apply(*a)
+    try:
+        x = torch.full((4,), float(r + 1), requires_grad=True)
+        with torch.no_grad():
+            outs = [hvd.allreduce(x, op=hvd.Sum), hvd.allgather(x), hvd.broadcast(x, 0), hvd.alltoall(x.repeat(P)),
+                    hvd.reducescatter(x.repeat(P), op=hvd.Sum)]
+        outs.append(hvd.allreduce(x.detach(), op=hvd.Sum))
+        assert not applied, "an allreduce with no graph to record went through Function.apply"
+        for out in outs:
+            assert not out.requires_grad and out.grad_fn is None, f"no graph, yet {out} requires grad"
+        check(outs[0], torch.full((4,), float(P * (P + 1) // 2)), "allreduce under no_grad")
+        y = hvd.allreduce(x, op=hvd.Sum)
+        assert applied and y.grad_fn is not None, "an allreduce of a tensor requiring grad must record its graph"
+    finally:
+        _autograd._Allreduce.apply = real_apply
     # fp16 compression: float32 in, float32 out, gradient flows through the casts
     x = torch.full((6,), 1.5, requires_grad=True)
     y = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)

@@ -71,6 +71,16 @@ def allreduce(hvd):
     expect_raises(ValueError, lambda: hvd.allreduce_async_(torch.zeros(3, dtype=torch.int32), op=hvd.Adasum),
                   "Adasum of integers (async_)")
 
+    # allreduce_async of a temporary: the handle keeps the input alive until synchronize. The
+    # last rank submits late, so the others read their input long after the caller dropped it,
+    # while same-sized tensors of other values are allocated where it would be freed.
+    if r == P - 1:
+        time.sleep(0.3)
+    h = hvd.allreduce_async(torch.full((1000,), float(r + 1)), op=hvd.Sum, name="temporary.input")
+    litter = [torch.full((1000,), -7.0) for _ in range(64)]
+    check(hvd.synchronize(h), torch.full((1000,), float(P * (P + 1) // 2)), "allreduce_async of a dropped input")
+    del litter
+
     # The deprecated average= argument, exactly as Horovod handles it.
     x = torch.full((4,), float(r + 1))
     with warnings.catch_warnings(record=True) as w:
