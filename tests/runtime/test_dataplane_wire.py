@@ -30,6 +30,14 @@ def decode(b, seq=0, max_len=1000):
 def test_crc32c_known_vector():
     assert T.crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
     assert T.crc32c(b"") == 0
+    # RFC 3720's 32-byte vectors: whole 8-byte words (the hardware path) and a table-only tail
+    assert T.crc32c(bytes(32)) == 0x8A9136AA
+    assert T.crc32c(b"\xff" * 32) == 0x62A8AB43
+    assert T.crc32c(bytes(range(32))) == 0x46DD794E
+    assert T.crc32c(bytes(range(31, -1, -1))) == 0x113FDB5C
+    data = bytes(range(7, 60))
+    for cut in range(len(data) + 1):  # a seed continues a checksum, whatever the split
+        assert T.crc32c(data[cut:], T.crc32c(data[:cut])) == T.crc32c(data), cut
 
 
 def test_encode_matches_layout_and_decodes():

@@ -27,14 +27,44 @@ std::array<uint32_t, 256> make_crc_table() {
   }
   return t;
 }
+
+uint32_t crc32c_table(const uint8_t* p, size_t n, uint32_t c) {
+  static const std::array<uint32_t, 256> table = make_crc_table();
+  for (size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// SSE4.2's crc32 instruction computes CRC-32C: every frame header is checked on both ends,
+// several per collective, so the byte table's ~40 ns per header showed in small ops' profiles.
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t n, uint32_t c) {
+  uint64_t c64 = c;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c64 = __builtin_ia32_crc32di(c64, v);
+  }
+  c = static_cast<uint32_t>(c64);
+  for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
+  return c;
+}
+
+bool have_sse42() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("sse4.2") != 0;
+  }();
+  return ok;
+}
+#endif
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t seed) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
   const uint8_t* p = static_cast<const uint8_t*>(data);
-  uint32_t c = ~seed;
-  for (size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
-  return ~c;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (have_sse42()) return ~crc32c_sse42(p, n, ~seed);
+#endif
+  return ~crc32c_table(p, n, ~seed);
 }
 
 bool frame_type_valid(uint8_t raw) { return raw >= 1 && raw <= static_cast<uint8_t>(FrameType::kBye); }
