@@ -70,7 +70,7 @@ void Runtime::drive(const OpState& op) {
     } else {
       sched_yield();  // the background thread is mid-turn: it parks after it
     }
-    if (steady_us() >= until) break;
+    if (op.done.load(std::memory_order_acquire) || steady_us() >= until) break;  // done: no clock read
   }
   const bool done = op.done.load(std::memory_order_acquire);
   if (done) {

@@ -152,15 +152,18 @@ void Runtime::park() {
 }
 
 void Runtime::step() {
+  // One clock read serves the whole turn (a turn takes microseconds; the deadlines it serves
+  // are a cycle or longer): a driver turns once per small op, and each read costs ~20 ns.
+  const Clock::time_point now = Clock::now();
   poll_running();
-  intake();
+  intake(now);
   read_control(false);
   do {
     dispatch_inbox();
-    if (coord_) issue_plans();
+    if (coord_) issue_plans(now);
   } while (!inbox_.empty());
-  heartbeats();
-  if (coord_) stall_check();
+  heartbeats(now);
+  if (coord_) stall_check(now);
 }
 
 void Runtime::settle_burst() {
@@ -201,7 +204,7 @@ int Runtime::poll_timeout_ms() const {
   return t == INT64_MAX ? -1 : t;
 }
 
-void Runtime::intake() {
+void Runtime::intake(Clock::time_point now) {
   if (posted_.load() == taken_) return;  // nothing new: no lock taken (callers may be enqueuing)
   std::deque<OpPtr> fresh;
   std::deque<SetChange> changes;
@@ -213,10 +216,9 @@ void Runtime::intake() {
   }
   apply_set_changes(changes);  // before the requests queued after them
   if (fresh.empty()) return;
-  last_busy_us_ = steady_us();
+  last_busy_us_ = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count();
   ReadyMsg m;
   m.epoch = plans_applied_;
-  auto now = Clock::now();
   for (OpPtr& op : fresh) {
     inflight_[op->req.name] = op;
     if (coord_) {
@@ -267,7 +269,7 @@ void Runtime::read_control(bool in_collective) {
       inbox_.push_back(Inbound{r, std::move(f.payload)});
     }
   }
-  if (in_collective) heartbeats();
+  if (in_collective) heartbeats(Clock::now());
 }
 
 void Runtime::dispatch_inbox() {
@@ -333,9 +335,9 @@ void Runtime::on_resend(const std::vector<uint8_t>& payload) {
   send_control(0, FrameType::kControl, encode_ready(m));
 }
 
-void Runtime::issue_plans() {
+void Runtime::issue_plans(Clock::time_point now) {
   for (;;) {
-    std::vector<PlanEntry> entries = coord_->take_plan(Clock::now());
+    std::vector<PlanEntry> entries = coord_->take_plan(now);
     if (entries.empty()) return;
     Plan plan;
     plan.seq = ++plan_seq_;
@@ -427,9 +429,8 @@ void Runtime::note_skipped_name(const std::string& name) {
   next = std::max(next, n + 1);
 }
 
-void Runtime::heartbeats() {
+void Runtime::heartbeats(Clock::time_point now) {
   if (cfg_.size < 2 || cfg_.heartbeat_timeout_s <= 0) return;
-  auto now = Clock::now();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000));
   int silent = -1;  // of the peers silent for too long, the one silent the longest
   for (int r : ctrl_ranks_) {
@@ -452,8 +453,7 @@ void Runtime::heartbeats() {
   }
 }
 
-void Runtime::stall_check() {
-  auto now = Clock::now();
+void Runtime::stall_check(Clock::time_point now) {
   if (now < next_stall_check_) return;
   Status abort;
   std::vector<std::string> report = coord_->stall_warnings(now, &abort);

@@ -164,12 +164,12 @@ class Runtime {
   // they negotiate and fuse as one plan. A lone operation, or a synchronous loop's, goes at once.
   static constexpr int64_t kBurstGapUs = 50;
   void settle_burst();
-  void intake();
+  void intake(Clock::time_point now);
   void on_ready(int from, const std::vector<uint8_t>& payload);
   void on_resend(const std::vector<uint8_t>& payload);
   void read_control(bool in_collective);
   void dispatch_inbox();
-  void issue_plans();
+  void issue_plans(Clock::time_point now);
   void run_plan(Plan& plan);
   void run_entry(const PlanEntry& e);
   // A joined rank skips the ops the others run; it counts their automatic names as used so
@@ -195,8 +195,8 @@ class Runtime {
   void poll_running();
   void abort_backends();
   void stream_wait(const OpState& op, uint64_t stream);
-  void heartbeats();
-  void stall_check();
+  void heartbeats(Clock::time_point now);
+  void stall_check(Clock::time_point now);
   void send_control(int peer, FrameType type, const std::vector<uint8_t>& payload);
   Status await_better_cause(const Status& s);
   void abort_job(const Status& s, int skip_peer);
