@@ -184,12 +184,9 @@ void reduce_typed(void* dst, const void* src, size_t n, DataType dt) {
 
 // ---- scaling ----------------------------------------------------------------------------
 
-// In double, then rounded once to T (as Horovod scales): float32 times float(1/3) is often an
-// ulp off the quotient; the double product rounds to it, so an Average over 3 ranks equals
-// torch's sum / 3.
 template <typename T>
-void scale_float(T* __restrict p, size_t n, double f) {
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<double>(p[i]) * f);
+void scale_float(T* __restrict p, size_t n, T f) {
+  for (size_t i = 0; i < n; ++i) p[i] = p[i] * f;
 }
 
 template <typename Cvt>
@@ -245,7 +242,7 @@ void scale(void* buf, size_t count, DataType dt, double factor) {
     if (count == 0) return;
   }
   switch (dt) {
-    case DataType::kFloat32: return scale_float(static_cast<float*>(buf), count, factor);
+    case DataType::kFloat32: return scale_float(static_cast<float*>(buf), count, static_cast<float>(factor));
     case DataType::kFloat64: return scale_float(static_cast<double*>(buf), count, factor);
     case DataType::kFloat16: return scale16<Half>(static_cast<uint16_t*>(buf), count, static_cast<float>(factor));
     case DataType::kBFloat16: return scale16<BFloat>(static_cast<uint16_t*>(buf), count, static_cast<float>(factor));
