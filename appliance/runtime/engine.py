@@ -191,9 +191,31 @@ class Engine:
         return self.core.allreduce_host(name or "", ptr, out_ptr, dtype, shape, op, prescale, postscale, group_id,
                                         group_size)
 
+    def allreduce_host_group(self, names: Sequence[str], ptrs: Sequence[int], dtypes: Sequence[int], shapes,
+                             op: int, prescale: float, postscale: float, group_id: int) -> list:
+        """``allreduce_host`` in place of every member of one group (``group_id`` from
+        ``new_group_id``; member i named ``names[i]``, "" for an automatic name), in one core
+        call; returns the handles. When a member is refused, ValueError carries the handles of
+        the members enqueued before it (``.handles``): their memory must stay alive until waited."""
+        if self._abandoned:
+            self.reap()
+        handles, why = self.core.allreduce_host_group(names, ptrs, dtypes, shapes, op, prescale, postscale, group_id)
+        if why is not None:
+            e = ValueError(why)
+            e.handles = handles
+            raise e
+        return handles
+
     def wait_host(self, handle: int) -> None:
         """``wait`` for an operation submitted by ``allreduce_host`` (nothing to hand back)."""
         r = self.core.wait_host(handle)
+        if r is not None:
+            self._raise(r)
+
+    def wait_host_all(self, handles: Sequence[int]) -> None:
+        """``wait_host`` for each of ``handles`` in one call (the GIL released once): every one is
+        waited for, even after one failed; then the first failure is raised."""
+        r = self.core.wait_host_all(handles)
         if r is not None:
             self._raise(r)
 

@@ -225,7 +225,7 @@ class HandleTable:
                 if hs.__class__ is int:
                     engine.current().wait_host(hs)
                 else:
-                    _wait_all(engine.current().wait_host, hs)
+                    engine.current().wait_host_all(hs)
             finally:
                 self._entries.pop(handle, None)
             return result

@@ -290,15 +290,15 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
 
 def _grouped_host_allreduce_(tensors, name, core_op, pre, post) -> int:
     """The grouped in-place allreduce of contiguous host tensors over every rank, on the short
-    path of ``allreduce_async_``: one core call per member, a bare handle-table entry."""
-    group = (_engine.new_group_id(0), len(tensors))
-    handles = []
+    path of ``allreduce_async_``: one core call for all the members, a bare handle-table entry."""
+    names = [""] * len(tensors) if name is None else [f"{name}.{i}" for i in range(len(tensors))]
     try:
-        for i, t in enumerate(tensors):
-            handles.append(_host_allreduce_(t, _member_name(name, i), core_op, pre, post, *group))
-    except Exception:
-        if handles:  # keep the submitted members' tensors alive until the core is done with them
-            _handles.add_host(handles, tuple(tensors))
+        handles = _engine.current().allreduce_host_group(
+            names, [t.data_ptr() for t in tensors], [_HOST_DTYPES[t.dtype] for t in tensors],
+            [t.shape for t in tensors], core_op, pre, post, _engine.new_group_id(0))
+    except ValueError as e:
+        if getattr(e, "handles", None):  # keep the enqueued members' tensors alive until the core is done
+            _handles.add_host(e.handles, tuple(tensors))
         raise
     return _handles.add_host(handles, tuple(tensors))
 

@@ -130,6 +130,17 @@ def grouped(hvd):
             for h in (h2, h1):
                 for o, want in zip(hvd.synchronize(h), wants):
                     check(o, want, f"grouped_allreduce async {case}", exact)
+    # A group whose member's name is in flight is refused, naming it (the short path enqueues
+    # the whole group in one core call); the op in flight and the runtime go on.
+    x, ys = torch.ones(3), [torch.ones(2), torch.ones(4)]
+    h = hvd.allreduce_async_(x, name="busy.0", op=hvd.Sum)
+    e = expect_raises(ValueError, lambda: hvd.grouped_allreduce_async_(ys, name="busy", op=hvd.Sum),
+                      "a group member named like an op in flight")
+    assert "busy.0" in str(e) and "in flight" in str(e), e
+    check(hvd.synchronize(h), torch.full((3,), float(P)), "the op in flight after a refused group")
+    outs = hvd.grouped_allreduce_(ys, name="busy", op=hvd.Sum)
+    for o in outs:
+        check(o, torch.full(o.shape, float(P)), "the same group once the name is free")
     # grouped allgather / reducescatter
     for dt in DTYPES:
         xs = [[data(f"gag/{dt}/{i}", p, ([p, 1, 2 * p + 3][i], 2), dt) for p in range(P)] for i in range(3)]

@@ -181,6 +181,31 @@ PYBIND11_MODULE(_core, m) {
              out.ptr = out_ptr;
              return rt.enqueue(std::move(q), std::move(in), std::move(out));
            })
+      .def("allreduce_host_group",
+           // allreduce_host() in place of every member of one group (grouped_allreduce of host
+           // tensors), in one call: (handles, None), or, when a member is refused, the handles of
+           // the members enqueued before it and why (their memory must stay alive until waited).
+           [](Runtime& rt, const std::vector<std::string>& names, const std::vector<uint64_t>& ptrs,
+              const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes, int op, double prescale,
+              double postscale, uint32_t group_id) -> py::tuple {
+             const size_t n = names.size();
+             if (ptrs.size() != n || dtypes.size() != n || shapes.size() != n)
+               throw std::invalid_argument("allreduce_host_group: names, ptrs, dtypes and shapes differ in length");
+             std::vector<int> handles;
+             handles.reserve(n);
+             try {
+               for (size_t i = 0; i < n; ++i) {
+                 Request q = make_request(static_cast<int>(OpKind::kAllreduce), names[i], op, prescale, postscale, 0,
+                                          group_id, static_cast<uint32_t>(n), 0);
+                 TensorDesc in = to_desc(DescTuple{ptrs[i], dtypes[i], shapes[i], -1, 0});
+                 TensorDesc out = in;
+                 handles.push_back(rt.enqueue(std::move(q), std::move(in), std::move(out)));
+               }
+             } catch (const std::invalid_argument& e) {
+               return py::make_tuple(handles, std::string(e.what()));
+             }
+             return py::make_tuple(handles, py::none());
+           })
       .def("add_process_set", &Runtime::add_process_set, py::arg("id"), py::arg("ranks"))
       .def("remove_process_set", &Runtime::remove_process_set, py::arg("id"))
       .def("poll", &Runtime::poll)
@@ -222,6 +247,27 @@ PYBIND11_MODULE(_core, m) {
              }
              if (op->status.ok()) return py::none();
              return py::cast(to_result(*op));
+           })
+      .def("wait_host_all",
+           // wait_host() of several operations in one call: every one is waited for, even after
+           // one failed (their memory stays in use until then); None, or the first failed Result.
+           [](Runtime& rt, const std::vector<int>& handles) -> py::object {
+             OpPtr failed;
+             std::string refused;
+             {
+               py::gil_scoped_release nogil;
+               for (int h : handles) {
+                 try {
+                   OpPtr op = rt.wait(h);
+                   if (!op->status.ok() && !failed && refused.empty()) failed = op;
+                 } catch (const std::invalid_argument& e) {
+                   if (!failed && refused.empty()) refused = e.what();
+                 }
+               }
+             }
+             if (!refused.empty()) throw std::invalid_argument(refused);
+             if (failed) return py::cast(to_result(*failed));
+             return py::none();
            })
       .def("set_device_allocator",
            [](Runtime& rt, py::object fn) {
