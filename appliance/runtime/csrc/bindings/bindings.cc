@@ -55,6 +55,17 @@ TensorDesc to_desc(const DescTuple& t) {
   return d;
 }
 
+// enqueue() of an allreduce of host memory over every rank (out_ptr may be ptr).
+int enqueue_host_allreduce(Runtime& rt, const std::string& name, uint64_t ptr, uint64_t out_ptr, int dtype,
+                           std::vector<int64_t> shape, int op, double prescale, double postscale, uint32_t group_id,
+                           uint32_t group_size) {
+  Request q = make_request(static_cast<int>(OpKind::kAllreduce), name, op, prescale, postscale, 0, group_id, group_size, 0);
+  TensorDesc in = to_desc(DescTuple{ptr, dtype, std::move(shape), -1, 0});
+  TensorDesc out = in;
+  out.ptr = out_ptr;
+  return rt.enqueue(std::move(q), std::move(in), std::move(out));
+}
+
 struct CoreResult {
   bool ok = true;
   std::string code, origin_host, message;
@@ -174,12 +185,8 @@ PYBIND11_MODULE(_core, m) {
            // plain arguments: what a backward pass issues per gradient, so its cost counts.
            [](Runtime& rt, const std::string& name, uint64_t ptr, uint64_t out_ptr, int dtype, std::vector<int64_t> shape,
               int op, double prescale, double postscale, uint32_t group_id, uint32_t group_size) {
-             Request q = make_request(static_cast<int>(OpKind::kAllreduce), name, op, prescale, postscale, 0, group_id,
-                                      group_size, 0);
-             TensorDesc in = to_desc(DescTuple{ptr, dtype, std::move(shape), -1, 0});
-             TensorDesc out = in;
-             out.ptr = out_ptr;
-             return rt.enqueue(std::move(q), std::move(in), std::move(out));
+             return enqueue_host_allreduce(rt, name, ptr, out_ptr, dtype, std::move(shape), op, prescale, postscale,
+                                           group_id, group_size);
            })
       .def("allreduce_host_group",
            // allreduce_host() in place of every member of one group (grouped_allreduce of host
@@ -194,13 +201,9 @@ PYBIND11_MODULE(_core, m) {
              std::vector<int> handles;
              handles.reserve(n);
              try {
-               for (size_t i = 0; i < n; ++i) {
-                 Request q = make_request(static_cast<int>(OpKind::kAllreduce), names[i], op, prescale, postscale, 0,
-                                          group_id, static_cast<uint32_t>(n), 0);
-                 TensorDesc in = to_desc(DescTuple{ptrs[i], dtypes[i], shapes[i], -1, 0});
-                 TensorDesc out = in;
-                 handles.push_back(rt.enqueue(std::move(q), std::move(in), std::move(out)));
-               }
+               for (size_t i = 0; i < n; ++i)
+                 handles.push_back(enqueue_host_allreduce(rt, names[i], ptrs[i], ptrs[i], dtypes[i], shapes[i], op,
+                                                          prescale, postscale, group_id, static_cast<uint32_t>(n)));
              } catch (const std::invalid_argument& e) {
                return py::make_tuple(handles, std::string(e.what()));
              }
