@@ -291,7 +291,7 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
 def _grouped_host_allreduce_(tensors, name, core_op, pre, post) -> int:
     """The grouped in-place allreduce of contiguous host tensors over every rank, on the short
     path of ``allreduce_async_``: one core call for all the members, a bare handle-table entry."""
-    names = [""] * len(tensors) if name is None else [f"{name}.{i}" for i in range(len(tensors))]
+    names = [_member_name(name, i) or "" for i in range(len(tensors))]  # "": an automatic name
     try:
         handles = _engine.current().allreduce_host_group(
             names, [t.data_ptr() for t in tensors], [_HOST_DTYPES[t.dtype] for t in tensors],
