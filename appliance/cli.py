@@ -7,12 +7,12 @@ else (no logic lives here). The launch flags (horovodrun's ``-np``, ``-H``, ``--
 launcher: ``launcher/flags.py`` adds them to ``launch`` and ``check`` and turns them into the
 configs. ``horovodrun()`` (the image's ``horovodrun``) is ``launcher/horovodrun.py``: the launch
 flags plus horovodrun's own, and ``--check-build``. Subcommands: ``launch``, ``check`` (the preflight as a table), ``keys`` (the cluster's
-SSH keys), ``secret`` (a Slurm job's secret file, ``appliance/jobsecret.py``), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
+SSH keys), ``secret`` (a Slurm job's secret file, ``appliance/common/jobsecret.py``), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
 from a primary container; its flags are ``launch``'s plus its own, which argparse cannot hold in
 one subparser, so ``main()`` dispatches it before argparse and the launcher's parser reads the
 launch flags) and ``status``. One ``_add_<name>(subparsers)`` each, setting ``func``.
 
-Env vars: flags fall back to knobs read in ``appliance/config.py`` (``--start-timeout`` ->
+Env vars: flags fall back to knobs of ``appliance/common/knobs.py`` (``--start-timeout`` ->
 HOROVOD_START_TIMEOUT, ``--verbose`` -> APPLIANCE_VERBOSE). Exit codes: the job's code for
 ``launch``; 2 for unusable arguments (bad -H, hostfile line, -np above the slots, -x); 1 when the
 job cannot be set up (preflight failures...); ``check``: 0 all hosts ready, 1 some failed, 2 bad
@@ -27,7 +27,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from .config import ConfigError
+from appliance.common.knobs import ConfigError
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -79,7 +79,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from .config import read
+    from appliance.common.knobs import read
     from .launcher.keys import KeysError, ensure_keys
 
     shared = args.shared or read("APPLIANCE_SHARED")
@@ -108,9 +108,9 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
 
 
 def _secret(args: argparse.Namespace) -> int:
-    from .config import read
-    from .jobsecret import SecretFileError, ensure
-    from .slurm import default_secret_file
+    from appliance.common.knobs import read
+    from appliance.common.jobsecret import SecretFileError, ensure
+    from appliance.common.slurm import default_secret_file
 
     path = args.file or read("APPLIANCE_JOB_SECRET_FILE")
     if not path:
@@ -143,7 +143,7 @@ def _add_secret(sub: argparse._SubParsersAction) -> None:
 
 # --- the appliance plane (Docker): secondary, primary, status ----------------------------------
 def _cluster_config(args: argparse.Namespace):
-    from .config import ClusterConfig
+    from appliance.cluster.config import ClusterConfig
 
     return ClusterConfig.create(shared=args.shared, image=getattr(args, "image", None),
                                 network=getattr(args, "network", None), name=getattr(args, "name", None),

@@ -136,7 +136,7 @@ def threads_per_rank(np_: int) -> int:
 def bind_mode() -> str:
     """How every backend's ranks are placed in this run: ``APPLIANCE_BIND`` (none or core). Our
     launcher binds our and gloo's ranks by it; ``mpirun_argv`` gives OpenMPI's the same."""
-    from appliance.config import read
+    from appliance.common.knobs import read
 
     return read("APPLIANCE_BIND")
 

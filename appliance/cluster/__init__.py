@@ -7,5 +7,5 @@ gets, networks), ``secondary`` (``appliance secondary``: the sshd container), ``
 container: per-host checks, then ``appliance launch``) and ``rankexec`` (records each rank's
 start). The shared mount's layout, locks and atomic files are ``appliance.mount``, a package of
 its own that training jobs use without this one.
-Env vars: through ``appliance.config.ClusterConfig`` only.
+Env vars: through ``appliance.cluster.config.ClusterConfig`` only.
 """

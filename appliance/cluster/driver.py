@@ -39,7 +39,8 @@ import threading
 import time
 from typing import Any, Sequence
 
-from ..config import ConfigError, LaunchConfig
+from appliance.common.knobs import ConfigError
+from appliance.launcher.config import LaunchConfig
 from ..launcher import LaunchError, run
 from ..launcher.flags import LaunchFlags, parse_launch_flags, with_defaults
 from ..launcher.hosts import assign_ranks, hosts_from
@@ -85,7 +86,7 @@ def create_job(job_dir: str, flags: LaunchFlags, command: Sequence[str], *, ssh_
 def new_job(argv: list[str]) -> str:
     """``driver new [-p PORT] [launch flags] -- COMMAND`` (compose, or by hand inside a
     container): the cluster keys (idempotent) and a job directory under APPLIANCE_SHARED."""
-    from ..config import ClusterConfig
+    from appliance.cluster.config import ClusterConfig
     from .secondary import ensure_cluster_keys
     from ..mount import Layout, new_job_id
 

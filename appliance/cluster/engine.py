@@ -31,7 +31,7 @@ import time
 from typing import Any, Optional
 
 from .. import __version__
-from ..config import ClusterConfig
+from appliance.cluster.config import ClusterConfig
 
 PREFIX = "appliance-"
 MANAGED = "appliance.managed"

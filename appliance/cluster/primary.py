@@ -32,7 +32,7 @@ import threading
 import time
 from typing import IO, Any, Optional, Sequence
 
-from ..config import ClusterConfig
+from appliance.cluster.config import ClusterConfig
 from ..launcher.flags import LaunchFlags
 from ..launcher.signals import SignalTrap
 from . import engine

@@ -8,7 +8,7 @@ same environment, same working directory, so ``python -m train`` resolves exactl
 have). ``appliance primary`` reads these files for its "ranks started" column; they are also
 the job's pid records. A leading ``python``/``python3`` runs as this interpreter.
 
-Env vars (read through ``appliance/config.py``): HOROVOD_RANK, HOROVOD_HOSTNAME (set by the
+Env vars (read through ``appliance/common/knobs.py``): HOROVOD_RANK, HOROVOD_HOSTNAME (set by the
 launcher). Failure modes: a command that cannot be executed exits 127 with one line naming it;
 a record that cannot be written is reported on stderr and the rank still runs.
 """
@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 
-from ..config import read
+from appliance.common.knobs import read
 from ..mount import write_json
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from ..config import ClusterConfig
+from appliance.cluster.config import ClusterConfig
 from . import engine
 from .engine import ClusterError
 from ..mount import Layout, host_lock

@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def checkpoint_target(args: argparse.Namespace):
     """(directory for checkpoints or '', Layout of the shared directory whose run lock guards it, or None)."""
     from appliance.mount import Layout
-    from appliance.config import read
+    from appliance.common.knobs import read
 
     if args.checkpoint_dir is not None:
         return args.checkpoint_dir, None
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     checkpoint_dir, layout = checkpoint_target(args)
     with contextlib.ExitStack() as stack:
         if hvd.rank() == 0 and layout is not None:
-            from appliance.config import read
+            from appliance.common.knobs import read
             from appliance.mount import LockHeld, remove_temporaries, run_lock
 
             def say(line: str) -> None:

@@ -66,7 +66,8 @@ from typing import Mapping, Sequence
 
 from typing import TYPE_CHECKING, Any
 
-from ..config import ConfigError, LaunchConfig
+from appliance.common.knobs import ConfigError
+from appliance.launcher.config import LaunchConfig
 from .hosts import Host, HostsError, Slot, assign_ranks, parse_hostfile, parse_hosts
 
 if TYPE_CHECKING:

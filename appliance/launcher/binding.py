@@ -45,7 +45,7 @@ def rank_cpus(local_rank: int, local_size: int, allowed: Sequence[int]) -> list:
 def cpus_for(env: Mapping[str, str]) -> Optional[list]:
     """The CPUs the rank whose environment is ``env`` is bound to, or None (binding off, or
     the environment lacks the local rank and size)."""
-    from ..config import read  # the knob's parsing and validation live with the knob table
+    from appliance.common.knobs import read  # the knob's parsing and validation live with the knob table
 
     if read("APPLIANCE_BIND", env) != "core":
         return None

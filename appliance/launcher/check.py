@@ -16,7 +16,7 @@ import sys
 import time
 from typing import IO
 
-from ..config import CheckConfig
+from appliance.launcher.config import CheckConfig
 from .executors import is_local, merge_same_machines
 from .hosts import assign_ranks, hosts_from
 from .preflight import Preflight, run_preflight

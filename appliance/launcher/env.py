@@ -3,7 +3,7 @@
 What it owns: ``JobPlan`` (the per-job facts the launcher decides once: job id, secret, the
 rendezvous store's address, torch.distributed's master address and port, the address each host's
 ranks listen on) and ``worker_env()``, the pure function that turns a rank's ``Slot`` and the plan
-into its environment. The runtime reads these names through ``appliance/config.py``; they are a
+into its environment. The runtime reads these names through ``appliance/common/knobs.py``; they are a
 contract, so renaming one breaks the runtime.
 
 Per rank: HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK,
@@ -25,7 +25,7 @@ import os
 import secrets
 from typing import Mapping
 
-from ..config import ConfigError
+from appliance.common.knobs import ConfigError
 from .hosts import Slot
 
 # Names the launcher sets for each worker; -x/env may not override them.

@@ -40,7 +40,9 @@ import sys
 import time
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
-from ..config import ConfigError, LaunchConfig, interface_address
+from appliance.common.knobs import ConfigError
+from appliance.launcher.config import LaunchConfig
+from appliance.common.netif import interface_address
 from .hosts import Host, merge_hosts
 from .ports import NoFreePorts, pick_free_ports
 from .workers import LocalWorker, OutputSink, Worker

@@ -11,7 +11,7 @@ job.json) and then a ``LaunchConfig``/``CheckConfig`` through ``LaunchFlags.laun
 ``check_config``, the one place flags meet their knobs, so the same flags mean the same job
 whoever parsed them.
 
-Env vars: none read here; the configs fall back to the knobs of ``appliance/config.py``
+Env vars: none read here; the configs fall back to the knobs of ``appliance/common/knobs.py``
 (``--start-timeout`` -> HOROVOD_START_TIMEOUT, ``-p`` -> APPLIANCE_SSH_PORT, ``--launcher`` ->
 APPLIANCE_LAUNCHER...). Failure modes:
 argparse's (``SystemExit(2)`` with a usage line) for unusable syntax; ``ConfigError`` from the
@@ -23,7 +23,8 @@ import argparse
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from ..config import CheckConfig, ConfigError, LaunchConfig
+from appliance.launcher.config import CheckConfig, LaunchConfig
+from appliance.common.knobs import ConfigError
 
 LAUNCH_USAGE = "-np N [-H host:slots,... | --hostfile FILE] [options] [--] COMMAND..."
 

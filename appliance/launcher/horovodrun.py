@@ -12,7 +12,7 @@ that the launcher has no use for. Each of those is, by name, one of:
 - ignored with one warning line on stderr (tuning and diagnostics this runtime does not have:
   ``--log-level``, ``--autotune*``, hierarchical collectives...), until the knob Horovod maps it
   to (``KNOB_WHEN_DECLARED``: ``--log-level`` -> HOROVOD_LOG_LEVEL, ``--autotune`` ->
-  HOROVOD_AUTOTUNE...) is declared in ``appliance/config.py``'s table: from then on it is
+  HOROVOD_AUTOTUNE...) is declared in ``appliance/common/knobs.py``'s table: from then on it is
   honoured like the above, without a warning (``--timeline-filename`` -> HOROVOD_TIMELINE is);
 - rejected (exit 2) with one line saying what to use (``--mpi``, elastic and MPI-only flags).
 
@@ -33,7 +33,7 @@ import shutil
 import sys
 from typing import Callable, Sequence
 
-from ..config import KNOBS
+from appliance.common.knobs import KNOBS
 from ..hvdcompat import HOROVOD_VERSION  # the Horovod release whose horovodrun and API this one follows
 from .flags import LaunchFlags, add_launch_flags, command_of
 
@@ -80,7 +80,7 @@ IGNORED: dict[tuple[tuple[str, ...], int], str] = {
     (("--gloo-timeout-seconds",), 1): "a lost peer is detected by APPLIANCE_HEARTBEAT_TIMEOUT",
 }
 # Ignored flags that Horovod maps to a knob: honoured instead (as -x KNOB=VALUE) as soon as the knob
-# table of appliance/config.py declares that knob. VALUE: the flag's value, or the one given here.
+# table of appliance/common/knobs.py declares that knob. VALUE: the flag's value, or the one given here.
 KNOB_WHEN_DECLARED: dict[str, tuple[str, str | None]] = {
     "--log-level": ("HOROVOD_LOG_LEVEL", None),
     "--log-with-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
@@ -245,7 +245,7 @@ def build_report() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``horovodrun ARGS``: exit code of the job, 2 for unusable or rejected flags, 1 when the
     job cannot be set up."""
-    from ..config import ConfigError
+    from appliance.common.knobs import ConfigError
     from . import LaunchError, run
 
     parsed = parse(sys.argv[1:] if argv is None else argv)

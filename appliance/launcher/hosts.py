@@ -11,10 +11,10 @@ into one host (first name and place kept, slots summed); deciding that (name res
 
 Inside a Slurm allocation, with neither ``-H`` nor a hostfile, the hosts are Slurm's:
 ``SLURM_JOB_NODELIST`` in its compressed form (``node[01-03,07],gpu-a[1-2]-x``) and the slots
-from ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) or else ``SLURM_NTASKS_PER_NODE``; ``appliance.slurm``
+from ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) or else ``SLURM_NTASKS_PER_NODE``; ``appliance.common.slurm``
 expands those forms, and this module checks every name as a host name.
 
-Env vars: the three Slurm variables, read through ``appliance.config.SlurmAllocation``.
+Env vars: the three Slurm variables, read through ``appliance.common.slurm.SlurmAllocation``.
 Failure modes: every malformed input raises ``HostsError`` (a ``ValueError``) whose message
 names the offending entry, and for hostfiles the file and line number; asking for more
 processes than there are slots says how many slots exist.
@@ -26,7 +26,7 @@ import os
 import re
 from typing import Callable, Iterable, Sequence
 
-from .. import slurm
+from appliance.common import slurm
 
 
 class HostsError(ValueError):
@@ -148,7 +148,7 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
 
 
 def expand_nodelist(spec: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Slurm's compressed host list -> names (``appliance.slurm.expand_nodelist``), every name checked."""
+    """Slurm's compressed host list -> names (``appliance.common.slurm.expand_nodelist``), every name checked."""
     try:
         names = slurm.expand_nodelist(spec, source)
     except slurm.SlurmEnvError as e:
@@ -159,7 +159,7 @@ def expand_nodelist(spec: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
 
 
 def expand_tasks_per_node(spec: str, source: str = "SLURM_TASKS_PER_NODE") -> list[int]:
-    """``"2(x3),1"`` -> ``[2, 2, 2, 1]`` (``appliance.slurm.expand_tasks_per_node``)."""
+    """``"2(x3),1"`` -> ``[2, 2, 2, 1]`` (``appliance.common.slurm.expand_tasks_per_node``)."""
     try:
         return slurm.expand_tasks_per_node(spec, source)
     except slurm.SlurmEnvError as e:
@@ -186,7 +186,7 @@ def slurm_hosts(nodelist: str, tasks_per_node: str | None = None, ntasks_per_nod
 def hosts_from(hosts: str | None, hostfile: str | None, slurm: object | None, np: int | None) -> list[Host]:
     """The job's hosts: -H, else --hostfile, else the Slurm allocation, else ``localhost:np``.
 
-    ``slurm`` is an ``appliance.config.SlurmAllocation`` (or None).
+    ``slurm`` is an ``appliance.common.slurm.SlurmAllocation`` (or None).
     """
     if hosts is not None:
         return parse_hosts(hosts)

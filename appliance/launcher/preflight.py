@@ -41,7 +41,7 @@ from typing import Sequence
 from fabric import GroupResult
 from fabric.exceptions import GroupException
 
-from ..config import RemoteConfig
+from appliance.launcher.config import RemoteConfig
 from . import network, probe
 from .hostkeys import HostKeyPolicy
 from .ssh import Connection, SSHFailure, Target, connect, resolve

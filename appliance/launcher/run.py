@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Sequence
 
-from ..config import LaunchConfig
+from appliance.launcher.config import LaunchConfig
 from . import env as envmod
 from . import srun
 from .executors import LocalExecutor, is_local, job_addresses, merge_same_machines, open_executors

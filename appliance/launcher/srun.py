@@ -46,8 +46,9 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from .. import slurm
-from ..config import ConfigError, LaunchConfig
+from appliance.common import slurm
+from appliance.common.knobs import ConfigError
+from appliance.launcher.config import LaunchConfig
 from . import env as envmod
 from .executors import LaunchError
 from .failures import describe_exit

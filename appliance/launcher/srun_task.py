@@ -1,7 +1,7 @@
 """The per-task wrapper of the srun launcher: ``python -m appliance.launcher.srun_task DIR GRACE -- COMMAND...``.
 
 What it is: the program ``srun`` starts as each task of the step ``launcher/srun.py`` launches.
-It reads what Slurm says this task is (``appliance.slurm.SlurmTask.from_env``), gives COMMAND
+It reads what Slurm says this task is (``appliance.common.slurm.SlurmTask.from_env``), gives COMMAND
 exactly the environment a rank gets from the launcher everywhere else (``env.worker_env``: rank,
 size, local and cross rank, HOROVOD_HOSTNAME = the Slurm node name, RANK/WORLD_SIZE/...,
 APPLIANCE_DATA_ADDR, the store at rank 0's node, MASTER_ADDR/PORT, APPLIANCE_FAULT_FILE in DIR,
@@ -45,8 +45,9 @@ import sys
 import time
 from typing import Sequence
 
-from ..config import ConfigError, interface_address
-from ..slurm import SlurmEnvError, SlurmTask
+from appliance.common.knobs import ConfigError
+from appliance.common.netif import interface_address
+from appliance.common.slurm import SlurmEnvError, SlurmTask
 from . import binding
 from .env import JobPlan, worker_env
 from .hosts import Slot

@@ -48,7 +48,7 @@ from typing import Sequence
 import fabric
 import paramiko
 
-from ..config import RemoteConfig
+from appliance.launcher.config import RemoteConfig
 from .hostkeys import HostKeyPolicy, HostKeyRejected
 
 # paramiko logs transport errors (with tracebacks) that we report as one classified line each;

@@ -14,7 +14,7 @@ What it owns: the names under the shared directory::
 ``Layout(root)`` names the paths (``locks.py`` takes the locks, ``atomic.py`` writes the files);
 ``new_job_id()`` makes the ids of ``jobs/``.
 
-Env vars: none read here (``APPLIANCE_SHARED`` is read in ``appliance/config.py``).
+Env vars: none read here (``APPLIANCE_SHARED`` is read in ``appliance/cluster/config.py``).
 Failure modes: ``ValueError`` for run, job or host names that are not plain file names;
 ``FileNotFoundError`` from ``ensure()`` when the root (the mount) is missing.
 """

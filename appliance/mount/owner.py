@@ -36,7 +36,7 @@ import socket
 import time
 from typing import Callable, Optional
 
-from ..config import ConfigError, read
+from appliance.common.knobs import ConfigError, read
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 GONE_STATES = ("exited", "dead", "created", "removing")

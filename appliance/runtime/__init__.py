@@ -7,7 +7,7 @@ adapters (``appliance.torch``) build on ``appliance.runtime.engine``.
 
 Errors: ``HorovodInternalError`` (job failed; names the origin rank and host),
 ``MismatchError`` (ranks disagree on a tensor; the runtime stays usable), ``ValueError``.
-Knobs: see ``appliance.config.KNOBS``.
+Knobs: see ``appliance.common.knobs.KNOBS``.
 """
 from appliance.runtime.api import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async, barrier,

@@ -1,8 +1,8 @@
 """The framework-free API over numpy arrays, and the lifecycle calls (``init``/``shutdown``).
 
-``init()`` reads the environment through ``appliance.config.RuntimeConfig.from_env``
+``init()`` reads the environment through ``appliance.runtime.config.RuntimeConfig.from_env``
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET, APPLIANCE_FAULT_FILE, or
-OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.slurm``)
+OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.common.slurm``)
 and starts the process's engine (``appliance.runtime.engine`` owns it; init -> shutdown -> init
 works); with none of them the process is a single rank, so a script runs unchanged on a laptop.
 
@@ -27,11 +27,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from appliance.config import RuntimeConfig, describe
+from appliance.runtime.config import RuntimeConfig
+from appliance.common.knobs import describe
 from appliance.runtime import engine
 from appliance.runtime.engine import Average, Buffer, Kind, Result, Sum
 from appliance.runtime.errors import HorovodInternalError
-from appliance.slurm import SlurmTask
+from appliance.common.slurm import SlurmTask
 
 
 # --- lifecycle -----------------------------------------------------------------------------

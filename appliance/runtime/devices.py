@@ -16,7 +16,7 @@ loads: ``cuda`` (the core can use CUDA memory: a runtime loaded and a device is 
 ``nccl_version`` (the version of the NCCL that loaded, even where it cannot run, e.g. in the GPU
 image on a host without a GPU; 0 when none did), ``nccl_library``, ``cuda_devices``,
 ``cuda_runtime`` and ``why`` (one line: what is missing, "" when everything runs).
-Env: APPLIANCE_NCCL_LIBRARY (through ``appliance.config``). Failure modes: none raised;
+Env: APPLIANCE_NCCL_LIBRARY (through ``appliance.common.knobs``). Failure modes: none raised;
 a library that cannot be used is described in ``why``.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
-from appliance.config import read
+from appliance.common.knobs import read
 
 NCCL_SONAME = "libnccl.so.2"
 _CUDART_WHEELS = ("nvidia/cu13/lib/libcudart.so.13", "nvidia/cuda_runtime/lib/libcudart.so.13",

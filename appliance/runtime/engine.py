@@ -3,7 +3,7 @@
 Owns the process state: the ``Engine`` (created by ``start()``, destroyed by ``stop()``;
 start -> stop -> start works), which ``current()`` returns. ``appliance.runtime.api`` (the numpy
 API and ``init``/``shutdown``) and the framework adapters (``appliance.torch``) build on this
-module; it imports neither. Config comes from ``appliance.config.RuntimeConfig`` (the caller
+module; it imports neither. Config comes from ``appliance.runtime.config.RuntimeConfig`` (the caller
 reads the environment: HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET,
 APPLIANCE_FAULT_FILE, HOROVOD_TIMELINE...). The Horovod timeline (``start_timeline``) is written by
 the core on rank 0 (csrc/engine/timeline.h).
@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from appliance.config import RuntimeConfig
+from appliance.runtime.config import RuntimeConfig
 from appliance.runtime import devices
 from appliance.runtime.errors import HorovodInternalError, MismatchError
 

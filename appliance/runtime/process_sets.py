@@ -15,7 +15,7 @@ Adding and removing are collective: every rank of the job calls them in the same
 same ranks (non-members too, as in Horovod). A disagreement raises ``ValueError`` on every rank,
 naming what each rank asked for; the ids are the smallest unused ones, so they agree everywhere.
 
-Environment: ``HOROVOD_DYNAMIC_PROCESS_SETS`` (through ``appliance.config``).
+Environment: ``HOROVOD_DYNAMIC_PROCESS_SETS`` (through ``appliance.common.knobs``).
 Failure modes: ``ValueError`` for a set that is not registered (or was removed), an operation on
 a set that does not hold this rank, a root outside the set, a duplicate set, or dynamic changes
 without dynamic process sets enabled.
@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from appliance import config
+from appliance.common import knobs
 from appliance.runtime import api, engine
 
 _table: dict = {}          # id -> ProcessSet, for the current runtime
@@ -156,7 +156,7 @@ def setup(process_sets=None) -> None:
     _table.clear()
     global_process_set.ranks = list(range(api.size()))
     global_process_set.process_set_id = 0
-    _dynamic = bool(config.read("HOROVOD_DYNAMIC_PROCESS_SETS"))
+    _dynamic = bool(knobs.read("HOROVOD_DYNAMIC_PROCESS_SETS"))
     if process_sets is None:
         return
     if isinstance(process_sets, str):

@@ -10,7 +10,7 @@ A script started without a launcher runs as a single rank.
 (a lost rank restores the last commit and raises ``HorovodInternalError`` out of ``run``).
 ``start_timeline``/``stop_timeline`` write Horovod's timeline (rank 0; README "Timeline").
 Environment: read by ``init``
-through ``appliance.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
+through ``appliance.runtime.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
 rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
 """
 from appliance.torch import elastic  # noqa: F401

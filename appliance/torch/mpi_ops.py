@@ -10,7 +10,7 @@ What it owns: the table of in-flight handles (``_handles``), which keeps every t
 core may touch alive until ``synchronize``; it is emptied by ``init`` of a fresh runtime and by
 ``shutdown``. The runtime itself is owned by ``appliance.runtime.api``.
 
-Environment: none read here; ``init`` reads the job layout through ``appliance.config``
+Environment: none read here; ``init`` reads the job layout through ``appliance.runtime.config``
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET; none = a single rank).
 
 Failure modes: every call before ``init`` raises ``ValueError`` (as Horovod); unsupported

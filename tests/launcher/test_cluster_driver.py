@@ -104,7 +104,7 @@ def _stop_sshd(host) -> None:
 
 @pytest.mark.timeout(90)
 def test_preflight_waits_for_a_secondary_that_starts_late(ssh_cluster, tmp_path):
-    from appliance.config import LaunchConfig
+    from appliance.launcher.config import LaunchConfig
     from appliance.launcher import LaunchError, run
 
     h1, _ = ssh_cluster.hosts

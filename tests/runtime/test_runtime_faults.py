@@ -18,7 +18,8 @@ import pytest
 from rank_group import RankGroup
 
 def test_stall_shutdown_is_on_by_default():
-    from appliance.config import KNOBS, RuntimeConfig
+    from appliance.common.knobs import KNOBS
+    from appliance.runtime.config import RuntimeConfig
     from appliance.runtime import _core
 
     assert KNOBS["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"].default > 0

@@ -113,7 +113,7 @@ def test_a_taken_store_port_is_named_and_the_override_works(slurm, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     occupy = ("import socket, sys, time\n"
-              "from appliance.slurm import store_port\n"
+              "from appliance.common.slurm import store_port\n"
               "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
               "port = store_port(int(sys.argv[1]), 0)\n"
               "s.bind(('127.0.0.1', port)); s.listen()\n"

@@ -283,7 +283,7 @@ def test_a_killed_launcher_leaves_nothing_behind(launches, slurm):
     ("auto", None, True, "srun"), ("auto", "localhost:2", True, "ssh"), ("auto", None, False, "ssh"),
     ("ssh", None, True, "ssh"), ("local", None, True, "local"), ("srun", None, True, "srun")])
 def test_which_launcher(launcher, hosts, in_allocation, expected):
-    from appliance.config import LaunchConfig
+    from appliance.launcher.config import LaunchConfig
     from appliance.launcher.srun import launcher_of
 
     environ = {"PATH": os.environ.get("PATH", ""), "APPLIANCE_LAUNCHER": launcher}
@@ -294,7 +294,8 @@ def test_which_launcher(launcher, hosts, in_allocation, expected):
 
 
 def test_launcher_srun_with_hosts_is_refused():
-    from appliance.config import ConfigError, LaunchConfig
+    from appliance.common.knobs import ConfigError
+    from appliance.launcher.config import LaunchConfig
     from appliance.launcher.srun import launcher_of
 
     environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}

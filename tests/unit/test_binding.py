@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from appliance.config import ConfigError
+from appliance.common.knobs import ConfigError
 from appliance.launcher.binding import bound, cpus_for, rank_cpus
 
 

@@ -15,7 +15,8 @@ from appliance.cli import _primary_parser, _split_primary
 from appliance.cluster.driver import create_job, job_config, job_hosts
 from appliance.mount import write_json
 from appliance.cluster.view import StartupView
-from appliance.config import ClusterConfig, ConfigError
+from appliance.cluster.config import ClusterConfig
+from appliance.common.knobs import ConfigError
 from appliance.launcher.flags import LaunchFlags, parse_launch_flags
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,8 +1,8 @@
-"""README documents every knob of appliance/config.py, and nothing that is not one."""
+"""README documents every knob of appliance/common/knobs.py, and nothing that is not one."""
 import re
 from pathlib import Path
 
-from appliance.config import KNOBS
+from appliance.common.knobs import KNOBS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

@@ -5,7 +5,7 @@ import pytest
 from fabric import GroupResult
 from fabric.exceptions import GroupException
 
-from appliance.config import RemoteConfig
+from appliance.launcher.config import RemoteConfig
 from appliance.launcher.preflight import HostFailed, HostReport, Preflight
 from appliance.launcher.ssh import resolve_target
 

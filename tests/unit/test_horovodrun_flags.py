@@ -21,7 +21,7 @@ def test_knob_flags_become_x_after_the_users_own_so_the_flag_wins():
     assert hr.parse(["-np", "1", "--disable-cache", "python"]).flags.x == ()  # horovodrun's check cache: none here
     assert p.warnings == [] and p.errors == [] and not p.check_build
     # the knobs given are the knob table's, and the table accepts the values
-    from appliance.config import read
+    from appliance.common.knobs import read
     cfg = p.flags.launch_config(p.command, environ={})
     assert cfg.env["HOROVOD_CACHE_CAPACITY"] == "0"
     assert read("HOROVOD_FUSION_THRESHOLD", cfg.env) == int(1.5 * (1 << 20))
@@ -61,7 +61,7 @@ def test_check_build_needs_no_np_but_a_launch_does():
 
 
 def test_every_knob_flag_names_a_declared_knob_and_an_ignored_one_is_honoured_once_declared(monkeypatch):
-    from appliance.config import KNOBS, Knob
+    from appliance.common.knobs import KNOBS, Knob
 
     assert {knob for knob, _ in hr.KNOB_FLAGS.values()} <= set(KNOBS)
     ignored = {names[0] for names, _ in hr.IGNORED}

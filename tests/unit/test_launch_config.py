@@ -2,7 +2,8 @@
 import pytest
 
 from appliance.cli import build_parser
-from appliance.config import ConfigError, LaunchConfig, parse_forwards
+from appliance.common.knobs import ConfigError
+from appliance.launcher.config import LaunchConfig, parse_forwards
 from appliance.launcher.env import CONTRACT_NAMES, JobPlan, check_explicit, worker_env
 from appliance.launcher.hosts import Host, assign_ranks
 from appliance.launcher.failures import describe_exit, exit_code

@@ -9,7 +9,7 @@ import pytest
 
 from appliance.cli import build_parser
 from appliance.cluster.driver import create_job, job_config
-from appliance.config import ConfigError
+from appliance.common.knobs import ConfigError
 from appliance.launcher.flags import LaunchFlags, check_config, launch_config, parse_launch_flags
 
 ENV = {"APPL_FWD": "from-env", "HOROVOD_START_TIMEOUT": "33"}

@@ -3,12 +3,13 @@ import re
 
 import pytest
 
-from appliance.config import LaunchConfig, SlurmAllocation
+from appliance.launcher.config import LaunchConfig
+from appliance.common.slurm import SlurmAllocation
 from appliance.launcher.hosts import (
     Host, HostsError, assign_ranks, expand_nodelist, expand_tasks_per_node, hosts_from, slurm_hosts,
 )
 from appliance.launcher.run import hosts_of
-from appliance.slurm import SlurmEnvError, SlurmTask, default_secret_file, store_port
+from appliance.common.slurm import SlurmEnvError, SlurmTask, default_secret_file, store_port
 
 
 @pytest.mark.parametrize("spec, names", [

@@ -14,9 +14,10 @@ import sys
 
 import pytest
 
-from appliance import jobsecret
-from appliance.config import ConfigError, RuntimeConfig
-from appliance.slurm import SlurmTask, default_secret_file, store_port
+from appliance.common import jobsecret
+from appliance.common.knobs import ConfigError
+from appliance.runtime.config import RuntimeConfig
+from appliance.common.slurm import SlurmTask, default_secret_file, store_port
 
 SECRET = "ab" * 16
 

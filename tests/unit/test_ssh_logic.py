@@ -11,7 +11,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from appliance.cli import build_parser
-from appliance.config import ConfigError, LaunchConfig, RemoteConfig
+from appliance.common.knobs import ConfigError
+from appliance.launcher.config import LaunchConfig, RemoteConfig
 from appliance.launcher import network, probe
 from appliance.launcher.executors import LocalExecutor, SSHExecutor, remote_argv
 from appliance.launcher.hostkeys import HostKeyPolicy, HostKeyRejected, KnownHosts, lookup_names, patterns_match

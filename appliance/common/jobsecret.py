@@ -5,8 +5,8 @@ creation (``ensure``: directories made 0700, the file written under a temporary 
 ``O_EXCL`` with mode 0600, then linked into place, so a reader never sees half a secret and
 concurrent callers for one job end up with one file) and the checks a reader makes (``read``:
 a regular file, owned by the reader, not readable or writable by group or others, hex inside).
-It reads no environment variable; ``appliance.config`` decides which file (APPLIANCE_JOB_SECRET_FILE,
-else a Slurm job's ``appliance.slurm.default_secret_file``) and ``appliance secret`` makes it.
+It reads no environment variable; ``appliance.runtime.config`` decides which file (APPLIANCE_JOB_SECRET_FILE,
+else a Slurm job's ``appliance.common.slurm.default_secret_file``) and ``appliance secret`` makes it.
 
 Failure modes: ``SecretFileError`` (a ``ValueError``) with one line naming the file and what to
 run (``chmod 600 PATH``, ``appliance secret``); ``FileNotFoundError`` from ``read`` when there

@@ -5,7 +5,7 @@ task counts), ``SlurmTask`` (what ``srun`` tells each task: rank, size, node, lo
 size, cross rank and size in Horovod's sense, job and step ids), the rendezvous port a step
 derives from its job and step ids, and where a job's secret file lives by default. It sits
 below the launcher and the runtime, which both read Slurm: the launcher's hosts
-(``launcher/hosts.py``) and the runtime's ``init()`` of a task started by ``srun`` directly.
+(``SlurmAllocation``, what the launcher makes hosts and slots of) and the runtime's ``init()`` of a task started by ``srun`` directly.
 
 A process is a Slurm *task* when ``SLURM_STEP_ID`` and ``SLURM_PROCID`` are both set; a batch
 script (sbatch) has ``SLURM_PROCID`` but no ``SLURM_STEP_ID``, and is not a task.
@@ -23,7 +23,7 @@ import os
 import re
 from typing import Mapping
 
-from .config import ConfigError
+from appliance.common.knobs import ConfigError, read
 
 STORE_PORT_BASE = 20000   # a step's rendezvous port is in [BASE, BASE + SPAN): below Linux's ephemeral range
 STORE_PORT_SPAN = 10000
@@ -207,3 +207,18 @@ def _int(env: Mapping[str, str], name: str) -> int:
     if n < 0:
         raise SlurmEnvError(f"{name}={value!r} is negative")
     return n
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmAllocation:
+    """Slurm's description of the allocation (all ``None`` outside Slurm)."""
+
+    nodelist: str | None = None
+    tasks_per_node: str | None = None
+    ntasks_per_node: str | None = None
+    job_id: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "SlurmAllocation":
+        return cls(read("SLURM_JOB_NODELIST", env) or None, read("SLURM_TASKS_PER_NODE", env) or None,
+                   read("SLURM_NTASKS_PER_NODE", env) or None, read("SLURM_JOB_ID", env) or None)

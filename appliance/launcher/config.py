@@ -1,0 +1,208 @@
+"""The launcher's configs: one ``appliance launch`` (``LaunchConfig``), one ``appliance check``
+(``CheckConfig``) and how both reach other hosts (``RemoteConfig``).
+
+What it owns: validating flags and the environment into frozen dataclasses that ``run()``,
+``check`` and the SSH layer consume, and ``-x NAME[=VALUE]`` forwarding (``parse_forwards``).
+Knobs come from ``appliance.common.knobs``; Slurm's description of an allocation from
+``appliance.common.slurm.SlurmAllocation``. Precedence: flag, then ``-x``/``env``, then the
+launcher's environment, then the knob's default. Failure mode: ``ConfigError`` naming the
+flag or variable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+from appliance.common.knobs import ConfigError, parse_launcher, read
+from appliance.common.slurm import SlurmAllocation
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_forwards(items: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """``-x NAME`` (the launcher's value of NAME) and ``-x NAME=VALUE``, as mpirun, -> a dict."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"-x {item!r}: expected NAME or NAME=VALUE with NAME a variable name")
+        if not eq:
+            if name not in env:
+                raise ConfigError(f"-x {name}: {name} is not set in the launcher's environment (use -x {name}=VALUE)")
+            value = env[name]
+        out[name] = value
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteConfig:
+    """How the launcher and ``appliance check`` reach other hosts (SSH) and what they verify there.
+
+    ``None`` means "not given": the SSH layer then consults ``~/.ssh/config`` (port, user, key)
+    and its own defaults (port 22, the launcher's user, the launcher's ``sys.executable``).
+    Precedence: flag, then the explicit env (``-x``), then the launcher's environment, then
+    ``~/.ssh/config``, then the default.
+    """
+
+    port: int | None = None
+    key: str | None = None
+    user: str | None = None
+    shared_dir: str = "/mnt/share"
+    shared_explicit: bool = False       # --shared was given: a missing directory is an error
+    remote_python: str | None = None
+    network_interface: str | None = None
+    job_dir: str | None = None
+    min_shm: int = 64 << 20
+    ssh_timeout_s: float = 5.0          # silence on a remote rank's channel -> its host is unreachable
+    host_wait_s: float = 0.0            # how long the preflight waits for a host's SSH port to accept TCP
+
+    @classmethod
+    def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
+               shared: str | os.PathLike | None = None, remote_python: str | None = None,
+               network_interface: str | None = None, host_wait_s: float = 0.0,
+               environ: Mapping[str, str] | None = None) -> "RemoteConfig":
+        """``host_wait_s``: how long the preflight waits for a host's SSH port to accept a TCP
+        connection (a secondary container still starting) before failing that host; a name that
+        does not resolve is never waited for. The cluster plane sets it from ``secondary_wait_s``."""
+        env = os.environ if environ is None else environ
+        if port is not None and not 0 < int(port) < 65536:
+            raise ConfigError(f"-p {port}: expected a TCP port (1-65535)")
+        if not host_wait_s >= 0:
+            raise ConfigError(f"host_wait_s must not be negative, got {host_wait_s!r}")
+        python = remote_python or read("APPLIANCE_REMOTE_PYTHON", env) or None
+        if python is not None and not os.path.isabs(python):
+            raise ConfigError(f"--remote-python {python!r}: must be an absolute path (SSH sessions do not see "
+                              "the PATH of a login shell or of Docker's ENV)")
+        iface = network_interface or read("HOROVOD_GLOO_IFACE", env) or None
+        if iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:@\-]{1,15}", iface):
+            raise ConfigError(f"--network-interface {iface!r} is not an interface name")
+        return cls(
+            port=int(port) if port is not None else read("APPLIANCE_SSH_PORT", env),
+            key=os.fspath(key) if key else (read("APPLIANCE_SSH_KEY", env) or None),
+            user=user or read("APPLIANCE_SSH_USER", env) or None,
+            shared_dir=os.fspath(shared) if shared else read("APPLIANCE_SHARED", env),
+            shared_explicit=bool(shared),
+            remote_python=python,
+            network_interface=iface,
+            job_dir=read("APPLIANCE_JOB_DIR", env) or None,
+            min_shm=read("APPLIANCE_MIN_SHM", env),
+            ssh_timeout_s=read("APPLIANCE_SSH_TIMEOUT", env),
+            host_wait_s=float(host_wait_s),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckConfig:
+    """One ``appliance check``: which hosts, how to reach them, how long it may take."""
+
+    hosts: str | None = None
+    hostfile: str | None = None
+    np: int | None = None
+    start_timeout_s: float = 60.0
+    verbose: bool = False
+    remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
+    slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+
+    @classmethod
+    def create(cls, *, hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None,
+               start_timeout: float | None = None, verbose: bool | None = None,
+               environ: Mapping[str, str] | None = None, **remote: Any) -> "CheckConfig":
+        env = dict(os.environ if environ is None else environ)
+        if hosts is not None and hostfile is not None:
+            raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
+        if start_timeout is not None and not start_timeout > 0:
+            raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
+                   start_timeout_s=read("HOROVOD_START_TIMEOUT", env) if start_timeout is None else float(start_timeout),
+                   verbose=read("APPLIANCE_VERBOSE", env) if verbose is None else bool(verbose),
+                   remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """One ``appliance launch``: what to run, where, and how to treat it.
+
+    ``env`` holds the variables given explicitly for every worker (``-x`` and the Python API's
+    ``env``); ``environ`` is the launcher's own environment, the base of every local worker's.
+    Precedence: flag, then ``env``, then ``environ``, then the knob's default.
+    """
+
+    command: tuple[str, ...]
+    np: int
+    hosts: str | None = None
+    hostfile: str | None = None
+    start_timeout_s: float = 60.0
+    output_dir: str | None = None
+    verbose: bool = False
+    timeout_s: float | None = None
+    stop_grace_s: float = 3.0
+    failure_grace_s: float = 5.0
+    cwd: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
+    slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+    ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
+    launcher: str = "auto"  # auto, ssh, srun, local (launcher/srun.py decides what auto means)
+
+    @classmethod
+    def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
+               start_timeout: float | None = None, output_dir: str | os.PathLike | None = None,
+               verbose: bool | None = None, timeout: float | None = None, forward: Sequence[str] = (),
+               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+               environ: Mapping[str, str] | None = None, launcher: str | None = None,
+               **remote: Any) -> "LaunchConfig":
+        """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
+        remote_python, network_interface, host_wait_s). ``launcher``: --launcher (else
+        APPLIANCE_LAUNCHER)."""
+        environ = dict(os.environ if environ is None else environ)
+        command = tuple(str(c) for c in command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            raise ConfigError("no command to launch (usage: appliance launch -np N [-H host:slots,...] -- COMMAND...)")
+        if not isinstance(np, int) or np < 1:
+            raise ConfigError(f"-np must be a positive number of processes, got {np!r}")
+        if hosts is not None and hostfile is not None:
+            raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"timeout must be positive, got {timeout!r}")
+        if start_timeout is not None and not start_timeout > 0:
+            raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        explicit = {str(k): str(v) for k, v in (env or {}).items()}
+        bad = [k for k in explicit if not _ENV_NAME.match(k)]
+        if bad:
+            raise ConfigError(f"env: {bad[0]!r} is not a variable name")
+        explicit.update(parse_forwards(forward, environ))
+        merged = {**environ, **explicit}
+        return cls(
+            command=command,
+            np=np,
+            hosts=hosts,
+            hostfile=None if hostfile is None else os.fspath(hostfile),
+            start_timeout_s=read("HOROVOD_START_TIMEOUT", merged) if start_timeout is None else float(start_timeout),
+            output_dir=None if output_dir is None else os.fspath(output_dir),
+            verbose=read("APPLIANCE_VERBOSE", merged) if verbose is None else bool(verbose),
+            timeout_s=None if timeout is None else float(timeout),
+            stop_grace_s=read("APPLIANCE_STOP_GRACE", merged),
+            failure_grace_s=read("APPLIANCE_FAILURE_GRACE", merged),
+            cwd=None if cwd is None else os.fspath(cwd),
+            env=explicit,
+            environ=environ,
+            remote=RemoteConfig.create(environ=merged, **remote),
+            slurm=SlurmAllocation.from_env(environ),
+            ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
+            launcher=read("APPLIANCE_LAUNCHER", merged) if launcher is None else _launcher_flag(launcher),
+        )
+
+
+def _launcher_flag(value: str) -> str:
+    try:
+        return parse_launcher(value)
+    except ValueError as e:
+        raise ConfigError(f"--launcher: {e}") from None
+
+

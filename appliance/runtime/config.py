@@ -1,0 +1,156 @@
+"""The runtime's config: everything ``appliance.runtime.init()`` needs, read once at init.
+
+What it owns: ``RuntimeConfig`` and how it is read from the environment (the job layout set by
+a launcher: HOROVOD_RANK/SIZE...; OpenMPI's OMPI_COMM_WORLD_*; or, for a task ``srun`` started
+itself, Slurm's variables), the rendezvous store's address (APPLIANCE_STORE_ADDR), the job's
+secret (APPLIANCE_JOB_SECRET, else the file APPLIANCE_JOB_SECRET_FILE, else a Slurm job's
+default file) and the engine's knobs (``appliance.common.knobs``). Failure modes: missing or
+invalid values raise ``ConfigError`` naming the variable and how to provide it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Callable, Mapping
+
+from appliance.common import jobsecret
+from appliance.common.knobs import ConfigError, read
+from appliance.common.netif import interface_address
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything ``appliance.runtime.init()`` needs, read from the environment at init."""
+
+    rank: int = 0
+    size: int = 1
+    host: str = ""
+    store_host: str = ""
+    store_port: int = 0
+    store_note: str = ""  # how the store's address was derived and how to override it ("" = given)
+    secret: bytes = b""
+    job_id: str = ""
+    data_addr: str = ""
+    start_timeout_s: float = 60.0
+    fusion_threshold: int = 128 << 20
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    stall_check_s: float = 60.0
+    stall_shutdown_s: float = 300.0
+    chunk_bytes: int = 1 << 20
+    heartbeat_timeout_s: float = 10.0
+    shm: bool = True
+    spin_us: int = 100
+    caller_drives: bool = True
+    verbose: bool = False
+    nccl_library: str = ""
+    fault_file: str = ""
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 slurm: Callable[[Mapping[str, str]], Any] | None = None) -> "RuntimeConfig":
+        """``slurm``: ``appliance.common.slurm.SlurmTask.from_env``, asked only when no launcher described
+        the job (HOROVOD_RANK/SIZE and OMPI_COMM_WORLD_RANK unset); a Slurm task it returns gives
+        the layout, the store (the step's first node) and the secret file (README, "Slurm")."""
+        env = os.environ if env is None else env
+        rank, size = read("HOROVOD_RANK", env), read("HOROVOD_SIZE", env)
+        if rank is None and "OMPI_COMM_WORLD_RANK" in env:  # started by OpenMPI's mpirun
+            rank, size = int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"])
+        task = slurm(env) if rank is None and size is None and slurm is not None else None
+        if task is not None:  # a task srun started itself
+            rank, size = task.rank, task.size
+        if rank is None and size is None:
+            rank, size = 0, 1  # no launcher: a single rank, so the same script runs on a laptop
+        if rank is None or size is None:
+            raise ConfigError("HOROVOD_RANK and HOROVOD_SIZE must be set together")
+        if size < 1 or rank >= size:
+            raise ConfigError(f"HOROVOD_RANK={rank} is not below HOROVOD_SIZE={size}")
+
+        store_host, store_port, secret, store_note = "", 0, b"", ""
+        if size > 1:
+            addr = read("APPLIANCE_STORE_ADDR", env)
+            if not addr and task is not None:
+                addr = f"{task.first_node}:{task.store_port}"
+                store_note = (f"the port Slurm job {task.job_id} step {task.step_id} derives from its ids; "
+                              f"choose another with APPLIANCE_STORE_ADDR={task.first_node}:PORT")
+            if not addr:
+                raise ConfigError(
+                    f"rank {rank} of {size}: APPLIANCE_STORE_ADDR is not set. Start workers with "
+                    "`appliance launch`, or under mpirun pass -x APPLIANCE_STORE_ADDR=<rank 0 host>:<port> "
+                    "-x APPLIANCE_JOB_SECRET")
+            store_host, _, port = addr.rpartition(":")
+            try:
+                store_port = int(port)
+            except ValueError:
+                raise ConfigError(f"APPLIANCE_STORE_ADDR={addr!r}: expected host:port") from None
+            if not store_host or not 0 < store_port < 65536:
+                raise ConfigError(f"APPLIANCE_STORE_ADDR={addr!r}: expected host:port")
+            secret = _job_secret(env, rank, size, task)
+
+        data_addr = read("APPLIANCE_DATA_ADDR", env)
+        iface = read("HOROVOD_GLOO_IFACE", env)
+        if not data_addr and iface:
+            data_addr = interface_address(iface)
+        return cls(
+            rank=rank,
+            size=size,
+            host=read("HOROVOD_HOSTNAME", env) or (task.node if task is not None else socket.gethostname()),
+            store_host=store_host,
+            store_port=store_port,
+            store_note=store_note,
+            secret=secret,
+            job_id=read("APPLIANCE_JOB_ID", env) or (f"slurm-{task.job_id}.{task.step_id}" if task is not None else ""),
+            data_addr=data_addr,
+            start_timeout_s=read("HOROVOD_START_TIMEOUT", env),
+            fusion_threshold=read("HOROVOD_FUSION_THRESHOLD", env),
+            cycle_time_ms=read("HOROVOD_CYCLE_TIME", env),
+            cache_capacity=read("HOROVOD_CACHE_CAPACITY", env),
+            stall_check_s=0.0 if read("HOROVOD_STALL_CHECK_DISABLE", env) else read("HOROVOD_STALL_CHECK_TIME_SECONDS", env),
+            stall_shutdown_s=read("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", env),
+            chunk_bytes=max(1, read("APPLIANCE_CHUNK_BYTES", env)),
+            heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
+            shm=read("APPLIANCE_SHM", env),
+            spin_us=read("APPLIANCE_SPIN_US", env),
+            caller_drives=read("APPLIANCE_CALLER_DRIVES", env),
+            verbose=read("APPLIANCE_VERBOSE", env),
+            nccl_library=read("APPLIANCE_NCCL_LIBRARY", env),
+            fault_file=read("APPLIANCE_FAULT_FILE", env),
+            timeline=read("HOROVOD_TIMELINE", env),
+            timeline_mark_cycles=read("HOROVOD_TIMELINE_MARK_CYCLES", env),
+        )
+
+
+def _job_secret(env: Mapping[str, str], rank: int, size: int, task: Any) -> bytes:
+    """APPLIANCE_JOB_SECRET, else the file APPLIANCE_JOB_SECRET_FILE, else (a Slurm task) the job's
+    default file: never a fixed value. Missing: one line saying how to provide one."""
+    hex_secret = read("APPLIANCE_JOB_SECRET", env)
+    if hex_secret:
+        try:
+            return bytes.fromhex(hex_secret)
+        except ValueError:
+            raise ConfigError("APPLIANCE_JOB_SECRET must be hexadecimal") from None
+    path = read("APPLIANCE_JOB_SECRET_FILE", env) or (task.secret_file if task is not None else "")
+    if path:
+        try:
+            return jobsecret.read(path)
+        except FileNotFoundError:
+            pass
+        except jobsecret.SecretFileError as e:
+            raise ConfigError(f"rank {rank} of {size}: {e}") from None
+    if task is not None:
+        raise ConfigError(
+            f"rank {rank} of {size} (Slurm job {task.job_id}): no job secret: run `appliance secret` in the job "
+            f"before srun (it creates {path}), or export APPLIANCE_JOB_SECRET=<hex>")
+    if path:
+        raise ConfigError(f"rank {rank} of {size}: APPLIANCE_JOB_SECRET_FILE={path}: no such file "
+                          f"(create it with `appliance secret --file {path}`)")
+    raise ConfigError(
+        f"rank {rank} of {size}: APPLIANCE_JOB_SECRET is not set; every rank needs the "
+        "job's secret (the launcher passes it in the environment; under mpirun: "
+        "export APPLIANCE_JOB_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))') "
+        "and add -x APPLIANCE_JOB_SECRET)")
+
+
