@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "coordinator/request.h"
-#include "engine/ops.h"
+#include "ops/ops.h"
 
 namespace appliance {
 

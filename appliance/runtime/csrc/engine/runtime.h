@@ -36,8 +36,8 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
 #include "engine/messages.h"
-#include "engine/ops.h"
 #include "engine/timeline.h"
+#include "ops/ops.h"
 #include "store/store.h"
 #include "transport/mesh.h"
 

@@ -1,4 +1,4 @@
-#include "engine/ops.h"
+#include "ops/ops.h"
 
 #include <sched.h>
 

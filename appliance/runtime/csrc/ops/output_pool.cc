@@ -1,4 +1,4 @@
-#include "engine/output_pool.h"
+#include "ops/output_pool.h"
 
 namespace appliance {
 
