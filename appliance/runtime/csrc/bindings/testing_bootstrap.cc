@@ -16,7 +16,7 @@
 #include "store/store.h"
 #include "transport/auth.h"
 #include "transport/frame_io.h"
-#include "transport/mesh.h"
+#include "bootstrap/mesh.h"
 #include "transport/tcp/socket.h"
 
 namespace py = pybind11;

@@ -32,6 +32,7 @@
 #include "backends/cuda/device_plan.h"
 #include "backends/cuda/staging_backend.h"
 #include "backends/nccl/nccl_backend.h"
+#include "bootstrap/mesh.h"
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
@@ -39,7 +40,6 @@
 #include "engine/timeline.h"
 #include "ops/ops.h"
 #include "store/store.h"
-#include "transport/mesh.h"
 
 namespace appliance {
 
