@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "backends/cuda/cuda_api.h"
+#include "backends/nccl/nccl_api.h"
 #include "engine/runtime.h"
 
 namespace py = pybind11;

@@ -392,7 +392,7 @@ void Runtime::run_entry(const PlanEntry& e) {
     handles_.complete_all(ops, Status{e.error_code, -1, "", e.error});
     return;
   }
-  Backend& backend = backend_for(e, raw);
+  Backend& backend = backends_->for_entry(e, raw, join_device_.load());
   if (timeline_.on()) timeline_.launched(e, backend);
   std::unique_ptr<Pending> pending = backend.launch(e, raw);
   ++stats_.entries;
@@ -413,6 +413,19 @@ void Runtime::run_entry(const PlanEntry& e) {
     for (size_t i = 0; i < ops.size(); ++i)
       if (ops[i]) timeline_.done(e.names[i], e.sigs[i]);
   handles_.complete_all(ops, Status::Ok());
+}
+
+void Runtime::poll_running() {
+  while (!running_.empty()) {
+    Running& r = running_.front();
+    if (!r.pending->done()) return;  // in plan order: later entries wait for earlier ones
+    for (auto& op : r.ops)
+      if (op) {
+        if (timeline_.on()) timeline_.done(op->req.name, op->req.sig);
+        handles_.complete(op, Status::Ok());
+      }
+    running_.pop_front();
+  }
 }
 
 void Runtime::note_skipped_name(const std::string& name) {
@@ -529,7 +542,7 @@ void Runtime::finish(const Status& terminal) {
     if (terminal_.ok()) terminal_ = terminal;
     queue_.clear();
   }
-  abort_backends();  // nothing of a device backend may wait on a peer after this
+  backends_->abort();  // nothing of a device backend may wait on a peer after this
   running_.clear();
   inflight_.clear();
   handles_.fail_all(terminal);
