@@ -394,19 +394,19 @@ void Runtime::run_entry(const PlanEntry& e) {
   }
   Backend& backend = backends_->for_entry(e, raw, join_device_.load());
   if (timeline_.on()) timeline_.launched(e, backend);
-  std::unique_ptr<Pending> pending = backend.launch(e, raw);
+  std::unique_ptr<Completion> completion = backend.launch(e, raw);
   ++stats_.entries;
   stats_.tensors += e.names.size();
   if (e.names.size() > 1) ++stats_.fused_entries;
   for (size_t i = 0; i < e.names.size(); ++i) cache_.put(e.names[i], e.sigs[i]);
-  if (pending) {
-    std::shared_ptr<void> ev = pending->ready_event();
+  if (completion) {
+    std::shared_ptr<void> ev = completion->ready_event();
     for (auto& op : ops)
       if (op && ev) {
         op->ready_event = ev;
         handles_.mark_launched(op);
       }
-    running_.push_back(Running{std::move(pending), std::move(ops)});
+    running_.push_back(Running{std::move(completion), std::move(ops)});
     return;
   }
   if (timeline_.on())
@@ -418,7 +418,7 @@ void Runtime::run_entry(const PlanEntry& e) {
 void Runtime::poll_running() {
   while (!running_.empty()) {
     Running& r = running_.front();
-    if (!r.pending->done()) return;  // in plan order: later entries wait for earlier ones
+    if (!r.completion->done()) return;  // in plan order: later entries wait for earlier ones
     for (auto& op : r.ops)
       if (op) {
         if (timeline_.on()) timeline_.done(op->req.name, op->req.sig);

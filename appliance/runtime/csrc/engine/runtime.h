@@ -225,7 +225,7 @@ class Runtime {
   std::unique_ptr<BackendRegistry> backends_;
   std::atomic<int> join_device_{-1};  // device a joined rank contributes zeros on
   struct Running {                    // launched entries whose backend has not finished
-    std::unique_ptr<Pending> pending;
+    std::unique_ptr<Completion> completion;
     std::vector<OpPtr> ops;
   };
   std::deque<Running> running_;

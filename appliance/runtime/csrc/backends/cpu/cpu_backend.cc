@@ -26,7 +26,7 @@ const char* collective_step(OpKind k) {
 }
 }  // namespace
 
-std::unique_ptr<Pending> CpuBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
+std::unique_ptr<Completion> CpuBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
   execute(e, ops);
   return nullptr;
 }
