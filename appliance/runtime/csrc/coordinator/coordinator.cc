@@ -1,3 +1,5 @@
+// Rank 0's negotiation: the readiness table, validation, plans with fusion, groups, joins,
+// process sets and the stall check (see coordinator.h).
 #include "coordinator/coordinator.h"
 
 #include <algorithm>

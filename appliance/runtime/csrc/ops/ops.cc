@@ -1,3 +1,4 @@
+// The handle table: adding, completing, polling and waiting for operations (see ops.h).
 #include "ops/ops.h"
 
 #include <sched.h>

@@ -1,3 +1,5 @@
+// OutputPool: taking large output blocks and giving them back when Python lets go (see
+// output_pool.h).
 #include "ops/output_pool.h"
 
 namespace appliance {

@@ -1,3 +1,5 @@
+// CpuBackend: plan entries on host memory through the algorithms in collectives/ (see
+// cpu_backend.h).
 #include "backends/cpu/cpu_backend.h"
 
 #include <cstring>

@@ -1,3 +1,5 @@
+// StagingBackend: CUDA tensors through host copies and the CPU backend (see
+// staging_backend.h).
 #include "backends/cuda/staging_backend.h"
 
 #include <cstring>

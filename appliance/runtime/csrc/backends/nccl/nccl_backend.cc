@@ -1,3 +1,5 @@
+// NcclBackend: plan entries on CUDA tensors through one NCCL communicator, and the
+// completion of each on its stream (see nccl_backend.h).
 #include "backends/nccl/nccl_backend.h"
 
 #include "backends/cuda/device_plan.h"
