@@ -390,3 +390,11 @@ def test_the_floor_check_refuses_an_include_up_or_sideways_and_a_cycle(tmp_path)
     (loop,) = _cycles(_core_folder_graph(includes))
     assert loop == {"wire", "engine"}
     assert _cycles(_core_file_graph(includes)) == [{"wire/codec.h", "engine/runtime.h"}]
+
+
+def test_the_engine_includes_no_concrete_backend():
+    """The engine holds a BackendRegistry: of backends/ it includes the interface and the registry."""
+    allowed = {"backends/backend.h", "backends/registry.h"}
+    bad = [f"{rel}:{line}: #include \"{t}\"" for rel, line, t in _core_includes()
+           if rel.startswith("engine/") and t.startswith("backends/") and t not in allowed]
+    assert not bad, "the engine includes a concrete backend (use backends/registry.h):\n" + "\n".join(bad)
