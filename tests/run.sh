@@ -7,7 +7,9 @@
 # It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
 # project into it in editable mode with the test and bench extras (bench: matplotlib, and mpi4py,
 # whose PyPI wheel runs on Debian's OpenMPI, so the benchmarks' OpenMPI legs need no
-# libopenmpi-dev), which compiles the C++ core. As root on Debian it also
+# libopenmpi-dev), which compiles the C++ core, here with APPLIANCE_BUILD_TESTS=ON: also the
+# test-only extension appliance.runtime._core_testing and the C++ unit tests (tests/cpp, with
+# GoogleTest from Debian's libgtest-dev), which the product never has. As root on Debian it also
 # installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2, and munge and
 # slurm-wlm for the Slurm tier, tests/slurm, which starts its own two-node Slurm), makes sure a
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
@@ -30,6 +32,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v iptables >/dev/null || need+=(iptables)  # the SSH tier firewalls a simulated host (bastion test)
   command -v cmake >/dev/null || need+=(cmake)
   command -v g++ >/dev/null || need+=(g++)
+  [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)  # the C++ unit tests (tests/cpp)
   # the Slurm tier (tests/slurm) starts a real two-node Slurm: munged, slurmctld, two slurmd
   [ -x /usr/sbin/munged ] || need+=(munge)
   { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null; } || need+=(slurm-wlm)
@@ -51,7 +54,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 say "installing the project (compiles the C++ core)"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test,bench]'
+.venv/bin/python -m pip install -q -e '.[test,bench]' --config-settings=cmake.define.APPLIANCE_BUILD_TESTS=ON
 
 say "running pytest $*"
 exec .venv/bin/python -m pytest "${strict[@]}" "$@"

@@ -1,4 +1,4 @@
-"""The device decisions as pure logic (backends/cuda/device_plan.h through _core._testing):
+"""The device decisions as pure logic (backends/cuda/device_plan.h through _core_testing):
 NCCL or host staging for the whole job, and per entry; the scalar NCCL applies on the device."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from appliance.runtime._core import _testing as T
+from appliance.runtime import _core_testing as T
 from appliance.runtime.engine import Average, DType, Kind, Max, Min, Product, Sum
 
 GOOD = 22907

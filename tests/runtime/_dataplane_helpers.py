@@ -1,6 +1,6 @@
 """Shared helpers for the data-plane tests (tests/runtime/test_dataplane_*.py).
 
-Wraps the ``_core._testing`` hooks with numpy: dtype tables (bfloat16 travels as its uint16
+Wraps the ``_core_testing`` hooks with numpy: dtype tables (bfloat16 travels as its uint16
 bit pattern, since numpy has no bfloat16), random inputs per dtype, numpy reference
 reductions, and ``run`` which executes one collective on N threads over socketpairs (or
 shared-memory links, ``TRANSPORT``) and fails the test with every rank's error if any rank
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from appliance.runtime._core import _testing as T
+from appliance.runtime import _core_testing as T
 
 # name -> (dtype code, numpy storage dtype)
 DTYPES = {

@@ -1,5 +1,5 @@
 """Helpers for the bootstrap tests: real worker processes that run a snippet against the
-``_core._testing`` hooks and report one JSON line.
+``_core_testing`` hooks and report one JSON line.
 
 ``Workers`` is a context manager: it starts each worker with ``python -c`` in its own session
 (argument dict as JSON in argv[1]), and on exit kills every process group it started, whether
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 PRELUDE = r"""
 import json, sys, time
-from appliance.runtime._core import _testing as T
+from appliance.runtime import _core_testing as T
 ARGS = json.loads(sys.argv[1])
 def report(obj):
     sys.stdout.write("RESULT " + json.dumps(obj) + "\n")

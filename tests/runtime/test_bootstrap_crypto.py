@@ -4,7 +4,7 @@ import hmac
 
 from hypothesis import given, settings, strategies as st
 
-from appliance.runtime._core import _testing as T
+from appliance.runtime import _core_testing as T
 
 
 def test_sha256_known_vectors_and_block_boundaries():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from appliance.runtime._core import _testing as T
+from appliance.runtime import _core_testing as T
 from bootstrap_util import Workers
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """Adasum (collectives/adasum.cc) against a numpy reference of the recursive pairwise Adasum,
 on 2 and 4 ranks (power of 2: vector-halving distance-doubling) and 3 and 5 ranks (the extra
 ranks are folded into partners first), run as threads over socketpairs
-(``_core._testing.run_collective("adasum", ...)``; ``counts`` = tensors of a fused buffer).
+(``_core_testing.run_collective("adasum", ...)``; ``counts`` = tensors of a fused buffer).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every collective of the data plane against numpy, on 2, 3 and 5 ranks run as threads over
-socketpairs and again over shared-memory links (``_core._testing.run_collective``). Sizes 0, 1, odd and multi-chunk; small
+socketpairs and again over shared-memory links (``_core_testing.run_collective``). Sizes 0, 1, odd and multi-chunk; small
 ``chunk_bytes``/``max_frame`` push messages through the multi-frame and multi-piece paths,
 and one large case crosses the channel's small-frame threshold.
 """

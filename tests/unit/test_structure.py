@@ -271,3 +271,130 @@ def test_the_checker_finds_a_loop():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     (component,) = _cycles(graph)
     assert component == {"a", "b", "c"} and _path_in(component, graph) == "a -> b -> c -> a"
+
+
+# --- the C++ core's floors (appliance/runtime/csrc) --------------------------------------------
+# Each folder of the core is a floor; a file may include its own folder's headers and those of
+# lower floors, never a higher floor's nor a sibling's on the same floor (siblings are
+# independent: collectives never see an operation, backends never open a link). Subfolders
+# (transport/tcp, backends/nccl) belong to their folder's floor. Read from the sources; no build.
+import re  # noqa: E402  (this part of the file stands on its own)
+
+CORE = ROOT / "appliance" / "runtime" / "csrc"
+CORE_FLOORS: list[set[str]] = [
+    {"common"},                              # status, dtypes, crypto, logging: needs nothing
+    {"wire"},                                # frame codec, payload Reader/Writer
+    {"transport", "coordinator", "fusion"},  # links and channels; rank 0's negotiation; packing
+    {"store", "collectives", "ops"},         # rendezvous store; algorithms over a Comm; op state
+    {"bootstrap", "backends"},               # store + links -> mesh; plan entries -> collectives
+    {"engine"},                              # the Runtime
+    {"bindings"},                            # Python
+]
+_CORE_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def _core_floor(folder: str) -> int:
+    for level, floor in enumerate(CORE_FLOORS):
+        if folder in floor:
+            return level
+    raise AssertionError(f"csrc/{folder}/ is on no floor: add it to CORE_FLOORS in {Path(__file__).name}")
+
+
+def _core_includes(root: Path = CORE) -> list[tuple[str, int, str]]:
+    """(file relative to root, line, included path) for every quoted include of the core."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".h", ".cc", ".cpp", ".hpp") or not path.is_file():
+            continue
+        text = path.read_text()
+        for m in _CORE_INCLUDE.finditer(text):
+            found.append((path.relative_to(root).as_posix(), text.count("\n", 0, m.start()) + 1, m.group(1)))
+    return found
+
+
+def _core_violations(includes: list[tuple[str, int, str]]) -> list[str]:
+    """Includes that go up a floor or sideways to a sibling, and quoted includes the core lacks."""
+    bad = []
+    for rel, line, target in includes:
+        src, dst = rel.split("/")[0], target.split("/")[0]
+        if "/" not in rel or "/" not in target:
+            bad.append(f"{rel}:{line}: #include \"{target}\": every core file and include path names its folder")
+            continue
+        if src == dst:
+            continue
+        a, b = _core_floor(src), _core_floor(dst)
+        if b > a:
+            bad.append(f"{rel}:{line}: #include \"{target}\": {src}/ (floor {a}) may not include "
+                       f"{dst}/ (floor {b}, above it)")
+        elif b == a:
+            bad.append(f"{rel}:{line}: #include \"{target}\": {src}/ and {dst}/ are siblings on floor {a}")
+    return bad
+
+
+def _core_file_graph(includes: list[tuple[str, int, str]]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for rel, _, target in includes:
+        graph.setdefault(rel, set()).add(target)
+        graph.setdefault(target, set())
+    return graph
+
+
+def _core_folder_graph(includes: list[tuple[str, int, str]]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for rel, _, target in includes:
+        src, dst = rel.split("/")[0], target.split("/")[0]
+        graph.setdefault(src, set())
+        graph.setdefault(dst, set())
+        if src != dst:
+            graph[src].add(dst)
+    return graph
+
+
+def test_core_includes_only_point_down_its_floors():
+    includes = _core_includes()
+    assert includes, f"no includes found under {CORE}"
+    missing = [f"{rel}:{line}: #include \"{t}\"" for rel, line, t in includes if not (CORE / t).is_file()]
+    assert not missing, "includes of files the core does not have:\n" + "\n".join(missing)
+    bad = _core_violations(includes)
+    assert not bad, "includes against the core's floors:\n" + "\n".join(bad)
+
+
+def test_core_has_no_include_cycles_between_folders_or_files():
+    includes = _core_includes()
+    for graph, what in ((_core_folder_graph(includes), "folders"), (_core_file_graph(includes), "files")):
+        loops = _cycles(graph)
+        assert not loops, f"include cycles between {what}:\n" + "\n".join(_path_in(c, graph) for c in loops)
+
+
+def test_every_core_folder_is_on_one_floor():
+    folders = {p.name for p in CORE.iterdir() if p.is_dir() and any(p.rglob("*.[ch]*"))}
+    named = [f for floor in CORE_FLOORS for f in floor]
+    assert len(named) == len(set(named)), "a folder is on two floors"
+    assert folders == set(named), f"folders without a floor: {sorted(folders - set(named))}; " \
+                                  f"floors without a folder: {sorted(set(named) - folders)}"
+
+
+def test_the_floor_check_refuses_an_include_up_or_sideways_and_a_cycle(tmp_path):
+    for rel, text in {"common/status.h": "#pragma once\n",
+                      "wire/codec.h": '#include "common/status.h"\n#include "engine/runtime.h"\n',
+                      "transport/link.h": '#include "coordinator/request.h"\n',
+                      "engine/runtime.h": '#include "wire/codec.h"\n',
+                      "coordinator/request.h": "#pragma once\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    includes = _core_includes(tmp_path)
+    bad = sorted(_core_violations(includes))
+    assert len(bad) == 2, bad
+    assert bad[0].startswith("transport/link.h:1:") and "siblings on floor 2" in bad[0], bad
+    assert bad[1].startswith("wire/codec.h:2:") and "above it" in bad[1], bad
+    (loop,) = _cycles(_core_folder_graph(includes))
+    assert loop == {"wire", "engine"}
+    assert _cycles(_core_file_graph(includes)) == [{"wire/codec.h", "engine/runtime.h"}]
+
+
+def test_the_engine_includes_no_concrete_backend():
+    """The engine holds a BackendRegistry: of backends/ it includes the interface and the registry."""
+    allowed = {"backends/backend.h", "backends/registry.h"}
+    bad = [f"{rel}:{line}: #include \"{t}\"" for rel, line, t in _core_includes()
+           if rel.startswith("engine/") and t.startswith("backends/") and t not in allowed]
+    assert not bad, "the engine includes a concrete backend (use backends/registry.h):\n" + "\n".join(bad)

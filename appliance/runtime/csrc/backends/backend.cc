@@ -1,3 +1,5 @@
+// What every backend computes alike from a plan entry: reducescatter's rows and alltoall's
+// layout (see backend.h).
 #include "backends/backend.h"
 
 namespace appliance {

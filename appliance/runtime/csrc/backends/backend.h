@@ -3,15 +3,15 @@
 // `ops[i]` is this rank's operation for entry.names[i], or nullptr when this rank has joined
 // and contributes zeros (allreduce only). launch() starts the entry and returns how to learn
 // that it finished: nullptr when it already has (the CPU backend runs collectives to the end),
-// or a Pending the engine polls (the NCCL backend: an event recorded on the tensor's stream).
+// or a Completion the engine polls (the NCCL backend: an event recorded on the tensor's stream).
 // Outputs are filled (user buffers or core-allocated ones) by the time the entry is done; a
-// backend never completes handles. Any exception from launch() or Pending::done() aborts the
+// backend never completes handles. Any exception from launch() or Completion::done() aborts the
 // job (other ranks may already be inside the collective); abort() then makes sure nothing of
 // this backend can hang (NCCL: ncclCommAbort).
 //
-// Backends (one per device kind, held by the Runtime): backends/cpu (host memory, the
-// algorithms in collectives/), backends/nccl (CUDA memory through NCCL) and
-// backends/cuda/staging (CUDA memory through host copies and the CPU backend).
+// Backends (one per device kind, held by the Runtime's BackendRegistry, backends/registry.h):
+// backends/cpu (host memory, the algorithms in collectives/), backends/nccl (CUDA memory
+// through NCCL) and backends/cuda/staging (CUDA memory through host copies and the CPU backend).
 #pragma once
 
 #include <atomic>
@@ -22,13 +22,15 @@
 #include <vector>
 
 #include "coordinator/request.h"
-#include "engine/ops.h"
+#include "ops/ops.h"
 
 namespace appliance {
 
-class Pending {
+// How the engine learns that a launched entry finished (and, for device work, how a stream
+// waits for it).
+class Completion {
  public:
-  virtual ~Pending() = default;
+  virtual ~Completion() = default;
   // True once the entry's work has finished; throws Error when it failed.
   virtual bool done() = 0;
   // An event (cudaEvent_t) recorded after the entry's work on its stream, shared with the ops
@@ -53,7 +55,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
-  virtual std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) = 0;
+  virtual std::unique_ptr<Completion> launch(const PlanEntry& e, const std::vector<OpState*>& ops) = 0;
   virtual void abort() {}
   // True for backends that report their own steps (fusion copies, the collective); the engine
   // records the whole launch of the others as one step, <NAME>_<KIND>.

@@ -1,17 +1,17 @@
 // Python bindings of the core: appliance.runtime._core. Bindings only; every blocking call
-// releases the GIL. Test-only hooks live in testing_*.cc under the _core._testing submodule.
+// releases the GIL. Test hooks are not here: they are a separate, test-only extension
+// (tests/cpp/hooks, appliance.runtime._core_testing).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "backends/cuda/cuda_api.h"
+#include "backends/nccl/nccl_api.h"
 #include "engine/runtime.h"
 
 namespace py = pybind11;
 
 namespace appliance {
-void bind_testing_dataplane(py::module_& m);
-void bind_testing_bootstrap(py::module_& m);
-void bind_testing_devices(py::module_& m);
 
 namespace {
 
@@ -330,9 +330,4 @@ PYBIND11_MODULE(_core, m) {
     d["why"] = why;
     return d;
   }, py::arg("nccl_library"), py::arg("nccl_candidates"), py::arg("cudart_candidates"));  // lists: runtime/devices.py
-
-  auto testing = m.def_submodule("_testing", "Hooks for the test-suite; not an API.");
-  bind_testing_dataplane(testing);
-  bind_testing_bootstrap(testing);
-  bind_testing_devices(testing);
 }

@@ -12,7 +12,7 @@
 //     transfer. One chunk of workspace; nothing of size N. Out of place it reads the input
 //     where the in-place ring reads the buffer (a block on its first send and when it is
 //     folded into what arrives): no copy of the input beforehand, which at large N is worth
-//     N/(memory bandwidth) (64 MiB: several ms, a fifth of the whole on a 2-core VM).
+//     N/(memory bandwidth).
 //   recursive doubling: ceil(log2 P') steps for P' = the largest power of two <= P, each
 //     exchanging the whole buffer with the partner rank XOR 2^k and reducing it;
 //     time ~ log2(P') (alpha + N/beta + N/gamma), plus 2 alpha + 2N/beta + N/gamma when P is
@@ -23,9 +23,7 @@
 //     the same bits, as with the ring.
 //   With these constants doubling wins up to ~50 KB at P = 2 (one message instead of two),
 //   ~57 KB at P = 4, ~81 KB at P = 8; with P not a power of two the fold costs more (~8 KB at
-//   P = 3, ~22 KB at P = 5). Measured (2 ranks as threads over shm, one 2-core VM, medians of
-//   7): 4 KiB 8.4 us ring / 6.8 us doubling, 16 KiB 11.2 / 10.7, 64 KiB 16.5 / 17.7, 128 KiB
-//   23.8 / 25.4. Tests force either algorithm (CollectiveOptions::allreduce_algo).
+//   P = 3, ~22 KB at P = 5). Tests force either algorithm (CollectiveOptions::allreduce_algo).
 //
 // Ring blocks: element i of the P-way split gets floor(count/P) elements, plus one for the
 // first count mod P blocks. Rank r owns the reduction of block r after the first half.

@@ -4,8 +4,6 @@
 // Reductions accept Sum, Min, Max and Product (Error(kInvalid) otherwise); Adasum has its own
 // entry point. Errors from the Comm (peer lost, protocol, watch) propagate unchanged; the
 // Comm is then unusable.
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
 
 #include <cstddef>

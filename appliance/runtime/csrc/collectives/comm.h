@@ -26,8 +26,6 @@
 // Failure modes: Error(kPeerLost) naming the lost rank (from the link), Error(kProtocol)
 // naming the peer (from the channel), whatever the Watch callback throws. After any throw
 // the Comm is unusable (frames may be half sent); the engine tears it down.
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
 
 #include <functional>

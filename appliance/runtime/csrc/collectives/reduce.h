@@ -2,8 +2,6 @@
 // float16 and bfloat16 are computed in float32 and rounded back (round to nearest even).
 // Integer scaling multiplies in double and truncates toward zero, as Horovod does, which is
 // how an integer Average truncates. bool: Sum/Max = or, Min/Product = and.
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,5 @@
 // SHA-256 and HMAC-SHA256 (FIPS 180-4, RFC 2104), for proving the job secret in handshakes,
 // and a source of random nonces (getrandom / /dev/urandom).
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once
 
 #include <array>

@@ -1,3 +1,4 @@
+// One diagnostic line on stderr in a single write() (see log.h).
 #include "common/log.h"
 
 #include <unistd.h>

@@ -1,3 +1,5 @@
+// LogLimiter: per-source and total limits on the lines strangers cause, and the summary of
+// what was left out (see log_limit.h).
 #include "common/log_limit.h"
 
 #include <algorithm>

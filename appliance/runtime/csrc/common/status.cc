@@ -1,3 +1,4 @@
+// Status text, Error and assertion failures (see status.h).
 #include "common/status.h"
 
 #include <sstream>

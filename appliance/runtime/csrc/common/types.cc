@@ -1,3 +1,4 @@
+// Names, sizes and validity of dtypes, reduce ops and operation kinds (see types.h).
 #include "common/types.h"
 
 namespace appliance {

@@ -1,3 +1,5 @@
+// Rank 0's negotiation: the readiness table, validation, plans with fusion, groups, joins,
+// process sets and the stall check (see coordinator.h).
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
@@ -41,7 +43,7 @@ const std::vector<int>* Coordinator::members(int32_t set) const {
   return it == sets_.end() ? nullptr : &it->second;
 }
 
-bool Coordinator::complete(const Pending& p) const {
+bool Coordinator::complete(const Readiness& p) const {
   const std::vector<int>* m = members(p.set);
   if (!m) return true;  // validate() fails it: the set is unknown
   for (int r : *m)
@@ -70,21 +72,21 @@ void Coordinator::on_request(int rank, Request req, Time now) {
       return;
     }
     std::vector<std::string> names;
-    for (auto& kv : pending_) names.push_back(kv.first);
+    for (auto& kv : readiness_) names.push_back(kv.first);
     for (auto& n : names) promote_if_complete(n, now);
     return;
   }
-  auto it = pending_.find(req.name);
-  if (it == pending_.end()) {
-    Pending p;
+  auto it = readiness_.find(req.name);
+  if (it == readiness_.end()) {
+    Readiness p;
     p.name = req.name;
     p.reqs.resize(o_.size);
     p.first_seen = now;
     p.kind = req.sig.kind;
     p.set = req.sig.process_set;
-    it = pending_.emplace(req.name, std::move(p)).first;
+    it = readiness_.emplace(req.name, std::move(p)).first;
   }
-  Pending& p = it->second;
+  Readiness& p = it->second;
   APPLIANCE_ASSERT(!p.reqs[rank], "rank " + std::to_string(rank) + " submitted '" + req.name + "' twice");
   p.reqs[rank] = std::move(req);
   ++p.count;
@@ -95,15 +97,15 @@ void Coordinator::on_rank_left(int rank) {
   if (left_[rank]) return;
   left_[rank] = 1;
   std::vector<std::string> names;
-  for (auto& kv : pending_) names.push_back(kv.first);
+  for (auto& kv : readiness_) names.push_back(kv.first);
   for (auto& n : names) promote_if_complete(n, Time{});
 }
 
 void Coordinator::promote_if_complete(const std::string& name, Time now) {
-  auto it = pending_.find(name);
-  if (it == pending_.end() || !complete(it->second)) return;
+  auto it = readiness_.find(name);
+  if (it == readiness_.end() || !complete(it->second)) return;
   PlanEntry e = validate(it->second);
-  pending_.erase(it);
+  readiness_.erase(it);
   if (ready_.empty() && groups_.empty()) first_ready_ = now;
   const Signature& s = e.sigs[0];
   if (s.group_size > 1) {
@@ -120,7 +122,7 @@ void Coordinator::promote_if_complete(const std::string& name, Time now) {
   ready_.push_back(std::move(e));
 }
 
-PlanEntry Coordinator::validate(Pending& p) {
+PlanEntry Coordinator::validate(Readiness& p) {
   PlanEntry e;
   int ref = -1;
   for (int r = 0; r < o_.size && ref < 0; ++r)
@@ -190,7 +192,7 @@ std::vector<PlanEntry> Coordinator::take_plan(Time now) {
   size_t ready_bytes = 0;
   for (auto& e : ready_)
     for (auto& s : e.sigs) ready_bytes += s.nbytes();
-  bool more_coming = !pending_.empty() || !groups_.empty();
+  bool more_coming = !readiness_.empty() || !groups_.empty();
   bool due = o_.fusion_threshold == 0 || !more_coming || ready_bytes >= o_.fusion_threshold ||
              now >= first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
   if (!due) return {};
@@ -233,14 +235,14 @@ std::vector<std::string> Coordinator::stall_warnings(Time now, Status* abort) {
   // One report at most every warning period: every tensor that has waited at least the
   // warning time, oldest first, each with the ranks it waits for.
   struct Stalled {
-    Pending* p;
+    Readiness* p;
     double waited;
     std::vector<int> have, missing;
   };
   std::vector<Stalled> stalled, over;
   bool due = false;
-  for (auto& kv : pending_) {
-    Pending& p = kv.second;
+  for (auto& kv : readiness_) {
+    Readiness& p = kv.second;
     const double waited = std::chrono::duration<double>(now - p.first_seen).count();
     Stalled st{&p, waited, {}, {}};
     const std::vector<int>* m = members(p.set);
@@ -295,8 +297,8 @@ Coordinator::Time Coordinator::next_stall_event() const {
     return from + std::chrono::duration_cast<Time::duration>(std::chrono::duration<double>(s));
   };
   Time warn = Time::max();
-  for (const auto& kv : pending_) {
-    const Pending& p = kv.second;
+  for (const auto& kv : readiness_) {
+    const Readiness& p = kv.second;
     if (o_.stall_shutdown_s > 0) t = std::min(t, after(p.first_seen, o_.stall_shutdown_s));
     if (o_.stall_check_s > 0) warn = std::min(warn, after(p.first_seen, o_.stall_check_s));
   }

@@ -64,10 +64,12 @@ class Coordinator {
   // waits), so the check can run on time rather than on a coarse tick.
   Time next_stall_event() const;
 
-  bool idle() const { return pending_.empty() && ready_.empty(); }
+  bool idle() const { return readiness_.empty() && ready_.empty(); }
 
  private:
-  struct Pending {
+  // The readiness table's row of a name not yet ready on every rank of its set: which ranks
+  // asked for it, with what.
+  struct Readiness {
     std::string name;
     int32_t set = 0;
     OpKind kind = OpKind::kAllreduce;
@@ -77,13 +79,13 @@ class Coordinator {
   };
 
   const std::vector<int>* members(int32_t set) const;  // nullptr: unknown set
-  bool complete(const Pending& p) const;
+  bool complete(const Readiness& p) const;
   void promote_if_complete(const std::string& name, Time now);
-  PlanEntry validate(Pending& p);
+  PlanEntry validate(Readiness& p);
   void fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready);
 
   CoordinatorOptions o_;
-  std::unordered_map<std::string, Pending> pending_;
+  std::unordered_map<std::string, Readiness> readiness_;  // the readiness table, by name
   std::vector<PlanEntry> ready_;                 // validated, in readiness order
   std::map<std::pair<int32_t, uint32_t>, std::vector<PlanEntry>> groups_;  // (set, group id) -> members validated so far
   Time first_ready_{};

@@ -1,3 +1,5 @@
+// Signatures and requests: equality, sizes, their bytes, and the text of a cross-rank
+// mismatch (see request.h).
 #include "coordinator/request.h"
 
 #include <sstream>

@@ -1,3 +1,5 @@
+// ResponseCache: ids of repeated (name, signature) pairs, least recently used evicted first
+// (see response_cache.h).
 #include "coordinator/response_cache.h"
 
 namespace appliance {

@@ -14,12 +14,11 @@
 // so that it re-arms the control links the driver's reads disarmed.
 //
 // Not driven: a wait while the last enqueue was part of a burst (the background thread is
-// gathering the burst to fuse it, and measured faster at that than a driver: 100 x 4 KiB at
-// 2 ranks, ~300 vs ~360 us); CUDA operations (once any was enqueued, device state such as
-// the current device belongs to the background thread); everything when
-// APPLIANCE_CALLER_DRIVES=0 or APPLIANCE_SPIN_US=0. A failure met while driving ends the
-// engine exactly as on the background thread (Runtime::guard): the job is aborted and every
-// pending handle fails.
+// gathering the burst to fuse it, and does that faster than a driver; benchmarks/fusion.py);
+// CUDA operations (once any was enqueued, device state such as the current device belongs to
+// the background thread); everything when APPLIANCE_CALLER_DRIVES=0 or APPLIANCE_SPIN_US=0.
+// A failure met while driving ends the engine exactly as on the background thread
+// (Runtime::guard): the job is aborted and every pending handle fails.
 #include <sched.h>
 #include <unistd.h>
 

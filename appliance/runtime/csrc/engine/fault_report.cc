@@ -1,3 +1,4 @@
+// The fault report's JSON, written once (see fault_report.h).
 #include "engine/fault_report.h"
 
 #include <fcntl.h>

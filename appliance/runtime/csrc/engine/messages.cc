@@ -1,3 +1,5 @@
+// The bytes of the control messages between every rank's engine and rank 0's coordinator
+// (see messages.h).
 #include "engine/messages.h"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Process sets on a Runtime: the caller-side table (enqueue checks membership, root and splits
 // against it) and the background thread's side (the coordinator's table on rank 0, and on every
-// member a Comm view with its own CPU backend, plus host staging for CUDA tensors: NCCL
-// communicators exist for the global set only).
+// member a Comm view, with its own backends in the registry: a CPU backend, plus host staging
+// for CUDA tensors, since NCCL communicators exist for the global set only).
 //
 // Order: add/remove queue a change under the queue lock; the background thread applies changes
 // before the requests queued after them, so an op on a new set is always announced after the
@@ -52,6 +52,7 @@ void Runtime::apply_set_changes(std::deque<SetChange>& changes) {
   for (SetChange& c : changes) {
     if (!c.add) {
       if (coord_) coord_->remove_process_set(c.id);
+      backends_->remove_set(c.id);
       sets_.erase(c.id);
       set_sizes_.erase(c.id);
       continue;
@@ -65,8 +66,7 @@ void Runtime::apply_set_changes(std::deque<SetChange>& changes) {
     SetComm sc;
     sc.members = c.members;
     sc.comm = std::make_unique<Comm>(*comm_, c.members);
-    sc.cpu = std::make_unique<CpuBackend>(*sc.comm, copts_);
-    sc.cpu->set_activity_sink(&timeline_);
+    backends_->add_set(c.id, *sc.comm);
     sets_[c.id] = std::move(sc);
   }
   changes.clear();

@@ -86,8 +86,18 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
   copts_.chunk_bytes = cfg_.chunk_bytes;
   handles_.set_spin_us(cfg_.spin_us);
-  cpu_ = std::make_unique<CpuBackend>(*comm_, copts_);
-  cpu_->set_activity_sink(&timeline_);
+  BackendOptions bo;
+  bo.rank = cfg_.rank;
+  bo.size = cfg_.size;
+  bo.host = cfg_.host;
+  bo.hosts = hosts_;
+  bo.exchange_timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
+  bo.collectives = copts_;
+  bo.verbose = cfg_.verbose;
+  bo.nccl_library = cfg_.nccl_library;
+  bo.nccl_candidates = cfg_.nccl_candidates;
+  bo.cudart_candidates = cfg_.cudart_candidates;
+  backends_ = std::make_unique<BackendRegistry>(std::move(bo), *comm_, store_.get(), &timeline_);
   if (cfg_.rank == 0) {
     CoordinatorOptions co;
     co.size = cfg_.size;

@@ -28,18 +28,15 @@
 #include <set>
 
 #include "backends/backend.h"
-#include "backends/cpu/cpu_backend.h"
-#include "backends/cuda/device_plan.h"
-#include "backends/cuda/staging_backend.h"
-#include "backends/nccl/nccl_backend.h"
+#include "backends/registry.h"
+#include "bootstrap/mesh.h"
 #include "collectives/collectives.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
 #include "engine/messages.h"
-#include "engine/ops.h"
 #include "engine/timeline.h"
+#include "ops/ops.h"
 #include "store/store.h"
-#include "transport/mesh.h"
 
 namespace appliance {
 
@@ -108,7 +105,7 @@ class Runtime {
   // that reaches the job as an abort. Host work is always waited for.
   OpPtr wait_on_stream(int handle, uint64_t stream, bool* finished) {
     OpPtr op = handles_.wait(handle, true, finished);
-    if (!*finished) stream_wait(*op, stream);
+    if (!*finished) backends_->stream_wait(*op, stream);
     return op;
   }
   void shutdown();
@@ -119,9 +116,9 @@ class Runtime {
   void remove_process_set(int32_t id);
   // Where CUDA outputs of allgather/alltoall/reducescatter come from (set by the adapter before
   // its first CUDA operation; called on the background thread).
-  void set_device_allocator(DeviceAllocator a);
+  void set_device_allocator(DeviceAllocator a) { backends_->set_device_allocator(std::move(a)); }
   // "nccl", "staging" or "" (no CUDA operation has run yet), and why staging.
-  std::string cuda_path(std::string* why) const;
+  std::string cuda_path(std::string* why) const { return backends_->cuda_path(why); }
   // Horovod's timeline (engine/timeline.h): rank 0 records, the other ranks do nothing.
   // start throws std::invalid_argument naming a path it cannot write; stop is idempotent, and
   // shutdown() stops it too (the file is then complete JSON).
@@ -183,18 +180,12 @@ class Runtime {
   };
   struct SetComm {  // this rank's side of a process set it belongs to
     std::vector<int> members;
-    std::unique_ptr<Comm> comm;
-    std::unique_ptr<CpuBackend> cpu;
-    std::unique_ptr<StagingBackend> staging;
+    std::unique_ptr<Comm> comm;  // its backends are in backends_
   };
   void apply_set_changes(std::deque<SetChange>& changes);
   SetComm* set_comm(int32_t id);  // nullptr: not a member (or unknown)
-  // --- devices (engine/devices.cc) ---
-  Backend& backend_for(const PlanEntry& e, const std::vector<OpState*>& ops);
-  void setup_cuda(int device);
+  // Completes the handles of launched entries whose backend has finished, in plan order.
   void poll_running();
-  void abort_backends();
-  void stream_wait(const OpState& op, uint64_t stream);
   void heartbeats(Clock::time_point now);
   void stall_check(Clock::time_point now);
   void send_control(int peer, FrameType type, const std::vector<uint8_t>& payload);
@@ -230,21 +221,11 @@ class Runtime {
   std::vector<int> ctrl_ranks_;  // the ranks ctrl_ has a channel for, ascending (what loops visit)
   std::unique_ptr<Coordinator> coord_;
   ResponseCache cache_;
-  // One backend per device kind: host memory, and CUDA memory (through NCCL, or through host
-  // staging when NCCL cannot run an entry; both made at the job's first CUDA entry).
-  std::unique_ptr<CpuBackend> cpu_;
-  CudaApi cuda_;
-  NcclApi nccl_api_;
-  std::unique_ptr<StagingBackend> staging_;
-  std::unique_ptr<NcclBackend> nccl_;
-  bool cuda_ready_ = false;
-  CudaDecision cuda_decision_;
-  std::set<std::string> warned_;
-  mutable std::mutex cuda_mu_;  // guards alloc_ and the CUDA decision, which callers read
-  DeviceAllocator alloc_;
+  // One backend per device kind, and which one runs an entry (backends/registry.h).
+  std::unique_ptr<BackendRegistry> backends_;
   std::atomic<int> join_device_{-1};  // device a joined rank contributes zeros on
   struct Running {                    // launched entries whose backend has not finished
-    std::unique_ptr<Pending> pending;
+    std::unique_ptr<Completion> completion;
     std::vector<OpPtr> ops;
   };
   std::deque<Running> running_;

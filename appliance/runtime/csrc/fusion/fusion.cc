@@ -1,3 +1,4 @@
+// The fusion scratch buffer, and packing small tensors into it and out again (see fusion.h).
 #include "fusion/fusion.h"
 
 #include <cstdlib>

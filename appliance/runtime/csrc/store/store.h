@@ -5,8 +5,6 @@
 // Wire protocol: store/store_protocol.h. A TcpStoreClient may be shared by several threads
 // (calls run concurrently over its one connection; a parked GET does not delay a SET), but
 // must outlive them. Strangers at the server are logged to stderr (rate-limited) and dropped.
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once
 
 #include <cstdint>

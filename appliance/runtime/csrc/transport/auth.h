@@ -21,8 +21,6 @@
 // PROOF 1; CHALLENGE 0, verdict 1). Whatever follows on the fd (a Channel, the store
 // protocol) starts again at 0 in both directions, as Channel does. Both sides read exactly
 // the handshake's bytes, so nothing after it is consumed early.
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once
 
 #include <cstdint>

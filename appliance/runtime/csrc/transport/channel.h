@@ -20,8 +20,6 @@
 // frame; Error(kPeerLost) from the link; Error(kTimeout) from the message API's deadlines.
 // A send that times out mid-frame leaves the stream torn; the channel then refuses to send.
 // Not thread-safe: one thread drives a channel at a time (sends and receives may interleave).
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (data-plane work package).
 #pragma once
 
 #include <chrono>

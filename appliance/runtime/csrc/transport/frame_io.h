@@ -6,8 +6,6 @@
 //    frame (bytes after a handshake stay in the socket for whoever owns it next).
 // Every incoming header is validated (wire/frame.h) against the expected sequence number and
 // a payload bound before anything is allocated; failures are Error(kProtocol) naming `what`.
-//
-// Owner: bootstrap work package.
 #pragma once
 
 #include <cstdint>

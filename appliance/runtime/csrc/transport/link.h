@@ -1,8 +1,8 @@
 // Link: an ordered, reliable byte stream to one peer rank. The one transport interface.
 //
 // Implementations: TCP (transport/tcp, any pair of hosts) and shared memory
-// (transport/shm, same host; comes with the performance work). Which one serves a pair is
-// decided in one place, transport/mesh. Everything above a Link speaks frames (wire/frame.h)
+// (transport/shm, same host). Which one serves a pair is decided in one place,
+// bootstrap/transports.h. Everything above a Link speaks frames (wire/frame.h)
 // through a Channel (transport/channel.h); a Link itself knows nothing of frames.
 //
 // A Link is used by one thread at a time and is non-blocking: send_some/recv_some move what

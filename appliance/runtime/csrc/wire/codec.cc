@@ -1,3 +1,4 @@
+// Writer, and the bounds-checked Reader of message payloads (see codec.h).
 #include "wire/codec.h"
 
 #include <cstring>

@@ -1,3 +1,5 @@
+// CpuBackend: plan entries on host memory through the algorithms in collectives/ (see
+// cpu_backend.h).
 #include "backends/cpu/cpu_backend.h"
 
 #include <cstring>
@@ -26,7 +28,7 @@ const char* collective_step(OpKind k) {
 }
 }  // namespace
 
-std::unique_ptr<Pending> CpuBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
+std::unique_ptr<Completion> CpuBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
   execute(e, ops);
   return nullptr;
 }

@@ -15,7 +15,7 @@ class CpuBackend final : public Backend {
   CpuBackend(Comm& comm, CollectiveOptions opts) : comm_(comm), opts_(opts) {}
   const char* name() const override { return "cpu"; }
   bool notes_activities() const override { return true; }  // fusion copies and the collective
-  std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
+  std::unique_ptr<Completion> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
   // Runs the entry to the end on this thread (what launch() does; also used by staging).
   void execute(const PlanEntry& e, const std::vector<OpState*>& ops);
 

@@ -1,3 +1,4 @@
+// The CUDA runtime, loaded with dlopen(), and its checked calls (see cuda_api.h).
 #include "backends/cuda/cuda_api.h"
 
 #include <dlfcn.h>

@@ -1,3 +1,5 @@
+// NCCL or host staging, per job and per entry; DeviceReport's bytes; the scalars NCCL is
+// handed (see device_plan.h).
 #include "backends/cuda/device_plan.h"
 
 #include <cstring>

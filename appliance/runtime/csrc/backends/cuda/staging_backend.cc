@@ -1,3 +1,5 @@
+// StagingBackend: CUDA tensors through host copies and the CPU backend (see
+// staging_backend.h).
 #include "backends/cuda/staging_backend.h"
 
 #include <cstring>
@@ -19,7 +21,7 @@ double as_device_factor(double f, DataType dt) {
 }
 }  // namespace
 
-std::unique_ptr<Pending> StagingBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
+std::unique_ptr<Completion> StagingBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
   // Host shadows of this rank's operations; the CPU backend runs on them.
   std::vector<std::unique_ptr<OpState>> shadows(ops.size());
   std::vector<std::vector<uint8_t>> host_in(ops.size()), host_out(ops.size());

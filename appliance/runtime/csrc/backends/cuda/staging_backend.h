@@ -20,7 +20,7 @@ class StagingBackend final : public Backend {
   StagingBackend(CpuBackend& cpu, const CudaApi& cuda) : cpu_(cpu), cuda_(cuda) {}
   const char* name() const override { return "cuda-staging"; }
   bool notes_activities() const override { return true; }  // host copies, then the CPU backend's steps
-  std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
+  std::unique_ptr<Completion> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
 
  private:
   CpuBackend& cpu_;

@@ -1,3 +1,4 @@
+// NCCL, loaded with dlopen(), its version and its checked calls (see nccl_api.h).
 #include "backends/nccl/nccl_api.h"
 
 #include <dlfcn.h>

@@ -1,3 +1,5 @@
+// NcclBackend: plan entries on CUDA tensors through one NCCL communicator, and the
+// completion of each on its stream (see nccl_backend.h).
 #include "backends/nccl/nccl_backend.h"
 
 #include "backends/cuda/device_plan.h"
@@ -24,9 +26,9 @@ int nccl_type(DataType t) {
   throw Error(Code::kInternal, std::string("NCCL has no reduction on ") + dtype_name(t) + " (device_plan should have staged it)");
 }
 
-class NcclPending final : public Pending {
+class NcclCompletion final : public Completion {
  public:
-  NcclPending(const NcclApi& nccl, const CudaApi& cuda, ncclComm_t comm, std::shared_ptr<void> ev)
+  NcclCompletion(const NcclApi& nccl, const CudaApi& cuda, ncclComm_t comm, std::shared_ptr<void> ev)
       : nccl_(nccl), cuda_(cuda), comm_(comm), ev_(std::move(ev)) {}
   std::shared_ptr<void> ready_event() override { return ev_; }
   bool done() override {
@@ -66,7 +68,7 @@ void NcclBackend::abort() {
   comm_ = nullptr;
 }
 
-std::unique_ptr<Pending> NcclBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
+std::unique_ptr<Completion> NcclBackend::launch(const PlanEntry& e, const std::vector<OpState*>& ops) {
   if (!comm_) throw Error(Code::kAborted, "the NCCL communicator was aborted");
   cuda_.check(cuda_.SetDevice(device_), "cudaSetDevice");
   cudaStream_t st = nullptr;
@@ -95,7 +97,7 @@ std::unique_ptr<Pending> NcclBackend::launch(const PlanEntry& e, const std::vect
   std::shared_ptr<void> ev(raw, [cuda](void* e) { cuda->EventDestroy(e); });
   cuda_.check(cuda_.EventRecord(raw, st), "cudaEventRecord");
   stream_ = st;
-  return std::make_unique<NcclPending>(nccl_, cuda_, comm_, std::move(ev));
+  return std::make_unique<NcclCompletion>(nccl_, cuda_, comm_, std::move(ev));
 }
 
 ncclRedOp_t NcclBackend::red_op(const Signature& s, bool* created) {

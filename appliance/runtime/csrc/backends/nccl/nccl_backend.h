@@ -3,7 +3,7 @@
 //
 // Owns the communicator (created in the constructor from a unique id the Runtime exchanged
 // through the authenticated store), a device fusion buffer for batches of small allreduces,
-// and the events that say when an entry finished (Pending::done polls the event and
+// and the events that say when an entry finished (Completion::done polls the event and
 // ncclCommGetAsyncError). Reductions map to NCCL's Sum/Prod/Min/Max/Avg; scale factors on
 // Sum/Average become one ncclRedOpCreatePreMulSum factor applied on the device. Allgather
 // with differing first dimensions is a group of broadcasts; uneven reducescatter a group of
@@ -11,7 +11,7 @@
 // adapter's DeviceAllocator.
 //
 // Failure modes: any NCCL/CUDA error throws Error(kInternal) naming the call; an async NCCL
-// error surfaces from Pending::done(); abort() calls ncclCommAbort so no kernel waits forever
+// error surfaces from Completion::done(); abort() calls ncclCommAbort so no kernel waits forever
 // on a dead peer. One GPU per rank: a tensor on another device than the communicator's is an
 // error that ends the job (every rank learns why).
 #pragma once
@@ -29,7 +29,7 @@ class NcclBackend final : public Backend {
               DeviceAllocator alloc);
   ~NcclBackend() override;
   const char* name() const override { return "nccl"; }
-  std::unique_ptr<Pending> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
+  std::unique_ptr<Completion> launch(const PlanEntry& e, const std::vector<OpState*>& ops) override;
   void abort() override;
   int device() const { return device_; }
 

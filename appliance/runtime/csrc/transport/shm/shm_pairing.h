@@ -1,5 +1,5 @@
 // Shared-memory pairing: turns the authenticated TCP connection of a same-host rank pair into
-// a ShmLink, or says why it cannot (then the pair stays on TCP). Used by transport/mesh only.
+// a ShmLink, or says why it cannot (then the pair stays on TCP). Used by bootstrap/transports only.
 //
 // Three phases, run by every rank in this order so no rank waits on one that is itself
 // waiting: (1) the lower rank of each pair creates the segment and sends its name (or the

@@ -1,8 +1,6 @@
 // Plain TCP plumbing: listening, connecting with retry until a deadline, socket options.
 // Every socket the core opens gets TCP_NODELAY, SO_KEEPALIVE with short probes and
 // TCP_USER_TIMEOUT, so a peer whose host vanishes is noticed in seconds even mid-transfer.
-//
-// IMPLEMENTATION OWNER: see csrc/README.md (bootstrap work package).
 #pragma once
 
 #include <string>

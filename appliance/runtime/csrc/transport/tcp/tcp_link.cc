@@ -1,3 +1,4 @@
+// TcpLink: a Link over a connected stream socket (see tcp_link.h).
 #include "transport/tcp/tcp_link.h"
 
 #include <errno.h>

@@ -4,12 +4,13 @@
 #include <pybind11/stl.h>
 
 #include "backends/cuda/device_plan.h"
+#include "hooks/hooks.h"
 
 namespace py = pybind11;
 
 namespace appliance {
 
-void bind_testing_devices(py::module_& m) {
+void bind_devices_hooks(py::module_& m) {
   // ranks: [(host, machine, gpu, nccl_version, why)] -> ("nccl" | "staging", reason)
   m.def("decide_cuda_path", [](const std::vector<std::tuple<std::string, std::string, std::string, int, std::string>>& ranks) {
     std::vector<DeviceReport> reports;

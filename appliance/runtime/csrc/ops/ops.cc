@@ -1,4 +1,5 @@
-#include "engine/ops.h"
+// The handle table: adding, completing, polling and waiting for operations (see ops.h).
+#include "ops/ops.h"
 
 #include <sched.h>
 

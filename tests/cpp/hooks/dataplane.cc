@@ -1,6 +1,6 @@
 // Test hooks for the data plane (frames, codec, channels, collectives, reduce kernels), in
-// appliance.runtime._core._testing. Not an API: names and shapes follow the tests' needs.
-// Errors from the core surface as _testing.CoreError with .code (int), .code_name,
+// appliance.runtime._core_testing. Not an API: names and shapes follow the tests' needs.
+// Errors from the core surface as _core_testing.CoreError with .code (int), .code_name,
 // .origin_rank, .host and .status_message. Every call that may block releases the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,9 +9,10 @@
 #include <functional>
 #include <optional>
 
-#include "bindings/testing_dataplane_harness.h"
 #include "collectives/reduce.h"
 #include "collectives/reduce_simd.h"
+#include "hooks/dataplane_harness.h"
+#include "hooks/hooks.h"
 #include "transport/channel.h"
 #include "transport/shm/shm_link.h"
 #include "transport/tcp/tcp_link.h"
@@ -401,9 +402,9 @@ void bind_wire(py::module_& m, const py::object& exc) {
 
 }  // namespace
 
-void bind_testing_dataplane(py::module_& m) {
+void bind_dataplane_hooks(py::module_& m) {
   py::object exc = py::reinterpret_steal<py::object>(
-      PyErr_NewException("appliance.runtime._core._testing.CoreError", PyExc_RuntimeError, nullptr));
+      PyErr_NewException("appliance.runtime._core_testing.CoreError", PyExc_RuntimeError, nullptr));
   m.attr("CoreError") = exc;
   py::dict dtypes, ops, frames, codes;
   for (int i = 0; i < kNumDataTypes; ++i) dtypes[dtype_name(static_cast<DataType>(i))] = i;

@@ -1,7 +1,7 @@
 // Test harness for the data plane: runs one collective on N ranks as N threads of this
 // process, over socketpair links (transport/tcp/tcp_link.h) or shared-memory links
 // (transport/shm/shm_link.h, CollectiveSpec::transport), and reports per-rank outputs,
-// errors and timings. Test-only; no pybind11 here (testing_dataplane.cc binds it).
+// errors and timings. Test-only; no pybind11 here (dataplane.cc binds it).
 //
 // It also stands in for what the engine does around a collective: each rank gets a Watch
 // on a pipe; a rank that fails posts its status to a shared abort board (first one wins)

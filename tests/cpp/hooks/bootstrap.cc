@@ -1,6 +1,6 @@
 // Test hooks for bootstrap (crypto, frames, auth handshake, sockets, store, mesh, topology),
-// in appliance.runtime._core._testing. Not an API. Every blocking call releases the GIL.
-// Core errors surface as _testing.BootstrapError (a RuntimeError) with attributes `code`
+// in appliance.runtime._core_testing. Not an API. Every blocking call releases the GIL.
+// Core errors surface as _core_testing.BootstrapError (a RuntimeError) with attributes `code`
 // (code_name(), e.g. "timeout"), `origin_rank` and `text` (the Status message).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,12 +11,13 @@
 #include <string>
 #include <thread>
 
+#include "bootstrap/mesh.h"
 #include "common/crypto.h"
 #include "common/status.h"
+#include "hooks/hooks.h"
 #include "store/store.h"
 #include "transport/auth.h"
 #include "transport/frame_io.h"
-#include "transport/mesh.h"
 #include "transport/tcp/socket.h"
 
 namespace py = pybind11;
@@ -25,7 +26,7 @@ namespace appliance {
 namespace {
 
 [[noreturn]] void raise_core(const Error& e) {
-  py::object cls = py::module_::import("appliance.runtime._core").attr("_testing").attr("BootstrapError");
+  py::object cls = py::module_::import("appliance.runtime._core_testing").attr("BootstrapError");
   py::object exc = cls(e.what());
   exc.attr("code") = code_name(e.status().code);
   exc.attr("origin_rank") = e.status().origin_rank;
@@ -186,9 +187,9 @@ py::dict peer_dict(const PeerInfo& p) {
 
 }  // namespace
 
-void bind_testing_bootstrap(py::module_& m) {
+void bind_bootstrap_hooks(py::module_& m) {
   m.attr("BootstrapError") = py::reinterpret_steal<py::object>(
-      PyErr_NewException("appliance.runtime._core._testing.BootstrapError", PyExc_RuntimeError, nullptr));
+      PyErr_NewException("appliance.runtime._core_testing.BootstrapError", PyExc_RuntimeError, nullptr));
 
   // ---- crypto, frames ----
   m.def("sha256", [](const py::bytes& b) { return from_digest(nogil([s = to_string(b)] { return sha256(s.data(), s.size()); })); });

@@ -1,6 +1,6 @@
 // N ranks as N threads over socketpairs, with an abort board and fault injection. See the
 // header for what it stands in for.
-#include "bindings/testing_dataplane_harness.h"
+#include "hooks/dataplane_harness.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>

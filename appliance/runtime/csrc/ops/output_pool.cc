@@ -1,4 +1,6 @@
-#include "engine/output_pool.h"
+// OutputPool: taking large output blocks and giving them back when Python lets go (see
+// output_pool.h).
+#include "ops/output_pool.h"
 
 namespace appliance {
 

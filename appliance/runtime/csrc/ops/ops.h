@@ -16,7 +16,7 @@
 
 #include "common/status.h"
 #include "coordinator/request.h"
-#include "engine/output_pool.h"
+#include "ops/output_pool.h"
 
 namespace appliance {
 
