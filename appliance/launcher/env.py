@@ -26,7 +26,7 @@ import secrets
 from typing import Mapping
 
 from appliance.common.knobs import ConfigError
-from .hosts import Slot
+from appliance.common.ranks import Slot
 
 # Names the launcher sets for each worker; -x/env may not override them.
 CONTRACT_NAMES = (

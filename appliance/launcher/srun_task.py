@@ -50,7 +50,6 @@ from appliance.common.netif import interface_address
 from appliance.common.slurm import SlurmEnvError, SlurmTask
 from . import binding
 from .env import JobPlan, worker_env
-from .hosts import Slot
 from .workers import read_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -154,14 +153,12 @@ def rank_env(task: SlurmTask, d: str, environ: dict[str, str]) -> dict[str, str]
                    store_addr=meet["store_addr"], master_addr=meet["master_addr"],
                    master_port=int(meet["master_port"]), data_addrs={task.node: address},
                    start_timeout_s=timeout_s, verbose=environ.get("APPLIANCE_VERBOSE") == "1", fault_dir=d)
-    slot = Slot(rank=task.rank, size=task.size, local_rank=task.local_rank, local_size=task.local_size,
-                cross_rank=task.cross_rank, cross_size=task.cross_size, host=task.node)
     base = {k: v for k, v in environ.items() if k not in PRIVATE}
     iface = interface_of(address)
     if iface:
         for name in NETWORK_VARS:
             base.setdefault(name, iface)
-    return worker_env(slot, plan, base, {})
+    return worker_env(task, plan, base, {})  # a SlurmTask is the rank's Slot
 
 
 def _hold(d: str, size: int, grace_s: float, signalled: list[int]) -> None:
