@@ -45,7 +45,8 @@ from appliance.launcher.config import LaunchConfig
 from appliance.common.netif import interface_address
 from .hosts import Host, merge_hosts
 from .ports import NoFreePorts, pick_free_ports
-from .workers import LocalWorker, OutputSink, Worker
+from .output import OutputSink
+from .workers import LocalWorker, Worker
 
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"})
 # Not forwarded to other hosts: what names the launcher's machine, login session or terminal there.

@@ -33,7 +33,8 @@ from .failures import Outcome, wait_for_end
 from .hosts import Host, HostsError, Slot, assign_ranks, hosts_from, used_hosts
 from .reaper import Reaper
 from .signals import SignalTrap
-from .workers import OutputSink, SpawnError, WorkerGroup
+from .output import OutputSink
+from .workers import SpawnError, WorkerGroup
 
 
 @dataclasses.dataclass(frozen=True)

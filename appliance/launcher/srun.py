@@ -15,8 +15,8 @@ What it owns:
   the host ``hosts.assign_ranks`` gave it (the same layout as over SSH), and each task is
   ``python -m appliance.launcher.srun_task DIR GRACE -- COMMAND`` (its docstring: the rank's
   environment, exit records). The job's secret, id and start timeout travel in srun's
-  environment, never on its command line. Output: srun's ``--label`` prefix ``N: `` is turned into
-  the launcher's ``[N]<stdout>:`` lines (and ``--output-filename`` files); srun's own lines go to
+  environment, never on its command line. Output (``output.relay``, as for local ranks): srun's
+  ``--label`` prefix ``N: `` is turned into the launcher's ``[N]<stdout>:`` lines (and ``--output-filename`` files); srun's own lines go to
   stderr only with --verbose, except errors that are not a task's exit status. A rank's exit is
   seen when its wrapper records it (``exit.N.json``); a task whose wrapper left no record (itself
   killed) is taken from srun's ``task N: Killed`` lines once srun ends.
@@ -35,6 +35,7 @@ its last error line, blamed on rank 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import re
@@ -55,7 +56,8 @@ from .failures import describe_exit
 from .hosts import Slot, used_hosts
 from .reaper import Reaper
 from .srun_task import exit_file, start_file
-from .workers import MAX_LINE, OutputSink, read_fault, read_json
+from .output import OutputSink, relay
+from .workers import read_fault, read_json
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
 CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")
@@ -221,37 +223,28 @@ class SrunStep:
                                      start_new_session=True, close_fds=True)
         if self.reaper is not None:
             self.reaper.watch(self.proc.pid)  # a killed launcher: the reaper's SIGTERM makes srun end the step
-        for target, args, name in ((self._relay, (self.proc.stdout, "stdout"), "srun-stdout"),
-                                   (self._relay, (self.proc.stderr, "stderr"), "srun-stderr"),
-                                   (self._watch, (), "srun-watch")):
+        for target, args, name in (
+                (relay, (self.proc.stdout, functools.partial(self._line, "stdout")), "srun-stdout"),
+                (relay, (self.proc.stderr, functools.partial(self._line, "stderr")), "srun-stderr"),
+                (self._watch, (), "srun-watch")):
             t = threading.Thread(target=target, args=args, name=name, daemon=True)
             t.start()
             self._threads.append(t)
 
-    def _relay(self, stream, name: str) -> None:
-        """srun's ``N: text`` lines -> rank N's lines; srun's own lines -> ``_own_line``."""
-        try:
-            while True:
-                try:
-                    data = stream.readline(MAX_LINE)
-                except (OSError, ValueError):
-                    break
-                if not data:
-                    break
-                m = LABEL.match(data)
-                cancel = CANCELLED.search(data)
-                if cancel:  # slurmstepd's line, on task 0's stream: the summary says it, --verbose shows it
-                    if not self._stopped:
-                        why = (cancel.group("why") or b"").decode().strip().lower()
-                        self.cancelled = f"the {cancel.group(2).decode().lower()} ({why or 'scancel'})"
-                    if self.config.verbose:
-                        self.sink.message(data.rstrip(b"\n").decode("utf-8", errors="replace"))
-                elif m and int(m.group(1)) < len(self.slots):
-                    self.sink.line(int(m.group(1)), name, data[m.end():])
-                else:
-                    self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
-        finally:
-            stream.close()
+    def _line(self, name: str, data: bytes) -> None:
+        """One line srun printed: ``N: text`` -> rank N's line; Slurm's cancel; srun's own line."""
+        m = LABEL.match(data)
+        cancel = CANCELLED.search(data)
+        if cancel:  # slurmstepd's line, on task 0's stream: the summary says it, --verbose shows it
+            if not self._stopped:
+                why = (cancel.group("why") or b"").decode().strip().lower()
+                self.cancelled = f"the {cancel.group(2).decode().lower()} ({why or 'scancel'})"
+            if self.config.verbose:
+                self.sink.message(data.rstrip(b"\n").decode("utf-8", errors="replace"))
+        elif m and int(m.group(1)) < len(self.slots):
+            self.sink.line(int(m.group(1)), name, data[m.end():])
+        else:
+            self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
 
     def _own_line(self, text: str) -> None:
         m = TASK_STATUS.match(text)
