@@ -80,7 +80,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 def _keys(args: argparse.Namespace) -> int:
     from appliance.common.knobs import read
-    from .launcher.keys import KeysError, ensure_keys
+    from .launcher.ssh.keys import KeysError, ensure_keys
 
     shared = args.shared or read("APPLIANCE_SHARED")
     try:

@@ -36,7 +36,7 @@ def ensure_cluster_keys(shared: str) -> list[str]:
     """Make (once) or repair the cluster's SSH material under ``shared/ssh`` (``appliance keys``'
     logic: client key, authorized_keys, one host key for every secondary, known_hosts); the
     paths it created."""
-    from ..launcher.keys import KeysError, ensure_keys
+    from ..launcher.ssh.keys import KeysError, ensure_keys
 
     try:
         return list(ensure_keys(shared).created)

@@ -9,7 +9,7 @@ closing), the ``LocalExecutor`` for this machine, the ``SSHExecutor`` for any ot
 ``run.py`` talks to executors only.
 
 ``open_executors()``: a job on this machine alone uses loopback and needs no checks. As soon as
-one host is remote, the preflight (``preflight.py``: reachability, SSH, remote Python and
+one host is remote, the preflight (``ssh/preflight.py``: reachability, SSH, remote Python and
 appliance, shared directory, /dev/shm, unique hostnames, addresses) runs for all hosts within
 ``--start-timeout``; any failure raises ``LaunchError`` listing one line per failure, and the
 SSH connections it opened carry the remote ranks.
@@ -224,11 +224,11 @@ class SSHExecutor:
         return _network_defaults(env, self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
-        from .ssh import SSHFailure
+        from .ssh.connection import SSHFailure
 
         try:
             status, out, err = self._conn.exec(
-                [self.python, "-m", "appliance.launcher.remote", "ports", address, str(count)],
+                [self.python, "-m", "appliance.launcher.ssh.remote_stub", "ports", address, str(count)],
                 timeout=max(5.0, self._config.start_timeout_s / 2))
             if status == 0:
                 return [int(p) for p in json.loads(out)]
@@ -239,7 +239,7 @@ class SSHExecutor:
 
     def spawn(self, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
               sink: OutputSink) -> Worker:
-        from .sshworker import SSHWorker
+        from .ssh.worker import SSHWorker
 
         job_id = env.get("APPLIANCE_JOB_ID", "")
         root = self._config.remote.job_dir
@@ -247,7 +247,8 @@ class SSHExecutor:
                 "cwd": cwd or os.getcwd(), "job_id": job_id,
                 "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s,
                 "ssh_timeout": self._config.remote.ssh_timeout_s}
-        return SSHWorker(rank, self.host, self._conn, [self.python, "-m", "appliance.launcher.remote"], spec, sink)
+        stub = [self.python, "-m", "appliance.launcher.ssh.remote_stub"]
+        return SSHWorker(rank, self.host, self._conn, stub, spec, sink)
 
     def close(self) -> None:
         self._conn.close()
@@ -266,7 +267,7 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
             for host in hosts:
                 executors[host] = LocalExecutor(host)
             if on_report is not None:
-                from .preflight import HostReport
+                from .ssh.preflight import HostReport
 
                 for host in hosts:
                     try:
@@ -275,7 +276,7 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
                         print(f"appliance launch: {host}: the report hook failed: {type(e).__name__}: {e}",
                               file=sys.stderr, flush=True)
         else:
-            from .preflight import run_preflight
+            from .ssh.preflight import run_preflight
 
             start = time.monotonic()
             with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd,

@@ -13,11 +13,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from appliance.cli import build_parser
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig, RemoteConfig
-from appliance.launcher import network, probe
+from appliance.launcher.ssh import network, probe
 from appliance.launcher.executors import LocalExecutor, SSHExecutor, remote_argv
-from appliance.launcher.hostkeys import HostKeyPolicy, HostKeyRejected, KnownHosts, lookup_names, patterns_match
-from appliance.launcher.preflight import HostReport, _unique_hostnames
-from appliance.launcher.remote import EXITED, HEADER, STDERR, STDOUT, FrameDecoder, encode
+from appliance.launcher.ssh.hostkeys import HostKeyPolicy, HostKeyRejected, KnownHosts, lookup_names, patterns_match
+from appliance.launcher.ssh.preflight import HostReport, _unique_hostnames
+from appliance.launcher.ssh.remote_stub import EXITED, HEADER, STDERR, STDOUT, FrameDecoder, encode
 from appliance.launcher.output import MAX_LINE, Lines
 
 

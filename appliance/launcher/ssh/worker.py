@@ -1,7 +1,7 @@
-"""A rank on another host: one SSH channel to a remote stub (``remote.py``), seen as a ``Worker``.
+"""A rank on another host: one SSH channel to a remote stub (``remote_stub.py``), seen as a ``Worker``.
 
 What it owns: ``SSHWorker``, the launcher's half of the stub protocol. Starting a rank opens a
-session channel, runs ``PYTHON -m appliance.launcher.remote`` (an argv quoted with ``shlex``, no
+session channel, runs ``PYTHON -m appliance.launcher.ssh.remote_stub`` (an argv quoted with ``shlex``, no
 secret in it) and writes the spec (argv, env with the job secret, cwd, job dir, grace) as one
 JSON line on the channel's stdin. Then one thread decodes the stub's frames: worker output goes
 to the ``OutputSink`` line by line (``output.Lines``) with the usual ``[rank]<stdout>:`` prefixes, the started frame
@@ -13,7 +13,7 @@ missing there), as the rank's stderr.
 host: stopping works without a pty. ``group_alive()`` is true until the stub has exited, which it
 does only once nothing of the group is left. Closing the channel or losing the connection makes
 the stub stop the group by itself. ``fault`` is the rank's fault report from the exited frame
-(a dict, see ``remote.py``), or None.
+(a dict, see ``remote_stub.py``), or None.
 
 Heartbeats both ways: the stub sends an ``H`` frame every ~1 s and a third thread here writes
 ``ping`` every ~1 s. When nothing at all has come from the stub for the spec's ``ssh_timeout``
@@ -37,10 +37,10 @@ import threading
 import time
 from typing import Mapping, Sequence
 
-from .remote import EXITED, HEARTBEAT_S, STARTED, STDERR, STDOUT, FrameDecoder
-from .ssh import Connection, SSHFailure
-from .output import Lines, OutputSink, relay
-from .workers import SpawnError
+from .remote_stub import EXITED, HEARTBEAT_S, STARTED, STDERR, STDOUT, FrameDecoder
+from .connection import Connection, SSHFailure
+from ..output import Lines, OutputSink, relay
+from ..workers import SpawnError
 
 LOST = 255
 FIRST_FRAME_S = 30.0
