@@ -57,7 +57,8 @@ process-group liveness), ``executors`` (local and SSH hosts, one machine named t
 (free ports), ``binding`` (CPU binding), ``signals`` (the signal trap), ``failures`` (first
 failure, survivors' grace, blame), ``run`` (orchestration), ``check`` (``appliance check``).
 Rooms: ``ssh/`` (connections, host keys, ``appliance keys``, preflight and probe, address
-choice, the SSH worker and its remote stub) and the srun launcher (``srun``, ``srun_task``).
+choice, the SSH worker and its remote stub) and ``slurm/`` (the srun step and the per-task
+wrapper).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ _LAZY = {"LaunchError": "executors", "LaunchResult": "run", "run": "run"}
 
 def __getattr__(name: str) -> Any:
     """``run``, ``LaunchResult`` and ``LaunchError`` are imported on first use, so that a module run
-    on every task of a job (``python -m appliance.launcher.srun_task``) does not load the whole launcher."""
+    on every task of a job (``python -m appliance.launcher.slurm.task``) does not load the whole launcher."""
     if name in _LAZY:
         import importlib
 

@@ -43,6 +43,7 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
 from appliance.common.netif import interface_address
+from .env import network_defaults
 from .hosts import Host, merge_hosts
 from .ports import NoFreePorts, pick_free_ports
 from .output import OutputSink
@@ -54,7 +55,6 @@ HOST_SPECIFIC_NAMES = frozenset({
     "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "TMPDIR",
     "DISPLAY", "XAUTHORITY", "DBUS_SESSION_BUS_ADDRESS", "HOROVOD_SECRET_KEY", "APPLIANCE_CONTAINER"})
 HOST_SPECIFIC_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_")
-NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
 
@@ -173,13 +173,6 @@ def host_specific(name: str) -> bool:
     return name in HOST_SPECIFIC_NAMES or name.startswith(HOST_SPECIFIC_PREFIXES)
 
 
-def _network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
-    if iface:
-        for name in NETWORK_VARS:
-            env.setdefault(name, iface)
-    return env
-
-
 class LocalExecutor:
     """Ranks on this machine: subprocesses in their own sessions."""
 
@@ -187,7 +180,7 @@ class LocalExecutor:
         self.host, self.address, self.iface = host, address, iface
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
-        return _network_defaults(dict(environ), self.iface)
+        return network_defaults(dict(environ), self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
         try:
@@ -221,7 +214,7 @@ class SSHExecutor:
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in environ.items() if not host_specific(k)}
-        return _network_defaults(env, self.iface)
+        return network_defaults(env, self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
         from .ssh.connection import SSHFailure

@@ -1,4 +1,4 @@
-"""The srun launcher: every rank of a job started by one ``srun`` step inside a Slurm allocation.
+"""The srun step: every rank of a job started by one ``srun`` step inside a Slurm allocation.
 
 What it owns:
 - ``launcher_of(config)``: which launcher a job uses. ``--launcher``/APPLIANCE_LAUNCHER ``srun``,
@@ -7,17 +7,17 @@ What it owns:
   subprocesses, the others over SSH). ``local`` ignores the allocation and runs every rank on this
   machine. ``srun`` outside an allocation, or with -H/--hostfile, is a ``ConfigError``.
 - ``step_dir(config)``: the step's private directory (mode 0700) next to the job's default secret
-  file, ``~/.appliance/slurm/launch-JOB-ID/`` (``slurm.default_secret_file``: the home is the
+  file, ``~/.appliance/slurm/launch-JOB-ID/`` (``default_secret_file``: the home is the
   mount every node shares), removed at the end (and by the reaper if the launcher dies).
 - ``SrunStep``: the running step, shaped like a ``WorkerGroup`` for ``failures.wait_for_end``.
-  It runs ``srun --kill-on-bad-exit=1 --label --input=none --ntasks=NP --nodes=K --nodelist=...
+  It runs ``srun --kill-on-bad-exit=1 --label --input=none --ntasks=NP --nodes=K
   --distribution=arbitrary`` with ``SLURM_HOSTFILE`` listing each rank's node, so rank r runs on
   the host ``hosts.assign_ranks`` gave it (the same layout as over SSH), and each task is
-  ``python -m appliance.launcher.srun_task DIR GRACE -- COMMAND`` (its docstring: the rank's
+  ``python -m appliance.launcher.slurm.task DIR GRACE -- COMMAND`` (its docstring: the rank's
   environment, exit records). The job's secret, id and start timeout travel in srun's
   environment, never on its command line. Output (``output.relay``, as for local ranks): srun's
-  ``--label`` prefix ``N: `` is turned into the launcher's ``[N]<stdout>:`` lines (and ``--output-filename`` files); srun's own lines go to
-  stderr only with --verbose, except errors that are not a task's exit status. A rank's exit is
+  ``--label`` prefix ``N: `` is turned into the launcher's ``[N]<stdout>:`` lines (and
+  ``--output-filename`` files); srun's own lines go to stderr only with --verbose, except errors that are not a task's exit status. A rank's exit is
   seen when its wrapper records it (``exit.N.json``); a task whose wrapper left no record (itself
   killed) is taken from srun's ``task N: Killed`` lines once srun ends.
 - Stopping (``stop``): ``scancel --signal=TERM JOB.STEP`` (the wrappers pass it to their ranks'
@@ -47,17 +47,17 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from appliance.common import slurm
+from appliance.common.slurm import default_secret_file
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
-from . import env as envmod
-from .executors import LaunchError
-from .failures import describe_exit
-from .hosts import Slot, used_hosts
-from .reaper import Reaper
-from .srun_task import exit_file, start_file
-from .output import OutputSink, relay
-from .workers import read_fault, read_json
+from .. import env as envmod
+from ..executors import LaunchError
+from ..failures import describe_exit
+from ..hosts import Slot, used_hosts
+from ..output import OutputSink, relay
+from ..reaper import Reaper
+from ..workers import read_fault, read_json
+from .task import exit_file, start_file
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
 CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")
@@ -108,7 +108,7 @@ def _status_code(text: str) -> int:
 @contextlib.contextmanager
 def step_dir(config: LaunchConfig, job_id: str) -> Iterator[str]:
     """The step's private directory on the shared home, removed at the end."""
-    base = os.path.dirname(slurm.default_secret_file(int(config.slurm.job_id or 0), config.environ))
+    base = os.path.dirname(default_secret_file(int(config.slurm.job_id or 0), config.environ))
     os.makedirs(base, mode=0o700, exist_ok=True)
     d = os.path.join(base, f"launch-{config.slurm.job_id}-{job_id}")
     os.mkdir(d, 0o700)
@@ -119,7 +119,7 @@ def step_dir(config: LaunchConfig, job_id: str) -> Iterator[str]:
 
 
 def plan_step(config: LaunchConfig, d: str, job_id: str) -> envmod.JobPlan:
-    """The per-job facts; the addresses are decided on the nodes (``srun_task``)."""
+    """The per-job facts; the addresses are decided on the nodes (``task.py``)."""
     return envmod.JobPlan(job_id=job_id, secret=envmod.new_secret(), store_addr="", master_addr="", master_port=0,
                           data_addrs={}, start_timeout_s=config.start_timeout_s, verbose=config.verbose, fault_dir=d)
 
@@ -135,10 +135,7 @@ def srun_env(config: LaunchConfig, plan: envmod.JobPlan, hostfile: str) -> dict[
                 "SLURM_HOSTFILE": hostfile})
     if plan.verbose:
         env["APPLIANCE_VERBOSE"] = "1"
-    iface = config.remote.network_interface
-    if iface:
-        env.setdefault("HOROVOD_GLOO_IFACE", iface)
-        env.setdefault("NCCL_SOCKET_IFNAME", iface)
+    envmod.network_defaults(env, config.remote.network_interface or "")
     return env
 
 
@@ -148,7 +145,7 @@ def srun_argv(config: LaunchConfig, slots: Sequence[Slot], d: str, srun: str = "
     return [srun, "--kill-on-bad-exit=1", "--label", "--input=none", f"--ntasks={len(slots)}",
             f"--nodes={len(hosts)}", "--distribution=arbitrary",
             f"--job-name=appliance-{os.path.basename(d)}",
-            python, "-m", "appliance.launcher.srun_task", d, repr(float(config.failure_grace_s)), "--",
+            python, "-m", "appliance.launcher.slurm.task", d, repr(float(config.failure_grace_s)), "--",
             *config.command]
 
 
