@@ -242,11 +242,12 @@ def test_launcher_local_inside_an_allocation_ignores_it(launches):
 
 
 def test_horovodrun_inside_an_allocation_uses_srun(slurm, tmp_path):
+    # the command a Horovod user types in an allocation: the console script installed with the package
     out, home = tmp_path / "out", tmp_path / "home"
     out.mkdir()
     home.mkdir()
-    r = slurm.run(["salloc", "-N2", "--ntasks-per-node=1", "--", PY, "-c",
-                   "import sys; from appliance.cli import horovodrun; sys.exit(horovodrun())",
+    horovodrun = os.path.join(os.path.dirname(PY), "horovodrun")
+    r = slurm.run(["salloc", "-N2", "--ntasks-per-node=1", "--", horovodrun,
                    "-np", "2", PY, str(LAYOUT), "once", str(out)],
                   env={"HOME": str(home), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT), timeout=60)
     assert r.returncode == 0, r.stderr
