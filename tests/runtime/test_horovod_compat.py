@@ -1,4 +1,4 @@
-"""The ``horovod`` compatibility package (docker/pyshim/horovod) on real ranks: a Horovod-style
+"""The ``horovod`` compatibility package (shim/horovod) on real ranks: a Horovod-style
 script with unchanged ``horovod.*`` imports through ``appliance.launcher.launch``, a lost peer
 caught as ``horovod.common.exceptions.HorovodInternalError``, and ``horovod.run``."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIM = ROOT / "docker" / "pyshim"
+SHIM = ROOT / "shim"
 WORKERS = ROOT / "tests" / "workers"
 PATH = os.pathsep.join([str(ROOT), str(SHIM), str(WORKERS)])
 

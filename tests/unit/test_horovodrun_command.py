@@ -12,7 +12,7 @@ from pathlib import Path
 from appliance.hvdcompat import SHIM_MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIM = ROOT / "docker" / "pyshim"
+SHIM = ROOT / "shim"
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 REAL_LAUNCH = '''
