@@ -203,7 +203,7 @@ RUN set -eux; \
     mv /tmp/train.py "$site/"; \
     /opt/venv/bin/python /tmp/shim/install_horovod.py --target "$site"; \
     rm -rf /tmp/shim; \
-    cd /; /opt/venv/bin/python -c "import appliance.cluster.driver, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
+    cd /; /opt/venv/bin/python -c "import appliance.cluster.jobrun, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
     /opt/venv/bin/python -c "import horovod, horovod.common.exceptions, horovod.common.util, horovod.runner.util.threads, horovod.torch.mpi_ops as m; assert horovod.__version__ == '0.28.1' and m.Compression"; \
     /opt/venv/bin/horovodrun --help >/dev/null
 

@@ -169,7 +169,7 @@ def _add_container_flags(p: argparse.ArgumentParser, *, name_help: str) -> None:
 
 
 def _cluster_call(cmd: str, fn) -> int:
-    from .cluster.engine import ClusterError
+    from .cluster.docker import ClusterError
 
     try:
         return fn()
