@@ -1,4 +1,6 @@
-"""Inside the primary container: run a job directory's job with the launcher; ``python -m appliance.cluster.jobrun JOB_DIR``.
+"""Inside the primary container, the job runner: a job directory's job, run with the launcher.
+
+``python -m appliance.cluster.jobrun JOB_DIR``, or ``... jobrun new [-p PORT] [flags] -- COMMAND``.
 
 What it owns: the job directory's ``job.json`` format (``create_job()``: hosts and slots, -np,
 the user's launch flags as a ``launcher.flags.LaunchFlags`` under ``launch``, the command, SSH

@@ -1,6 +1,7 @@
 """The cluster plane's job runner (``python -m appliance.cluster.jobrun``) and the preflight hooks
-over real OpenSSH (the simulated hosts of ``_netns.py``): the job runner checks each host once, through the launcher's preflight, writes the
-startup view's host files from its reports, and a secondary that starts late is waited for.
+over real OpenSSH (the simulated hosts of ``_netns.py``): the job runner checks each host once,
+through the launcher's preflight, writes the startup view's host files from its reports, and a
+secondary that starts late is waited for.
 
 Effects asserted: SSH logins each host's sshd accepted, the job directory's files, exit codes,
 the reports the hook received, time bounds, nothing left on the hosts.

@@ -17,9 +17,10 @@ What it owns:
   environment, exit records). The job's secret, id and start timeout travel in srun's
   environment, never on its command line. Output (``output.relay``, as for local ranks): srun's
   ``--label`` prefix ``N: `` is turned into the launcher's ``[N]<stdout>:`` lines (and
-  ``--output-filename`` files); srun's own lines go to stderr only with --verbose, except errors that are not a task's exit status. A rank's exit is
-  seen when its wrapper records it (``exit.N.json``); a task whose wrapper left no record (itself
-  killed) is taken from srun's ``task N: Killed`` lines once srun ends.
+  ``--output-filename`` files); srun's own lines go to stderr only with --verbose, except errors
+  that are not a task's exit status. A rank's exit is seen when its wrapper records it
+  (``exit.N.json``); a task whose wrapper left no record (itself killed) is taken from srun's
+  ``task N: Killed`` lines once srun ends.
 - Stopping (``stop``): ``scancel --signal=TERM JOB.STEP`` (the wrappers pass it to their ranks'
   process groups), up to APPLIANCE_STOP_GRACE seconds, then SIGTERM to srun (Slurm kills the
   step), then, bounded, SIGKILL to srun and ``scancel JOB.STEP``. ``scancel`` of the whole job

@@ -1,13 +1,14 @@
 """A rank on another host: one SSH channel to a remote stub (``remote_stub.py``), seen as a ``Worker``.
 
 What it owns: ``SSHWorker``, the launcher's half of the stub protocol. Starting a rank opens a
-session channel, runs ``PYTHON -m appliance.launcher.ssh.remote_stub`` (an argv quoted with ``shlex``, no
-secret in it) and writes the spec (argv, env with the job secret, cwd, job dir, grace) as one
-JSON line on the channel's stdin. Then one thread decodes the stub's frames: worker output goes
-to the ``OutputSink`` line by line (``output.Lines``) with the usual ``[rank]<stdout>:`` prefixes, the started frame
-gives the remote pid, the exited frame the return code (negative for a signal). A second thread
-relays the stub's own stderr, which is empty unless the stub itself fails (e.g. ``appliance``
-missing there), as the rank's stderr.
+session channel, runs ``PYTHON -m appliance.launcher.ssh.remote_stub`` (an argv quoted with
+``shlex``, no secret in it) and writes the spec (argv, env with the job secret, cwd, job dir,
+grace) as one JSON line on the channel's stdin. Then one thread decodes the stub's frames: worker
+output goes to the ``OutputSink`` line by line (``output.Lines``) with the usual
+``[rank]<stdout>:`` prefixes, the started frame gives the remote pid, the exited frame the return
+code (negative for a signal). A second thread relays (``output.relay``) the stub's own stderr,
+which is empty unless the stub itself fails (e.g. ``appliance`` missing there), as the rank's
+stderr.
 
 ``signal(sig)`` writes ``signal N`` to the stub, which signals the rank's process group on its
 host: stopping works without a pty. ``group_alive()`` is true until the stub has exited, which it
