@@ -191,18 +191,19 @@ RUN set -eux; \
     echo "appliance=$(/opt/venv/bin/python -c 'import importlib.metadata as m; print(m.version("appliance"))')" \
         >> /etc/appliance/versions
 
-# Image-only Python shims (docker/pyshim, not in the wheel): `import horovod.torch as hvd` is
-# appliance.torch (the horovod package goes in through install_horovod.py, as outside the image:
-# behind site-packages via a .pth, never shadowing a real Horovod), `python -m train` is the default
-# job unless the working directory has a train.py, and `horovodrun` is `appliance launch`.
-COPY docker/pyshim/ /tmp/pyshim/
+# Not in the wheel: the `horovod` compatibility package (shim/, `import horovod.torch as hvd` is
+# appliance.torch), installed by shim/install_horovod.py as outside the image (behind
+# site-packages via a .pth, never shadowing a real Horovod), and docker/train.py (`python -m
+# train`: the default job unless the working directory has a train.py). `horovodrun` is our
+# wheel's console script.
+COPY shim/ /tmp/shim/
+COPY docker/train.py /tmp/train.py
 RUN set -eux; \
     site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
-    cp -r /tmp/pyshim/train.py "$site/"; \
-    /opt/venv/bin/python /tmp/pyshim/install_horovod.py --target "$site"; \
-    install -m 0755 /tmp/pyshim/horovodrun /opt/venv/bin/horovodrun; \
-    rm -rf /tmp/pyshim; \
-    cd /; /opt/venv/bin/python -c "import appliance.cluster.driver, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
+    mv /tmp/train.py "$site/"; \
+    /opt/venv/bin/python /tmp/shim/install_horovod.py --target "$site"; \
+    rm -rf /tmp/shim; \
+    cd /; /opt/venv/bin/python -c "import appliance.cluster.jobrun, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
     /opt/venv/bin/python -c "import horovod, horovod.common.exceptions, horovod.common.util, horovod.runner.util.threads, horovod.torch.mpi_ops as m; assert horovod.__version__ == '0.28.1' and m.Compression"; \
     /opt/venv/bin/horovodrun --help >/dev/null
 

@@ -5,12 +5,14 @@ else (no logic lives here). The launch flags (horovodrun's ``-np``, ``-H``, ``--
 ``--start-timeout``, ``--output-filename``, ``--verbose``, mpirun's ``-x``, and ``-p``, ``-i``,
 ``--remote-python``, ``--network-interface``, ``--shared`` for other hosts) belong to the
 launcher: ``launcher/flags.py`` adds them to ``launch`` and ``check`` and turns them into the
-configs. ``horovodrun()`` (the image's ``horovodrun``) is ``launcher/horovodrun.py``: the launch
-flags plus horovodrun's own, and ``--check-build``. Subcommands: ``launch``, ``check`` (the preflight as a table), ``keys`` (the cluster's
-SSH keys), ``secret`` (a Slurm job's secret file, ``appliance/common/jobsecret.py``), and the Docker plane: ``secondary`` (this host's sshd container), ``primary`` (a job
-from a primary container; its flags are ``launch``'s plus its own, which argparse cannot hold in
-one subparser, so ``main()`` dispatches it before argparse and the launcher's parser reads the
-launch flags) and ``status``. One ``_add_<name>(subparsers)`` each, setting ``func``.
+configs. The ``horovodrun`` command is not here: it is ``appliance/hvdcompat/horovodrun.py``
+(the launch flags plus horovodrun's own, and ``--check-build``). Subcommands: ``launch``,
+``check`` (the preflight as a table), ``keys`` (the cluster's SSH keys), ``secret`` (a Slurm
+job's secret file, ``appliance/common/jobsecret.py``), and the Docker plane: ``secondary`` (this
+host's sshd container), ``primary`` (a job from a primary container; its flags are ``launch``'s
+plus its own, which argparse cannot hold in one subparser, so ``main()`` dispatches it before
+argparse and the launcher's parser reads the launch flags) and ``status``. One
+``_add_<name>(subparsers)`` each, setting ``func``.
 
 Env vars: flags fall back to knobs of ``appliance/common/knobs.py`` (``--start-timeout`` ->
 HOROVOD_START_TIMEOUT, ``--verbose`` -> APPLIANCE_VERBOSE). Exit codes: the job's code for
@@ -80,7 +82,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 def _keys(args: argparse.Namespace) -> int:
     from appliance.common.knobs import read
-    from .launcher.keys import KeysError, ensure_keys
+    from .launcher.ssh.keys import KeysError, ensure_keys
 
     shared = args.shared or read("APPLIANCE_SHARED")
     try:
@@ -167,7 +169,7 @@ def _add_container_flags(p: argparse.ArgumentParser, *, name_help: str) -> None:
 
 
 def _cluster_call(cmd: str, fn) -> int:
-    from .cluster.engine import ClusterError
+    from .cluster.docker import ClusterError
 
     try:
         return fn()
@@ -306,11 +308,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _primary(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
-
-
-def horovodrun(argv: Sequence[str] | None = None) -> int:
-    """``horovodrun ARGS``: ``appliance launch ARGS`` plus horovodrun's own flags and
-    ``--check-build`` (``launcher/horovodrun.py``; the image installs it as ``horovodrun``)."""
-    from .launcher.horovodrun import main as horovodrun_main
-
-    return horovodrun_main(sys.argv[1:] if argv is None else argv)

@@ -3,7 +3,7 @@
 What it owns: ``sweep_dead_container_locks(client, layout, say)``, which ``appliance primary``
 calls on the host (where Docker is) before it starts the primary container. Every lock under
 ``SHARED/locks/`` whose owner record names a container of this Docker engine
-(``APPLIANCE_CONTAINER``, set by ``engine.container_kwargs`` and read by the holder from its
+(``APPLIANCE_CONTAINER``, set by ``docker.container_kwargs`` and read by the holder from its
 container's init) is broken at once when that container no longer exists, is not running, or
 was started again after the lock was taken (``appliance.mount.container_gone_reason``); one line
 per lock taken over names the dead holder and its container. A killed primary container thus
@@ -22,20 +22,20 @@ import os
 from typing import Any, Callable, Optional
 
 from ..mount import Layout, Owner, Takeover, container_gone_reason, sweep
-from . import engine
+from . import docker
 
 
 def sweep_dead_container_locks(client: Any, layout: Layout, say: Callable[[str], None]) -> list[Takeover]:
     if not os.path.isdir(layout.locks):
         return []
     try:
-        me = engine.engine_id(client)
+        me = docker.engine_id(client)
     except Exception:  # noqa: BLE001 - no verdict without the engine's id
         return []
 
     def judge(owner: Optional[Owner]) -> Optional[str]:
         try:
-            return container_gone_reason(owner, me, lambda name: engine.container_state(client, name))
+            return container_gone_reason(owner, me, lambda name: docker.container_state(client, name))
         except Exception:  # noqa: BLE001 - Docker could not answer: not provably dead
             return None
 

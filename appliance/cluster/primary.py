@@ -4,7 +4,7 @@ What it owns: ``PrimaryJob``: it validates the job on this machine (Docker up, i
 shared directory present, the host list parses, -np fits the slots; the launch flags arrive
 already parsed by the launcher's parser, ``launcher.flags``), creates ``SHARED/jobs/<id>/`` with
 ``job.json``, starts the primary container (``appliance-primary-<id>``, or ``appliance-<--name>``)
-with the flags every appliance container gets (``engine``), running ``appliance.cluster.driver``
+with the flags every appliance container gets (``docker``), running ``appliance.cluster.jobrun``
 inside it (one launcher run, whose preflight checks every host), shows the per-host startup view
 (``view.StartupView``) until every rank has started, streams the job's output (stdout to stdout,
 stderr to stderr; every rank's lines are prefixed by the launcher), and returns the job's exit
@@ -35,16 +35,16 @@ from typing import IO, Any, Optional, Sequence
 from appliance.cluster.config import ClusterConfig
 from ..launcher.flags import LaunchFlags
 from ..launcher.signals import SignalTrap
-from . import engine
-from .driver import create_job, job_hosts
-from .engine import ClusterError
+from . import docker
+from .docker import ClusterError
+from .jobrun import create_job, job_hosts
 from .secondary import ensure_cluster_keys
 from .locksweep import sweep_dead_container_locks
+from .say import say
 from ..mount import Layout, new_job_id
 from .view import StartupView
 
 ROLE = "primary"
-SAY = "appliance primary:"
 
 
 class PrimaryContainer:
@@ -54,18 +54,18 @@ class PrimaryContainer:
                  job_id: str, env: dict[str, str]):
         self.client, self.config, self.name = client, config, name
         self.command, self.workdir, self.job_id, self.env = command, workdir, job_id, env
-        self.network = engine.Network(client, config.network)
+        self.network = docker.Network(client, config.network)
         self.container: Any = None
 
     def __enter__(self) -> "PrimaryContainer":
-        existing = engine.find_container(self.client, self.name)
+        existing = docker.find_container(self.client, self.name)
         if existing is not None:
-            if not engine.is_ours(existing) or existing.status == "running":
+            if not docker.is_ours(existing) or existing.status == "running":
                 raise ClusterError(f"a container named {self.name} already exists ({existing.status}): "
                                    "choose another --name, or wait for that job")
             existing.remove(force=True)
         self.network.ensure()
-        kw = engine.container_kwargs(self.client, self.config, name=self.name, role=ROLE,
+        kw = docker.container_kwargs(self.client, self.config, name=self.name, role=ROLE,
                                      extra_labels={"job": self.job_id}, env=self.env)
         try:
             self.container = self.client.containers.create(self.config.image, command=self.command,
@@ -100,16 +100,16 @@ class PrimaryJob:
         self.job_dir = self.layout.job_dir(self.job_id)
 
     def _say(self, text: str) -> None:
-        print(f"{SAY} {text}", file=self.err, flush=True)
+        say(text, self.err)
 
     def prepare(self) -> list[tuple[str, int]]:
         """Everything that can fail before a container exists; writes job.json. Returns the hosts."""
         if not self.command:
             raise ClusterError("no command to run (usage: appliance primary -np N -H HOSTS -- python -m train)")
         job_hosts(self.flags)  # -H, hostfile and -np checked before anything else
-        engine.require_shared(self.config.shared)
-        self.client = self.client or engine.connect()
-        engine.require_image(self.client, self.config.image)
+        docker.require_shared(self.config.shared)
+        self.client = self.client or docker.connect()
+        docker.require_image(self.client, self.config.image)
         self.layout.ensure()
         ensure_cluster_keys(self.config.shared)
         self.hosts = create_job(self.job_dir, self.flags, self.command, ssh_port=self.config.ssh_port,
@@ -120,8 +120,8 @@ class PrimaryJob:
 
     def run(self) -> int:
         self.prepare()
-        name = engine.prefixed(self.config.name) if self.config.name else f"appliance-primary-{self.job_id}"
-        cmd = ["primary", "/opt/venv/bin/python", "-m", "appliance.cluster.driver", self.job_dir]
+        name = docker.prefixed(self.config.name) if self.config.name else f"appliance-primary-{self.job_id}"
+        cmd = ["primary", "/opt/venv/bin/python", "-m", "appliance.cluster.jobrun", self.job_dir]
         env = {"APPLIANCE_JOB_DIR": os.path.join(self.job_dir, "remote")}
         sweep_dead_container_locks(self.client, self.layout, self._say)
         t0 = time.monotonic()

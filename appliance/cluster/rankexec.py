@@ -1,7 +1,7 @@
 """Rank start record: ``python -m appliance.cluster.rankexec JOB_DIR -- COMMAND [ARG...]``.
 
 What it owns: the ``ranks/<rank>.json`` entries of a job directory on the shared mount. The
-primary's driver puts this module in front of the user's command, so on whatever host a rank
+primary's job runner (``jobrun``) puts this module in front of the user's command, so on whatever host a rank
 starts, it first writes ``{rank, host, hostname, pid, started}`` (the launcher's host name from
 -H, the machine's own name, its pid) and then *replaces itself* with COMMAND (``exec``: same pid,
 same environment, same working directory, so ``python -m train`` resolves exactly as it would

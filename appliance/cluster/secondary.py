@@ -5,7 +5,7 @@ What it owns: ``Secondary(config)``, which starts (``start()``), reports on and 
 exit) for tests and scripts. The container runs the image's ``secondary`` mode: sshd on
 ``--ssh-port``, key-only, logging to ``docker logs``; its login key is the cluster key under
 ``SHARED/ssh`` (made there on first use with ``appliance keys``' logic), the shared directory is
-bound at the same path, and it gets the flags of ``engine.container_kwargs()`` (host network by
+bound at the same path, and it gets the flags of ``docker.container_kwargs()`` (host network by
 default, --init, IPC/shm, memlock, GPUs, labels).
 
 Idempotent: a second ``start()`` with the same settings reports the running container; a
@@ -24,8 +24,8 @@ import dataclasses
 from typing import Any, Optional
 
 from appliance.cluster.config import ClusterConfig
-from . import engine
-from .engine import ClusterError
+from . import docker
+from .docker import ClusterError
 from ..mount import Layout, host_lock
 
 ROLE = "secondary"
@@ -36,7 +36,7 @@ def ensure_cluster_keys(shared: str) -> list[str]:
     """Make (once) or repair the cluster's SSH material under ``shared/ssh`` (``appliance keys``'
     logic: client key, authorized_keys, one host key for every secondary, known_hosts); the
     paths it created."""
-    from ..launcher.keys import KeysError, ensure_keys
+    from ..launcher.ssh.keys import KeysError, ensure_keys
 
     try:
         return list(ensure_keys(shared).created)
@@ -78,27 +78,27 @@ class Secondary:
 
     def __init__(self, config: ClusterConfig, client: Optional[Any] = None, ready_timeout_s: float = 30.0):
         self.config = config
-        self.name = engine.prefixed(config.name) if config.name else DEFAULT_NAME
-        self.client = client or engine.connect()
+        self.name = docker.prefixed(config.name) if config.name else DEFAULT_NAME
+        self.client = client or docker.connect()
         self.ready_timeout_s = ready_timeout_s
-        self.network = engine.Network(self.client, config.network)
+        self.network = docker.Network(self.client, config.network)
 
     def _lock(self):
-        return host_lock(Layout(self.config.shared), f"secondary-{engine.host_alias(self.name)}",
+        return host_lock(Layout(self.config.shared), f"secondary-{docker.host_alias(self.name)}",
                          what=f"appliance secondary {self.name}", wait_s=60.0)
 
     def _conflict(self, c: Any) -> Optional[str]:
         want = {"appliance.ssh-port": str(self.config.ssh_port), "appliance.shared": self.config.shared,
                 "appliance.image": self.config.image, "appliance.network": self.config.network}
         for key, value in want.items():
-            have = engine.label(c, key)
+            have = docker.label(c, key)
             if have != value:
                 return f"{key.split('.', 1)[1]} {have} (asked: {value})"
         return None
 
     def _report(self, c: Any, state: str, keys: tuple = ()) -> SecondaryReport:
         c.reload()
-        health = engine.health(c)
+        health = docker.health(c)
         if health == "starting":  # our own probe passed (wait_ready); Docker's first check is 5 s away
             health = "ready"
         return SecondaryReport(name=self.name, state=state, container_id=c.id, health=health,
@@ -106,14 +106,14 @@ class Secondary:
                                ssh_port=self.config.ssh_port, keys_created=keys)
 
     def start(self) -> SecondaryReport:
-        engine.require_shared(self.config.shared)
-        engine.require_image(self.client, self.config.image)
+        docker.require_shared(self.config.shared)
+        docker.require_image(self.client, self.config.image)
         Layout(self.config.shared).ensure()
         keys = tuple(ensure_cluster_keys(self.config.shared))
         with self._lock():
-            existing = engine.find_container(self.client, self.name)
+            existing = docker.find_container(self.client, self.name)
             if existing is not None:
-                if not engine.is_ours(existing):
+                if not docker.is_ours(existing):
                     raise ClusterError(f"a container named {self.name} exists and was not made by appliance: "
                                        "remove it, or choose another --name")
                 if existing.status == "running":
@@ -121,16 +121,16 @@ class Secondary:
                     if conflict:
                         stop = "appliance secondary --stop" + (f" --name {self.config.name}" if self.config.name else "")
                         raise ClusterError(f"{self.name} is already running with {conflict}: stop it first ({stop})")
-                    engine.wait_ready(existing, self.ready_timeout_s)
+                    docker.wait_ready(existing, self.ready_timeout_s)
                     return self._report(existing, "running", keys)
                 existing.remove(force=True)  # ours, stopped: replace it
             self.network.ensure()
-            kw = engine.container_kwargs(self.client, self.config, name=self.name, role=ROLE)
+            kw = docker.container_kwargs(self.client, self.config, name=self.name, role=ROLE)
             container = self.client.containers.create(
                 self.config.image, command=["secondary", "--port", str(self.config.ssh_port)], **kw)
             try:
                 container.start()
-                engine.wait_ready(container, self.ready_timeout_s)
+                docker.wait_ready(container, self.ready_timeout_s)
             except BaseException:
                 container.remove(force=True)
                 self.network.release()
@@ -139,15 +139,15 @@ class Secondary:
 
     def stop(self, timeout_s: int = 10) -> SecondaryReport:
         with self._lock():
-            existing = engine.find_container(self.client, self.name)
+            existing = docker.find_container(self.client, self.name)
             if existing is None:
                 return SecondaryReport(name=self.name, state="absent")
-            if not engine.is_ours(existing):
+            if not docker.is_ours(existing):
                 raise ClusterError(f"{self.name} was not made by appliance; not touching it")
-            network = engine.label(existing, "appliance.network") or self.config.network
+            network = docker.label(existing, "appliance.network") or self.config.network
             existing.stop(timeout=timeout_s)
             existing.remove(force=True)
-            engine.Network(self.client, network).release(force=True)
+            docker.Network(self.client, network).release(force=True)
             return SecondaryReport(name=self.name, state="stopped")
 
     def __enter__(self) -> "Secondary":

@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 from typing import IO, Any, Optional
 
-from . import engine
+from . import docker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,17 +44,17 @@ def _age(created: str) -> str:
 
 
 def list_containers(client: Optional[Any] = None) -> list[ContainerInfo]:
-    client = client or engine.connect()
+    client = client or docker.connect()
     rows = []
-    for c in client.containers.list(all=True, filters={"label": f"{engine.MANAGED}=1"}):
-        network = engine.label(c, "appliance.network", "?")
+    for c in client.containers.list(all=True, filters={"label": f"{docker.MANAGED}=1"}):
+        network = docker.label(c, "appliance.network", "?")
         nets = c.attrs.get("NetworkSettings", {}).get("Networks") or {}
         address = "" if network == "host" else (nets.get(network) or {}).get("IPAddress", "")
         rows.append(ContainerInfo(
-            name=c.name, role=engine.label(c, engine.ROLE, "?"), state=c.status, health=engine.health(c),
-            network=network, address=address, ssh_port=engine.label(c, "appliance.ssh-port"),
-            shared=engine.label(c, "appliance.shared"), job=engine.label(c, "appliance.job"),
-            image=engine.label(c, "appliance.image") or (c.attrs.get("Config", {}).get("Image", "")),
+            name=c.name, role=docker.label(c, docker.ROLE, "?"), state=c.status, health=docker.health(c),
+            network=network, address=address, ssh_port=docker.label(c, "appliance.ssh-port"),
+            shared=docker.label(c, "appliance.shared"), job=docker.label(c, "appliance.job"),
+            image=docker.label(c, "appliance.image") or (c.attrs.get("Config", {}).get("Image", "")),
             created=_age(c.attrs.get("Created", ""))))
     return sorted(rows, key=lambda r: (r.role != "secondary", r.name))
 

@@ -1,6 +1,6 @@
 """The startup view of ``appliance primary``: per host, reachable / authenticated / ranks started.
 
-What it owns: ``StartupView``, which reads the job directory on the shared mount (the driver's
+What it owns: ``StartupView``, which reads the job directory on the shared mount (the job runner's
 ``hosts/<host>.json``, each rank's ``ranks/<rank>.json``) and shows it while the cluster starts,
 instead of silence. On a terminal (stdout and stderr both TTYs) it is a live ``rich`` table and
 the job's output scrolls above it; otherwise it prints one ``appliance primary:`` line on stderr
@@ -15,9 +15,9 @@ import sys
 import time
 from typing import IO, Optional, Sequence
 
+from ..launcher.hosts import Host, assign_ranks
 from ..mount import read_json
-
-SAY = "appliance primary:"
+from .say import say
 
 
 def _mark(value: Optional[bool]) -> str:
@@ -29,14 +29,10 @@ class StartupView:
                  out: IO[str] | None = None, err: IO[str] | None = None):
         self.job_dir, self.np = job_dir, np
         self.out, self.err = out or sys.stdout, err or sys.stderr
-        # Ranks per host as the launcher lays them out (hosts in order, each filled before the next).
+        # Ranks per host as the launcher lays them out.
         self.expected: dict[str, int] = {}
-        left = np
-        for name, slots in hosts:
-            take = min(slots, left)
-            if take > 0:
-                self.expected[name] = take
-            left -= take
+        for slot in assign_ranks([Host(name, slots) for name, slots in hosts], np):
+            self.expected[slot.host] = self.expected.get(slot.host, 0) + 1
         self.hosts: dict[str, dict] = {name: {} for name in self.expected}
         self.ranks: dict[int, dict] = {}
         self.started = time.monotonic()
@@ -99,7 +95,7 @@ class StartupView:
 
     def _say(self, text: str, key: str) -> None:
         self._said.add(key)
-        print(f"{SAY} {text}", file=self.err, flush=True)
+        say(text, self.err)
 
     def _table(self):
         from rich.table import Table
@@ -141,5 +137,4 @@ class StartupView:
                     self._console.print(rest, markup=False, highlight=False, soft_wrap=True)
             self._live = None
         if complete:
-            print(f"{SAY} all {self.np} ranks started after {time.monotonic() - self.started:.1f} s",
-                  file=self.err, flush=True)
+            say(f"all {self.np} ranks started after {time.monotonic() - self.started:.1f} s", self.err)

@@ -1,19 +1,21 @@
 """Slurm's environment, read: the allocation's and a task's layout (pure functions, no I/O).
 
 What it owns: expanding Slurm's compressed forms (``node[01-03,07]`` host lists, ``2(x3),1``
-task counts), ``SlurmTask`` (what ``srun`` tells each task: rank, size, node, local rank and
-size, cross rank and size in Horovod's sense, job and step ids), the rendezvous port a step
+task counts), ``SlurmAllocation`` (the allocation's nodes and the tasks each may run: what the
+launcher makes hosts and slots of, ``nodes()``), ``SlurmTask`` (what ``srun`` tells each task:
+its ``appliance.common.ranks.Slot``, with the node as host and the cross rank and size in
+Horovod's sense, plus the step's nodes and the job and step ids), the rendezvous port a step
 derives from its job and step ids, and where a job's secret file lives by default. It sits
-below the launcher and the runtime, which both read Slurm: the launcher's hosts
-(``SlurmAllocation``, what the launcher makes hosts and slots of) and the runtime's ``init()`` of a task started by ``srun`` directly.
+below the launcher and the runtime, which both read Slurm: the launcher's hosts and the
+runtime's ``init()`` of a task started by ``srun`` directly.
 
 A process is a Slurm *task* when ``SLURM_STEP_ID`` and ``SLURM_PROCID`` are both set; a batch
 script (sbatch) has ``SLURM_PROCID`` but no ``SLURM_STEP_ID``, and is not a task.
 
 Env vars read (all set by Slurm): SLURM_PROCID, SLURM_NTASKS / SLURM_STEP_NUM_TASKS,
 SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST,
-SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE, SLURM_JOB_ID, SLURM_STEP_ID; HOME for the
-default secret file. Failure modes: malformed or inconsistent values raise ``SlurmEnvError``
+SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE, SLURM_JOB_ID,
+SLURM_STEP_ID; HOME for the default secret file. Failure modes: malformed or inconsistent values raise ``SlurmEnvError``
 (a ``ConfigError``) naming the variable and its value.
 """
 from __future__ import annotations
@@ -21,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from appliance.common.knobs import ConfigError, read
+from appliance.common.ranks import Slot, cross_of
 
 STORE_PORT_BASE = 20000   # a step's rendezvous port is in [BASE, BASE + SPAN): below Linux's ephemeral range
 STORE_PORT_SPAN = 10000
@@ -121,18 +124,23 @@ def expand_tasks_per_node(spec: str, source: str = "SLURM_TASKS_PER_NODE") -> li
     return counts
 
 
-@dataclasses.dataclass(frozen=True)
-class SlurmTask:
-    """One task of a Slurm step, as ``srun`` describes it (see ``from_env``)."""
+def tasks_per_node(spec: str, source: str, nodes: Sequence[str], nodes_source: str) -> list[int]:
+    """The task count of each of ``nodes`` from ``spec`` (Slurm's run-length form, in ``source``);
+    one count alone holds for every node."""
+    counts = expand_tasks_per_node(spec, source)
+    if len(counts) == 1:
+        counts = counts * len(nodes)
+    if len(counts) != len(nodes):
+        raise SlurmEnvError(f"{source}={spec!r} gives {len(counts)} counts for {len(nodes)} nodes in {nodes_source}")
+    return counts
 
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    node: str               # this task's node (SLURMD_NODENAME)
-    node_index: int         # SLURM_NODEID: index of ``node`` in ``nodes``
+
+@dataclasses.dataclass(frozen=True)
+class SlurmTask(Slot):
+    """One task of a Slurm step, as ``srun`` describes it (see ``from_env``): its ``Slot``, whose
+    ``host`` is this task's node (SLURMD_NODENAME), and the step around it."""
+
+    node_index: int         # SLURM_NODEID: index of ``host`` in ``nodes``
     nodes: tuple[str, ...]  # the step's nodes, in Slurm's order (the first one hosts rank 0)
     job_id: int
     step_id: int
@@ -150,24 +158,24 @@ class SlurmTask:
         nodes_var = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
         nodes = expand_nodelist(_str(env, nodes_var), nodes_var)
         tpn_var = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
-        counts = expand_tasks_per_node(_str(env, tpn_var), tpn_var)
-        if len(counts) == 1:
-            counts = counts * len(nodes)
-        if len(counts) != len(nodes):
-            raise SlurmEnvError(f"{tpn_var}={env[tpn_var]!r} gives {len(counts)} counts for {len(nodes)} "
-                                f"nodes in {nodes_var}={env[nodes_var]!r}")
+        counts = tasks_per_node(_str(env, tpn_var), tpn_var, nodes, f"{nodes_var}={env[nodes_var]!r}")
         if not 0 <= rank < size or sum(counts) != size:
             raise SlurmEnvError(f"SLURM_PROCID={rank} with {size} tasks and {tpn_var}={env[tpn_var]!r}: "
                                 "the counts do not add up")
         if not 0 <= node_index < len(nodes) or not 0 <= local_rank < counts[node_index]:
             raise SlurmEnvError(f"SLURM_NODEID={node_index}, SLURM_LOCALID={local_rank}: not a task of "
                                 f"{nodes_var}={env[nodes_var]!r} with {tpn_var}={env[tpn_var]!r}")
-        holders = [i for i, n in enumerate(counts) if n > local_rank]  # nodes with this local rank
+        cross_rank, cross_size = cross_of(counts, node_index, local_rank)
         return cls(rank=rank, size=size, local_rank=local_rank, local_size=counts[node_index],
-                   cross_rank=holders.index(node_index), cross_size=len(holders),
-                   node=env.get("SLURMD_NODENAME") or nodes[node_index], node_index=node_index,
+                   cross_rank=cross_rank, cross_size=cross_size,
+                   host=env.get("SLURMD_NODENAME") or nodes[node_index], node_index=node_index,
                    nodes=tuple(nodes), job_id=_int(env, "SLURM_JOB_ID"), step_id=_int(env, "SLURM_STEP_ID"),
                    secret_file=default_secret_file(_int(env, "SLURM_JOB_ID"), env))
+
+    @property
+    def node(self) -> str:
+        """This task's node (``host``)."""
+        return self.host
 
     @property
     def first_node(self) -> str:
@@ -222,3 +230,17 @@ class SlurmAllocation:
     def from_env(cls, env: Mapping[str, str]) -> "SlurmAllocation":
         return cls(read("SLURM_JOB_NODELIST", env) or None, read("SLURM_TASKS_PER_NODE", env) or None,
                    read("SLURM_NTASKS_PER_NODE", env) or None, read("SLURM_JOB_ID", env) or None)
+
+    def nodes(self) -> list[tuple[str, int]]:
+        """``(node, tasks)`` of every node in SLURM_JOB_NODELIST; the tasks from SLURM_TASKS_PER_NODE,
+        else SLURM_NTASKS_PER_NODE (the same for every node), else 1."""
+        nodelist = self.nodelist or ""
+        names = expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
+        if self.tasks_per_node:
+            counts = tasks_per_node(self.tasks_per_node, "SLURM_TASKS_PER_NODE", names,
+                                    f"SLURM_JOB_NODELIST={nodelist!r}")
+        elif self.ntasks_per_node:
+            counts = expand_tasks_per_node(self.ntasks_per_node, "SLURM_NTASKS_PER_NODE")[:1] * len(names)
+        else:
+            counts = [1] * len(names)
+        return list(zip(names, counts))

@@ -18,7 +18,7 @@ worker notification service calls it; nothing in this runtime does yet). ``check
 state's ``bcast_object`` so that every rank raises ``HostsUpdatedInterrupt`` at the same commit,
 or none does. It is a collective: every rank must commit the same number of times.
 
-What the launcher side (discovery, respawn, grow/shrink; a later issue) will need from the
+What the launcher side (discovery, respawn, grow/shrink: not there yet) will need from the
 runtime: (1) a way to deliver ``on_hosts_updated`` to the states of every worker (Horovod runs a
 small notification service per worker, registered with the driver; ``run_fn`` would register
 the state with it on entry and remove it on exit); (2) ``shutdown()`` followed by ``init()`` that

@@ -13,7 +13,7 @@ Horovod's arguments map onto the launcher's: ``hosts``/``hostfile``, ``start_tim
 ``np`` (deprecated alias of ``num_proc``); ``use_gloo`` and ``disable_cache`` are accepted (this
 runtime is the only controller; there is no cache). Elastic arguments (``min_num_proc``,
 ``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range``, ``host_discovery_script``) and
-``use_mpi``/``mpi_args`` raise ``NotImplementedError`` naming the argument and issue 9.
+``use_mpi``/``mpi_args`` raise ``NotImplementedError`` naming the argument.
 Failure modes: a rank that fails makes ``run`` raise ``RuntimeError`` naming the rank, host and
 reason (the launcher's); launcher argument errors are its ``ValueError``/``LaunchError``.
 Environment: none read here beyond what ``launch`` reads; workers inherit the caller's.
@@ -56,7 +56,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     for name in _UNSUPPORTED:
         if given[name] is not None:
             raise NotImplementedError(f"horovod.run({name}=...): elastic runs and mpirun are not implemented by "
-                                      "this runtime yet (issue 9)")
+                                      "this launcher yet")
     if np is not None:
         num_proc = np
     iface = network_interface

@@ -49,14 +49,16 @@ Other entry points (the CLI, the cluster plane) build a ``LaunchConfig`` from th
 with ``flags`` (one parser for everyone) and call ``run(config, ..., on_host_report=None)``;
 ``on_host_report`` gets each host's preflight report once, before any rank starts.
 
-Modules: ``flags`` (the launch flags -> ``LaunchConfig``), ``hosts`` (parsing, Slurm, rank
-layout), ``env`` (the worker environment contract), ``workers`` (processes, output relay,
-``WorkerGroup``), ``reaper`` (local ranks die with a killed launcher; process-group liveness),
-``executors`` (local and SSH hosts, one machine named twice), ``ports`` (free ports),
-``signals`` (the signal trap), ``failures`` (first failure, survivors' grace, blame), ``run``
-(orchestration); for other hosts ``ssh`` (connections), ``hostkeys``, ``preflight`` and
-``probe`` (what ``appliance check`` verifies), ``network`` (address choice), ``sshworker`` and
-``remote`` (the stub on the far side), ``keys`` (``appliance keys``), ``check``.
+Modules: ``config`` (``LaunchConfig``, ``CheckConfig``, ``RemoteConfig``), ``flags`` (the launch
+flags -> those configs), ``hosts`` (parsing, the allocation's hosts, rank layout), ``env`` (the
+worker environment contract), ``output`` (where rank output goes, the one line relay),
+``workers`` (processes, ``WorkerGroup``), ``reaper`` (local ranks die with a killed launcher;
+process-group liveness), ``executors`` (local and SSH hosts, one machine named twice), ``ports``
+(free ports), ``binding`` (CPU binding), ``signals`` (the signal trap), ``failures`` (first
+failure, survivors' grace, blame), ``run`` (orchestration), ``check`` (``appliance check``).
+Rooms: ``ssh/`` (connections, host keys, ``appliance keys``, preflight and probe, address
+choice, the SSH worker and its remote stub) and ``slurm/`` (the srun step and the per-task
+wrapper).
 """
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ _LAZY = {"LaunchError": "executors", "LaunchResult": "run", "run": "run"}
 
 def __getattr__(name: str) -> Any:
     """``run``, ``LaunchResult`` and ``LaunchError`` are imported on first use, so that a module run
-    on every task of a job (``python -m appliance.launcher.srun_task``) does not load the whole launcher."""
+    on every task of a job (``python -m appliance.launcher.slurm.task``) does not load the whole launcher."""
     if name in _LAZY:
         import importlib
 

@@ -1,7 +1,7 @@
 """``appliance check``: run the preflight on every host and show it as a table.
 
 What it owns: turning a ``CheckConfig`` into hosts (``-H``, hostfile, Slurm, like ``launch``),
-running ``preflight.run_preflight`` (all hosts in parallel, within ``--start-timeout``) and
+running ``ssh.preflight.run_preflight`` (all hosts in parallel, within ``--start-timeout``) and
 printing one row per host (``rich`` table: TCP, SSH, Python, appliance, shared directory,
 /dev/shm, hostname, chosen address) followed by one line per failure, each saying what to run or
 fix. Returns 0 when every check passed, 1 otherwise. The same checks run before every launch
@@ -19,7 +19,7 @@ from typing import IO
 from appliance.launcher.config import CheckConfig
 from .executors import is_local, merge_same_machines
 from .hosts import assign_ranks, hosts_from
-from .preflight import Preflight, run_preflight
+from .ssh.preflight import Preflight, run_preflight
 
 COLUMNS = (("tcp", "TCP"), ("ssh", "SSH"), ("python", "Python"), ("appliance", "appliance"),
            ("shared", "shared"), ("shm", "/dev/shm free"), ("hostname", "hostname"), ("network", "address (interface)"))

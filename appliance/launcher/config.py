@@ -146,7 +146,7 @@ class LaunchConfig:
     remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
     ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
-    launcher: str = "auto"  # auto, ssh, srun, local (launcher/srun.py decides what auto means)
+    launcher: str = "auto"  # auto, ssh, srun, local (slurm/step.py decides what auto means)
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,

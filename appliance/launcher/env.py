@@ -14,7 +14,9 @@ directory; on another host the remote stub replaces it with a path of its own). 
 (host:port, rank 0 listens there), APPLIANCE_JOB_SECRET (hex; only ever in an environment, never
 on a command line or in a log), APPLIANCE_JOB_ID, HOROVOD_START_TIMEOUT, PYTHONUNBUFFERED=1 and,
 with --verbose, APPLIANCE_VERBOSE=1. Layering: base environment (from the executor), then the
-explicit variables (-x, API ``env``), then the contract, which always wins.
+explicit variables (-x, API ``env``), then the contract, which always wins. In the base, however
+the rank starts (locally, over SSH, as a Slurm task), HOROVOD_GLOO_IFACE and NCCL_SOCKET_IFNAME
+default to the interface of the host's chosen address (``network_defaults``).
 
 Failure modes: an explicit variable that would override a contract name raises ``ConfigError``.
 """
@@ -26,8 +28,10 @@ import secrets
 from typing import Mapping
 
 from appliance.common.knobs import ConfigError
-from .hosts import Slot
+from appliance.common.ranks import Slot
 
+# Defaulted to the interface of the host's chosen address, unless the base or -x sets them.
+NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
 # Names the launcher sets for each worker; -x/env may not override them.
 CONTRACT_NAMES = (
     "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
@@ -57,6 +61,14 @@ def new_job_id() -> str:
 
 def new_secret() -> str:
     return secrets.token_hex(16)
+
+
+def network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
+    """``env`` with each of ``NETWORK_VARS`` set to ``iface`` where it is not set (nothing without ``iface``)."""
+    if iface:
+        for name in NETWORK_VARS:
+            env.setdefault(name, iface)
+    return env
 
 
 def check_explicit(env: Mapping[str, str]) -> None:

@@ -9,7 +9,7 @@ closing), the ``LocalExecutor`` for this machine, the ``SSHExecutor`` for any ot
 ``run.py`` talks to executors only.
 
 ``open_executors()``: a job on this machine alone uses loopback and needs no checks. As soon as
-one host is remote, the preflight (``preflight.py``: reachability, SSH, remote Python and
+one host is remote, the preflight (``ssh/preflight.py``: reachability, SSH, remote Python and
 appliance, shared directory, /dev/shm, unique hostnames, addresses) runs for all hosts within
 ``--start-timeout``; any failure raises ``LaunchError`` listing one line per failure, and the
 SSH connections it opened carry the remote ranks.
@@ -43,9 +43,11 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
 from appliance.common.netif import interface_address
+from .env import network_defaults
 from .hosts import Host, merge_hosts
 from .ports import NoFreePorts, pick_free_ports
-from .workers import LocalWorker, OutputSink, Worker
+from .output import OutputSink
+from .workers import LocalWorker, Worker
 
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"})
 # Not forwarded to other hosts: what names the launcher's machine, login session or terminal there.
@@ -53,7 +55,6 @@ HOST_SPECIFIC_NAMES = frozenset({
     "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "TMPDIR",
     "DISPLAY", "XAUTHORITY", "DBUS_SESSION_BUS_ADDRESS", "HOROVOD_SECRET_KEY", "APPLIANCE_CONTAINER"})
 HOST_SPECIFIC_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_")
-NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
 
@@ -172,13 +173,6 @@ def host_specific(name: str) -> bool:
     return name in HOST_SPECIFIC_NAMES or name.startswith(HOST_SPECIFIC_PREFIXES)
 
 
-def _network_defaults(env: dict[str, str], iface: str) -> dict[str, str]:
-    if iface:
-        for name in NETWORK_VARS:
-            env.setdefault(name, iface)
-    return env
-
-
 class LocalExecutor:
     """Ranks on this machine: subprocesses in their own sessions."""
 
@@ -186,7 +180,7 @@ class LocalExecutor:
         self.host, self.address, self.iface = host, address, iface
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
-        return _network_defaults(dict(environ), self.iface)
+        return network_defaults(dict(environ), self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
         try:
@@ -220,14 +214,14 @@ class SSHExecutor:
 
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in environ.items() if not host_specific(k)}
-        return _network_defaults(env, self.iface)
+        return network_defaults(env, self.iface)
 
     def free_ports(self, address: str, count: int) -> list[int]:
-        from .ssh import SSHFailure
+        from .ssh.connection import SSHFailure
 
         try:
             status, out, err = self._conn.exec(
-                [self.python, "-m", "appliance.launcher.remote", "ports", address, str(count)],
+                [self.python, "-m", "appliance.launcher.ssh.remote_stub", "ports", address, str(count)],
                 timeout=max(5.0, self._config.start_timeout_s / 2))
             if status == 0:
                 return [int(p) for p in json.loads(out)]
@@ -238,7 +232,7 @@ class SSHExecutor:
 
     def spawn(self, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
               sink: OutputSink) -> Worker:
-        from .sshworker import SSHWorker
+        from .ssh.worker import SSHWorker
 
         job_id = env.get("APPLIANCE_JOB_ID", "")
         root = self._config.remote.job_dir
@@ -246,7 +240,8 @@ class SSHExecutor:
                 "cwd": cwd or os.getcwd(), "job_id": job_id,
                 "job_dir": os.path.join(root, job_id) if root else None, "grace": self._config.stop_grace_s,
                 "ssh_timeout": self._config.remote.ssh_timeout_s}
-        return SSHWorker(rank, self.host, self._conn, [self.python, "-m", "appliance.launcher.remote"], spec, sink)
+        stub = [self.python, "-m", "appliance.launcher.ssh.remote_stub"]
+        return SSHWorker(rank, self.host, self._conn, stub, spec, sink)
 
     def close(self) -> None:
         self._conn.close()
@@ -265,7 +260,7 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
             for host in hosts:
                 executors[host] = LocalExecutor(host)
             if on_report is not None:
-                from .preflight import HostReport
+                from .ssh.preflight import HostReport
 
                 for host in hosts:
                     try:
@@ -274,7 +269,7 @@ def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
                         print(f"appliance launch: {host}: the report hook failed: {type(e).__name__}: {e}",
                               file=sys.stderr, flush=True)
         else:
-            from .preflight import run_preflight
+            from .ssh.preflight import run_preflight
 
             start = time.monotonic()
             with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd,

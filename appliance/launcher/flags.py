@@ -2,7 +2,7 @@
 
 What it owns: the syntax and meaning of ``-np``/``--num-proc``, ``-H``/``--hosts``,
 ``--hostfile``, ``--start-timeout``, ``--output-filename``, ``--verbose``, ``-x NAME[=VALUE]``,
-``--launcher {auto,ssh,srun,local}`` (how ranks start: ``launcher/srun.py``), and for other hosts ``-p``/``--ssh-port``, ``-i``/``--ssh-identity-file``, ``--remote-python``,
+``--launcher {auto,ssh,srun,local}`` (how ranks start: ``slurm/step.py``), and for other hosts ``-p``/``--ssh-port``, ``-i``/``--ssh-identity-file``, ``--remote-python``,
 ``--network-interface`` and ``--shared``. ``appliance launch`` and ``appliance check``
 (``cli.py``) add them to their subcommand with ``add_launch_flags``; the cluster plane (``appliance
 primary`` and its driver) parses the user's flags with ``parse_launch_flags``. Either way the

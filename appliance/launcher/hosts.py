@@ -1,23 +1,24 @@
 """Hosts, slots and the rank layout: pure functions, no I/O beyond reading a hostfile.
 
 What it owns: parsing ``-H host:slots,...`` and hostfiles (``host slots=N`` lines, ``#``
-comments), and assigning ranks to slots the way horovodrun does: hosts in the order given, each
-host's slots filled before the next host's, ``local_rank`` counting within a host and
-``cross_rank``/``cross_size`` counting the hosts that hold the same ``local_rank`` (Horovod's
-definition; for the usual layout with equal ranks per host that is simply the host's index and
-the number of hosts). ``merge_hosts`` folds entries that a caller-given key says are one machine
-into one host (first name and place kept, slots summed); deciding that (name resolution) is
+comments), the job's hosts (``hosts_from``: -H, else the hostfile, else the Slurm allocation,
+else ``localhost``), and assigning ranks to slots the way horovodrun does: hosts in the order
+given, each host's slots filled before the next host's, ``local_rank`` counting within a host
+and ``cross_rank``/``cross_size`` as ``appliance.common.ranks.cross_of`` defines them. Each
+rank's place is an ``appliance.common.ranks.Slot``, the type a Slurm task reads for itself too.
+``merge_hosts`` folds entries that a caller-given key says are one machine into one host (first
+name and place kept, slots summed); deciding that (name resolution) is
 ``executors.merge_same_machines``'s part.
 
-Inside a Slurm allocation, with neither ``-H`` nor a hostfile, the hosts are Slurm's:
-``SLURM_JOB_NODELIST`` in its compressed form (``node[01-03,07],gpu-a[1-2]-x``) and the slots
-from ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) or else ``SLURM_NTASKS_PER_NODE``; ``appliance.common.slurm``
-expands those forms, and this module checks every name as a host name.
+Inside a Slurm allocation, with neither ``-H`` nor a hostfile, the hosts are the allocation's
+nodes and tasks (``appliance.common.slurm.SlurmAllocation.nodes``: ``SLURM_JOB_NODELIST``,
+``SLURM_TASKS_PER_NODE`` or else ``SLURM_NTASKS_PER_NODE``); this module checks every node name
+as a host name.
 
-Env vars: the three Slurm variables, read through ``appliance.common.slurm.SlurmAllocation``.
-Failure modes: every malformed input raises ``HostsError`` (a ``ValueError``) whose message
-names the offending entry, and for hostfiles the file and line number; asking for more
-processes than there are slots says how many slots exist.
+Env vars: none read here (``SlurmAllocation`` carries Slurm's). Failure modes: every malformed
+input raises ``HostsError`` (a ``ValueError``) whose message names the offending entry, and for
+hostfiles the file and line number; asking for more processes than there are slots says how
+many slots exist.
 """
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ import os
 import re
 from typing import Callable, Iterable, Sequence
 
-from appliance.common import slurm
+from appliance.common.ranks import Slot, cross_of
+from appliance.common.slurm import SlurmAllocation, SlurmEnvError
+
+__all__ = ["Host", "HostsError", "Slot", "parse_hosts", "parse_hostfile", "read_hostfile", "allocation_hosts",
+           "hosts_from", "total_slots", "assign_ranks", "merge_hosts", "used_hosts"]
 
 
 class HostsError(ValueError):
@@ -37,19 +42,6 @@ class HostsError(ValueError):
 class Host:
     name: str
     slots: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Slot:
-    """One rank's place in the job."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    host: str
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:%\-]+$")  # host names, IPv4, IPv6 (with %scope)
@@ -147,54 +139,26 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
     return parse_hostfile(text, os.fspath(path))
 
 
-def expand_nodelist(spec: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Slurm's compressed host list -> names (``appliance.common.slurm.expand_nodelist``), every name checked."""
+def allocation_hosts(allocation: SlurmAllocation) -> list[Host]:
+    """The hosts of a Slurm allocation (``SlurmAllocation.nodes``), every node name checked."""
     try:
-        names = slurm.expand_nodelist(spec, source)
-    except slurm.SlurmEnvError as e:
+        nodes = allocation.nodes()
+    except SlurmEnvError as e:
         raise HostsError(str(e)) from None
-    for name in names:
-        _host_name(name, source)
-    return names
+    hosts = [Host(_host_name(name, "SLURM_JOB_NODELIST"), tasks) for name, tasks in nodes]
+    return _check_unique(hosts, f"SLURM_JOB_NODELIST={allocation.nodelist!r}")
 
 
-def expand_tasks_per_node(spec: str, source: str = "SLURM_TASKS_PER_NODE") -> list[int]:
-    """``"2(x3),1"`` -> ``[2, 2, 2, 1]`` (``appliance.common.slurm.expand_tasks_per_node``)."""
-    try:
-        return slurm.expand_tasks_per_node(spec, source)
-    except slurm.SlurmEnvError as e:
-        raise HostsError(str(e)) from None
-
-
-def slurm_hosts(nodelist: str, tasks_per_node: str | None = None, ntasks_per_node: str | None = None) -> list[Host]:
-    """Hosts of a Slurm allocation; slots from SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else 1."""
-    names = expand_nodelist(nodelist)
-    if tasks_per_node:
-        counts = expand_tasks_per_node(tasks_per_node)
-        if len(counts) == 1:
-            counts = counts * len(names)
-        if len(counts) != len(names):
-            raise HostsError(f"SLURM_TASKS_PER_NODE={tasks_per_node!r} gives {len(counts)} counts for "
-                             f"{len(names)} nodes in SLURM_JOB_NODELIST={nodelist!r}")
-    elif ntasks_per_node:
-        counts = expand_tasks_per_node(ntasks_per_node, "SLURM_NTASKS_PER_NODE")[:1] * len(names)
-    else:
-        counts = [1] * len(names)
-    return _check_unique([Host(n, c) for n, c in zip(names, counts)], f"SLURM_JOB_NODELIST={nodelist!r}")
-
-
-def hosts_from(hosts: str | None, hostfile: str | None, slurm: object | None, np: int | None) -> list[Host]:
-    """The job's hosts: -H, else --hostfile, else the Slurm allocation, else ``localhost:np``.
-
-    ``slurm`` is an ``appliance.common.slurm.SlurmAllocation`` (or None).
-    """
+def hosts_from(hosts: str | None, hostfile: str | None, slurm: SlurmAllocation | None,
+               np: int | None) -> list[Host]:
+    """The job's hosts: -H, else --hostfile, else the Slurm allocation (when ``slurm`` names
+    nodes), else ``localhost:np``."""
     if hosts is not None:
         return parse_hosts(hosts)
     if hostfile is not None:
         return read_hostfile(hostfile)
-    nodelist = getattr(slurm, "nodelist", None)
-    if nodelist:
-        return slurm_hosts(nodelist, getattr(slurm, "tasks_per_node", None), getattr(slurm, "ntasks_per_node", None))
+    if slurm is not None and slurm.nodelist:
+        return allocation_hosts(slurm)
     return [Host("localhost", max(1, np or 1))]
 
 
@@ -212,23 +176,17 @@ def assign_ranks(hosts: Sequence[Host], np: int) -> list[Slot]:
         raise HostsError(
             f"-np {np} asks for more processes than there are slots: {available} slot"
             f"{'s' if available != 1 else ''} on {len(hosts)} host{'s' if len(hosts) != 1 else ''} ({listing})")
-    placed: list[tuple[str, int]] = []  # (host, local_rank) by rank
-    per_host: dict[str, int] = {}
+    counts, left = [], np  # ranks per host: each host's slots filled before the next host's
     for h in hosts:
-        for local_rank in range(h.slots):
-            if len(placed) == np:
-                break
-            placed.append((h.name, local_rank))
-            per_host[h.name] = local_rank + 1
-    # cross communicator: hosts that hold a given local_rank, in host order
-    holders: dict[int, list[str]] = {}
-    for host, local_rank in placed:
-        holders.setdefault(local_rank, []).append(host)
-    return [
-        Slot(rank=rank, size=np, local_rank=local_rank, local_size=per_host[host],
-             cross_rank=holders[local_rank].index(host), cross_size=len(holders[local_rank]), host=host)
-        for rank, (host, local_rank) in enumerate(placed)
-    ]
+        counts.append(min(h.slots, left))
+        left -= counts[-1]
+    slots = []
+    for index, (h, count) in enumerate(zip(hosts, counts)):
+        for local_rank in range(count):
+            cross_rank, cross_size = cross_of(counts, index, local_rank)
+            slots.append(Slot(rank=len(slots), size=np, local_rank=local_rank, local_size=count,
+                              cross_rank=cross_rank, cross_size=cross_size, host=h.name))
+    return slots
 
 
 def merge_hosts(hosts: Sequence[Host], key: Callable[[str], object]) -> tuple[list[Host], list[list[str]]]:

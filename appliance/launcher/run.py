@@ -1,8 +1,9 @@
 """Orchestration of one job: hosts -> ranks -> plan -> workers -> first failure -> result.
 
-What it owns: ``run(config)``, which picks the launcher (``srun.launcher_of``: one ``srun``
-step inside a Slurm allocation, else the executors), merges the names of one machine into one
-host, lays out the ranks, opens one executor per host (or, under srun, one ``srun.SrunStep``), decides the job plan (job id, secret, free ports on rank
+What it owns: ``run(config)``, which picks the launcher (``slurm.step.launcher_of``: one
+``srun`` step inside a Slurm allocation, else the executors), merges the names of one machine
+into one host, lays out the ranks, opens one executor per host (or, under srun, one
+``slurm.step.SrunStep``), decides the job plan (job id, secret, free ports on rank
 0's host, a private directory for the ranks' fault reports), starts the reaper (``reaper.py``:
 local ranks die with a killed launcher) and every rank with its environment, then waits
 (``failures.wait_for_end``). The first rank to exit non-zero (or be killed by a signal) ends the
@@ -27,13 +28,14 @@ from typing import Sequence
 
 from appliance.launcher.config import LaunchConfig
 from . import env as envmod
-from . import srun
+from .slurm import step as srun_step
 from .executors import LocalExecutor, is_local, job_addresses, merge_same_machines, open_executors
 from .failures import Outcome, wait_for_end
 from .hosts import Host, HostsError, Slot, assign_ranks, hosts_from, used_hosts
 from .reaper import Reaper
 from .signals import SignalTrap
-from .workers import OutputSink, SpawnError, WorkerGroup
+from .output import OutputSink
+from .workers import SpawnError, WorkerGroup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +109,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     envmod.check_explicit(config.env)
-    launcher = srun.launcher_of(config)
+    launcher = srun_step.launcher_of(config)
     hosts, merges = (hosts_of(config, launcher), []) if launcher == "srun" else merge_same_machines(
         hosts_of(config, launcher))
     slots = assign_ranks(hosts, config.np)
@@ -116,8 +118,8 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
         executors: dict = {}
         if launcher == "srun":  # Slurm node names are distinct nodes: no merging, no preflight
             job_id = envmod.new_job_id()
-            fault_dir = stack.enter_context(srun.step_dir(config, job_id))
-            plan = srun.plan_step(config, fault_dir, job_id)
+            fault_dir = stack.enter_context(srun_step.step_dir(config, job_id))
+            plan = srun_step.plan_step(config, fault_dir, job_id)
         else:
             executors = stack.enter_context(open_executors(used_hosts(slots), config, on_report=on_host_report))
             fault_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
@@ -136,7 +138,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
             sink.message(f"appliance launch: warning: {reaper.error}")
         outcome = None
         if launcher == "srun":
-            group = stack.enter_context(srun.SrunStep(config, slots, plan, sink, reaper))
+            group = stack.enter_context(srun_step.SrunStep(config, slots, plan, sink, reaper))
             if not trap.received:
                 group.start()
         else:

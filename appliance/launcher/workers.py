@@ -1,19 +1,13 @@
-"""Worker processes: output relay, one local worker, and the group that always stops them.
+"""Worker processes: the interface of a started rank, one local worker, and the group that
+always stops them.
 
 What it owns:
-- ``OutputSink``: where worker output goes. Every line becomes ``[rank]<stdout>:text`` or
-  ``[rank]<stderr>:text`` on the launcher's stdout/stderr (one lock per stream, flushed per
-  line, so lines never interleave), optionally the raw bytes in ``DIR/rank.N/{stdout,stderr}``
-  (``--output-filename``; N zero-padded to the width of the largest rank, as horovodrun) and
-  optionally a captured list of ``(rank, stream, text)`` for the Python API.
-- ``relay()``: reads a byte stream line by line (a partial last line is still delivered, bytes
-  that are not UTF-8 are replaced, very long lines are split) and feeds the sink. It works on
-  any object with ``readline(limit)``, so SSH channels reuse it.
 - ``Worker``: the interface every started rank offers (local or SSH): ``wait()``,
   ``signal(sig)`` to its whole process group, ``group_alive()``, ``drain(timeout)``, and
   ``fault``, the rank's fault report (one JSON object, written by the runtime to
   ``APPLIANCE_FAULT_FILE`` when it fails the job; ``None`` when there is none).
-- ``LocalWorker``: a subprocess started from an argv list in its own session, stdin closed; its
+- ``LocalWorker``: a subprocess started from an argv list in its own session, stdin closed, its
+  stdout and stderr relayed to the ``output.OutputSink`` line by line (``output.relay``); its
   ``fault`` is read from its ``APPLIANCE_FAULT_FILE`` once it has exited.
 - ``WorkerGroup``: a context manager over started workers. It reports exits in the order they
   happen and on exit always stops everything it holds: SIGTERM then SIGCONT (a stopped rank
@@ -29,22 +23,19 @@ signalling a vanished group is not an error; nothing here blocks without a bound
 """
 from __future__ import annotations
 
-import io
+import functools
 import json
 import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
-from typing import IO, Any, Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from . import binding
+from .output import OutputSink, relay
 from .reaper import Reaper, pgid_alive
-
-MAX_LINE = 1 << 16  # longer lines are delivered in pieces of this many bytes
-
 
 class SpawnError(RuntimeError):
     """A worker could not be started; carries the rank and host."""
@@ -52,106 +43,6 @@ class SpawnError(RuntimeError):
     def __init__(self, rank: int, host: str, message: str, returncode: int = 127):
         super().__init__(message)
         self.rank, self.host, self.returncode = rank, host, returncode
-
-
-def rank_dir_name(rank: int, size: int) -> str:
-    """``rank.N``, N zero-padded to the width of ``size - 1`` (horovodrun's layout)."""
-    return f"rank.{rank:0{len(str(max(size - 1, 0)))}d}"
-
-
-class OutputSink:
-    """Thread-safe destination of worker output lines. Use as a context manager (closes files)."""
-
-    def __init__(self, size: int, *, echo: bool = True, capture: bool = False,
-                 output_dir: str | None = None, stdout: IO[Any] | None = None, stderr: IO[Any] | None = None):
-        self._size = size
-        self._echo = echo
-        self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
-        self._locks = {"stdout": threading.Lock(), "stderr": threading.Lock()}
-        self._capture: list[tuple[int, str, str]] | None = [] if capture else None
-        self._capture_lock = threading.Lock()
-        self._output_dir = output_dir
-        self._files: dict[tuple[int, str], IO[bytes]] = {}
-        self._files_lock = threading.Lock()
-        if output_dir is not None:
-            os.makedirs(output_dir, exist_ok=True)
-
-    def open_rank(self, rank: int) -> None:
-        """Create ``DIR/rank.N/{stdout,stderr}`` for ``rank`` (no-op without an output dir)."""
-        if self._output_dir is None:
-            return
-        d = os.path.join(self._output_dir, rank_dir_name(rank, self._size))
-        os.makedirs(d, exist_ok=True)
-        with self._files_lock:
-            for stream in ("stdout", "stderr"):
-                self._files[(rank, stream)] = open(os.path.join(d, stream), "wb")
-
-    def line(self, rank: int, stream: str, data: bytes) -> None:
-        """One line of output (``data`` without or with its trailing newline)."""
-        f = self._files.get((rank, stream))
-        if f is not None:
-            with self._files_lock:
-                if not f.closed:
-                    f.write(data if data.endswith(b"\n") else data + b"\n")
-                    f.flush()
-        text = data.rstrip(b"\n").decode("utf-8", errors="replace")
-        if self._capture is not None:
-            with self._capture_lock:
-                self._capture.append((rank, stream, text))
-        if self._echo:
-            self._write(stream, f"[{rank}]<{stream}>:{text}\n")
-
-    def message(self, text: str) -> None:
-        """A line of the launcher's own (summary, --verbose) on its stderr."""
-        self._write("stderr", text if text.endswith("\n") else text + "\n")
-
-    def _write(self, stream: str, text: str) -> None:
-        target = self._targets[stream]
-        with self._locks[stream]:
-            try:
-                buf = getattr(target, "buffer", None)
-                if isinstance(buf, io.BufferedIOBase):
-                    target.flush()
-                    buf.write(text.encode("utf-8", errors="replace"))
-                    buf.flush()
-                else:
-                    target.write(text)
-                    target.flush()
-            except (OSError, ValueError):
-                pass  # the launcher's own stdout is gone (closed pipe): keep relaying to files
-
-    def captured(self) -> tuple[tuple[int, str, str], ...]:
-        with self._capture_lock:
-            return tuple(self._capture or ())
-
-    def close(self) -> None:
-        with self._files_lock:
-            for f in self._files.values():
-                f.close()
-
-    def __enter__(self) -> "OutputSink":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def relay(stream: Any, rank: int, name: str, sink: OutputSink) -> None:
-    """Copy ``stream`` to ``sink`` line by line until EOF; closes ``stream``."""
-    try:
-        while True:
-            try:
-                data = stream.readline(MAX_LINE)
-            except (OSError, ValueError):
-                break
-            if not data:
-                break
-            sink.line(rank, name, data)
-    finally:
-        try:
-            stream.close()
-        except Exception:  # noqa: BLE001 - closing a dead pipe must not kill the relay thread
-            pass
 
 
 class Worker(Protocol):
@@ -215,7 +106,8 @@ class LocalWorker:
         self._fault_file = env.get("APPLIANCE_FAULT_FILE") or None
         self._fault: dict | None = None
         self._relays = [
-            threading.Thread(target=relay, args=(pipe, rank, name, sink), name=f"relay-{rank}-{name}", daemon=True)
+            threading.Thread(target=relay, args=(pipe, functools.partial(sink.line, rank, name)),
+                             name=f"relay-{rank}-{name}", daemon=True)
             for pipe, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))
         ]
         for t in self._relays:

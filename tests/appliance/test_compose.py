@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cluster.engine import memlock_ulimit
+from appliance.cluster.docker import memlock_ulimit
 
 ROOT = Path(__file__).resolve().parents[2]
 

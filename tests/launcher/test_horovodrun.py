@@ -1,15 +1,17 @@
-"""``horovodrun`` as a user runs it (real launcher and rank processes): its own flags at 2 local
-ranks, ``--mpi`` refused before anything starts, and ``--check-build`` telling the truth."""
+"""``horovodrun`` as a user runs it (the installed command; real launcher and rank processes): its
+own flags at 2 local ranks, ``--mpi`` refused before anything starts, and ``--check-build``
+telling the truth."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-HOROVODRUN = [sys.executable, "-c", "import sys; from appliance.cli import horovodrun; sys.exit(horovodrun())"]
+HOROVODRUN = [os.path.join(os.path.dirname(sys.executable), "horovodrun")]  # the package's console script
 
 BODY = r'''
 mark("env", json.dumps(dict(os.environ)))

@@ -1,4 +1,4 @@
-"""The remote stub (``python -m appliance.launcher.remote``) on this machine, without SSH: its
+"""The remote stub (``python -m appliance.launcher.ssh.remote_stub``) on this machine, without SSH: its
 stdin/stdout are pipes, exactly what sshd gives it. Spec in, frames out, control lines, and the
 rule that nothing of the rank survives the stub: on exit, on ``signal N``, on EOF, on SIGTERM."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from appliance.launcher.remote import EXITED, HEARTBEAT, STARTED, STDERR, STDOUT, FrameDecoder
+from appliance.launcher.ssh.remote_stub import EXITED, HEARTBEAT, STARTED, STDERR, STDOUT, FrameDecoder
 
 WORKER = r'''
 import os, signal, subprocess, sys, time
@@ -33,7 +33,7 @@ time.sleep(60)
 
 class Stub:
     def __init__(self, spec: dict):
-        self.p = subprocess.Popen([sys.executable, "-m", "appliance.launcher.remote"], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, "-m", "appliance.launcher.ssh.remote_stub"], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.p.stdin.write(json.dumps(spec).encode() + b"\n")
         self.p.stdin.flush()
@@ -167,7 +167,8 @@ def test_start_failures_are_reported_in_the_exit_frame(tmp_path):
             assert s.p.wait(5) == 0
         finally:
             s.kill()
-    p = subprocess.run([sys.executable, "-m", "appliance.launcher.remote"], input=b"not json\n", capture_output=True)
+    p = subprocess.run([sys.executable, "-m", "appliance.launcher.ssh.remote_stub"], input=b"not json\n",
+                       capture_output=True)
     assert p.returncode == 2 and b"bad spec" in p.stderr
 
 

@@ -94,7 +94,7 @@ wait_for("go")
     cmdlines = all_cmdlines()
     assert not [pid for pid, cmd in cmdlines.items() if secret in cmd]
     for h in (h1, h2):
-        assert any("appliance.launcher.remote" in cmdlines.get(pid, "") for pid in h.pids()), h.ns
+        assert any("appliance.launcher.ssh.remote_stub" in cmdlines.get(pid, "") for pid in h.pids()), h.ns
     open(os.path.join(job.out, "go"), "w").close()
     rc, out, err = finish(p)
     assert rc == 0, err

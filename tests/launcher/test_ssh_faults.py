@@ -86,7 +86,7 @@ def test_remote_fault_report_reaches_the_ssh_worker(ssh_cluster, job, monkeypatc
     """The rank writes the fault file the stub gave it; the launcher's worker gets it as ``fault``."""
     from appliance.launcher.config import LaunchConfig
     from appliance.launcher.executors import open_executors
-    from appliance.launcher.workers import OutputSink
+    from appliance.launcher.output import OutputSink
 
     h1, _ = ssh_cluster.hosts
     for name, value in ssh_cluster.env().items():

@@ -1,4 +1,4 @@
-"""The ``horovod`` compatibility package (docker/pyshim/horovod) on real ranks: a Horovod-style
+"""The ``horovod`` compatibility package (shim/horovod) on real ranks: a Horovod-style
 script with unchanged ``horovod.*`` imports through ``appliance.launcher.launch``, a lost peer
 caught as ``horovod.common.exceptions.HorovodInternalError``, and ``horovod.run``."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIM = ROOT / "docker" / "pyshim"
+SHIM = ROOT / "shim"
 WORKERS = ROOT / "tests" / "workers"
 PATH = os.pathsep.join([str(ROOT), str(SHIM), str(WORKERS)])
 
@@ -63,4 +63,4 @@ def test_horovod_run_names_the_failed_rank_and_refuses_elastic_arguments():
                      "except NotImplementedError as e:\n    print('REFUSED', e)\n")
     assert p.returncode == 0, p.stderr[-4000:]
     assert "RAISED horovod.run: rank 1" in p.stdout
-    assert "REFUSED horovod.run(min_num_proc=...)" in p.stdout and "issue 9" in p.stdout
+    assert "REFUSED horovod.run(min_num_proc=...): elastic runs and mpirun are not implemented" in p.stdout

@@ -242,11 +242,12 @@ def test_launcher_local_inside_an_allocation_ignores_it(launches):
 
 
 def test_horovodrun_inside_an_allocation_uses_srun(slurm, tmp_path):
+    # the command a Horovod user types in an allocation: the console script installed with the package
     out, home = tmp_path / "out", tmp_path / "home"
     out.mkdir()
     home.mkdir()
-    r = slurm.run(["salloc", "-N2", "--ntasks-per-node=1", "--", PY, "-c",
-                   "import sys; from appliance.cli import horovodrun; sys.exit(horovodrun())",
+    horovodrun = os.path.join(os.path.dirname(PY), "horovodrun")
+    r = slurm.run(["salloc", "-N2", "--ntasks-per-node=1", "--", horovodrun,
                    "-np", "2", PY, str(LAYOUT), "once", str(out)],
                   env={"HOME": str(home), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT), timeout=60)
     assert r.returncode == 0, r.stderr
@@ -284,7 +285,7 @@ def test_a_killed_launcher_leaves_nothing_behind(launches, slurm):
     ("ssh", None, True, "ssh"), ("local", None, True, "local"), ("srun", None, True, "srun")])
 def test_which_launcher(launcher, hosts, in_allocation, expected):
     from appliance.launcher.config import LaunchConfig
-    from appliance.launcher.srun import launcher_of
+    from appliance.launcher.slurm.step import launcher_of
 
     environ = {"PATH": os.environ.get("PATH", ""), "APPLIANCE_LAUNCHER": launcher}
     if in_allocation:
@@ -296,7 +297,7 @@ def test_which_launcher(launcher, hosts, in_allocation, expected):
 def test_launcher_srun_with_hosts_is_refused():
     from appliance.common.knobs import ConfigError
     from appliance.launcher.config import LaunchConfig
-    from appliance.launcher.srun import launcher_of
+    from appliance.launcher.slurm.step import launcher_of
 
     environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
     with pytest.raises(ConfigError, match="leave out -H"):
@@ -326,7 +327,7 @@ def test_task_wrapper_gives_the_rank_contract_and_records_its_exit(tmp_path):
     (tmp_path / "hostfile").write_text("n1\nn2\n")
     (tmp_path / "rendezvous.json").write_text(json.dumps({"store_addr": "10.0.0.1:2000", "master_addr": "10.0.0.1",
                                                           "master_port": 2001}))
-    r = subprocess.run([PY, "-m", "appliance.launcher.srun_task", str(tmp_path), "0", "--", PY, "-c",
+    r = subprocess.run([PY, "-m", "appliance.launcher.slurm.task", str(tmp_path), "0", "--", PY, "-c",
                         "import json, os; print(json.dumps(dict(os.environ))); raise SystemExit(7)"],
                        env=_task_env(tmp_path, 1, "n2"), capture_output=True, text=True, timeout=30, cwd=str(ROOT))
     assert r.returncode == 7, r.stderr
@@ -342,12 +343,12 @@ def test_task_wrapper_gives_the_rank_contract_and_records_its_exit(tmp_path):
 
 def test_task_wrapper_refuses_a_node_other_than_the_layouts(tmp_path):
     (tmp_path / "hostfile").write_text("n1\nn1\n")
-    r = subprocess.run([PY, "-m", "appliance.launcher.srun_task", str(tmp_path), "0", "--", "true"],
+    r = subprocess.run([PY, "-m", "appliance.launcher.slurm.task", str(tmp_path), "0", "--", "true"],
                        env=_task_env(tmp_path, 1, "n2"), capture_output=True, text=True, timeout=30, cwd=str(ROOT))
     assert r.returncode == 2
     assert "placed rank 1 on n2, the launcher's layout on n1" in r.stderr
     assert json.loads((tmp_path / "exit.1.json").read_text())["returncode"] == 2
-    r = subprocess.run([PY, "-m", "appliance.launcher.srun_task", str(tmp_path), "0", "--", "true"],
+    r = subprocess.run([PY, "-m", "appliance.launcher.slurm.task", str(tmp_path), "0", "--", "true"],
                        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
                        capture_output=True, text=True, timeout=30, cwd=str(ROOT))
     assert r.returncode == 2 and "not a Slurm task" in r.stderr

@@ -1,5 +1,5 @@
 """The appliance plane's logic without Docker: config, argument splitting, the launch configuration
-the driver builds, the rank start record (a real exec), the startup view's reading of a job dir."""
+the job runner builds, the rank start record (a real exec), the startup view's reading of a job dir."""
 from __future__ import annotations
 
 import io
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from appliance.cli import _primary_parser, _split_primary
-from appliance.cluster.driver import create_job, job_config, job_hosts
+from appliance.cluster.jobrun import create_job, job_config, job_hosts
 from appliance.mount import write_json
 from appliance.cluster.view import StartupView
 from appliance.cluster.config import ClusterConfig
@@ -53,7 +53,7 @@ def test_primary_arguments_split_into_own_launcher_and_command():
     assert cmd == ["python", "-m", "train", "-p", "3"] and flags.ssh_port is None
 
 
-def test_driver_wraps_the_command_and_keeps_user_flags():
+def test_jobrun_wraps_the_command_and_keeps_user_flags():
     job = {"launch": LaunchFlags(np=2, hosts="a:1,b:1").to_json(), "command": ["python", "-m", "train"],
            "ssh_port": 12345, "shared": "/s", "secondary_wait_s": 7.5}
     config = job_config(job, "/s/jobs/j1", environ={})
@@ -84,8 +84,8 @@ def test_job_json_keeps_the_flags_and_a_copy_of_the_hostfile(tmp_path):
         LaunchFlags.from_json({**job["launch"], "np_typo": 1})
 
 
-def test_driver_new_takes_the_port_from_the_launch_flags(tmp_path, monkeypatch):
-    from appliance.cluster.driver import new_job
+def test_jobrun_new_takes_the_port_from_the_launch_flags(tmp_path, monkeypatch):
+    from appliance.cluster.jobrun import new_job
 
     monkeypatch.setenv("APPLIANCE_SHARED", str(tmp_path))
     monkeypatch.delenv("APPLIANCE_SSH_PORT", raising=False)
@@ -99,7 +99,7 @@ def test_driver_new_takes_the_port_from_the_launch_flags(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fail", [False, True])
-def test_driver_runs_a_local_job_through_the_launcher(tmp_path, fail):
+def test_jobrun_runs_a_local_job_through_the_launcher(tmp_path, fail):
     body = ("import os, sys; r = os.environ['HOROVOD_RANK']; open(os.path.join(sys.argv[1], 'ran.' + r), 'w').close(); "
             f"sys.exit(3 if {fail} and r == '1' else 0)")
     flags, command = parse_launch_flags(["-np", "2", "--", sys.executable, "-c", body, str(tmp_path)])
@@ -107,7 +107,7 @@ def test_driver_runs_a_local_job_through_the_launcher(tmp_path, fail):
     create_job(str(job_dir), flags, command, ssh_port=12345, shared=str(tmp_path), network="host", image="",
                workdir=str(tmp_path), secondary_wait_s=1.0)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "APPLIANCE_STOP_GRACE": "1"}
-    r = subprocess.run([sys.executable, "-m", "appliance.cluster.driver", str(job_dir)], env=env, cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "appliance.cluster.jobrun", str(job_dir)], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=50)
     want = 3 if fail else 0
     assert r.returncode == want, r.stdout + r.stderr
@@ -158,7 +158,7 @@ def test_startup_view_reports_each_host_once_and_ends_when_all_ranks_started(tmp
 
 
 def test_gpu_requests_follow_the_engines_runtimes():
-    from appliance.cluster.engine import gpu_requests
+    from appliance.cluster.docker import gpu_requests
 
     class FakeClient:  # pure logic: only the engine's runtime list matters
         def __init__(self, runtimes):

@@ -6,8 +6,8 @@ from fabric import GroupResult
 from fabric.exceptions import GroupException
 
 from appliance.launcher.config import RemoteConfig
-from appliance.launcher.preflight import HostFailed, HostReport, Preflight
-from appliance.launcher.ssh import resolve_target
+from appliance.launcher.ssh.preflight import HostFailed, HostReport, Preflight
+from appliance.launcher.ssh.connection import resolve_target
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_unresolvable_name_fails_the_preflight_at_once(home):
     """A name that does not resolve is a finding at once, never waited for or retried."""
     import time
 
-    from appliance.launcher.preflight import run_preflight
+    from appliance.launcher.ssh.preflight import run_preflight
 
     (home / ".ssh" / "config").write_text("Host alias-of-nothing\n  HostName nothing-here.invalid\n")
     start = time.monotonic()

@@ -1,4 +1,4 @@
-"""The ``horovod`` compatibility package (docker/pyshim/horovod) without ranks: every module path
+"""The ``horovod`` compatibility package (shim/horovod) without ranks: every module path
 Horovod scripts import, Horovod 0.28.1's names, ``__version__``, the timeline through the shim,
 the framework-free helpers, and install_horovod.py (which never shadows a real Horovod).
 Each check runs in a fresh interpreter with the shim's directory on sys.path."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIM = ROOT / "docker" / "pyshim"
+SHIM = ROOT / "shim"
 INSTALLER = SHIM / "install_horovod.py"
 
 MODULES = """horovod horovod.torch horovod.torch.mpi_ops horovod.torch.functions horovod.torch.optimizer

@@ -1,10 +1,10 @@
-"""horovodrun's flags (``appliance/launcher/horovodrun.py``): which become knobs, which are ignored
+"""horovodrun's flags (``appliance/hvdcompat/horovodrun.py``): which become knobs, which are ignored
 with a warning or rejected, by name; COMMAND's own arguments are never read as flags."""
 from __future__ import annotations
 
 import pytest
 
-from appliance.launcher import horovodrun as hr
+from appliance.hvdcompat import horovodrun as hr
 
 
 def test_knob_flags_become_x_after_the_users_own_so_the_flag_wins():

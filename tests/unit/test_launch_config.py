@@ -7,7 +7,7 @@ from appliance.launcher.config import LaunchConfig, parse_forwards
 from appliance.launcher.env import CONTRACT_NAMES, JobPlan, check_explicit, worker_env
 from appliance.launcher.hosts import Host, assign_ranks
 from appliance.launcher.failures import describe_exit, exit_code
-from appliance.launcher.workers import rank_dir_name
+from appliance.launcher.output import rank_dir_name
 
 
 def test_forwards_like_mpirun():

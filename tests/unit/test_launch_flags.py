@@ -8,7 +8,7 @@ import json
 import pytest
 
 from appliance.cli import build_parser
-from appliance.cluster.driver import create_job, job_config
+from appliance.cluster.jobrun import create_job, job_config
 from appliance.common.knobs import ConfigError
 from appliance.launcher.flags import LaunchFlags, check_config, launch_config, parse_launch_flags
 
@@ -24,32 +24,32 @@ COMMAND = ["python", "-m", "train", "-p", "3", "--verbose"]
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)
-def test_cli_and_cluster_driver_build_the_same_launch_config(flags, tmp_path):
+def test_cli_and_cluster_jobrun_build_the_same_launch_config(flags, tmp_path):
     cli_args = build_parser().parse_args(["launch", *flags, "--", *COMMAND])
     cli_config = launch_config(cli_args, environ=ENV)
 
-    # The cluster's path: the primary parses the flags, job.json keeps them, the driver rebuilds.
+    # The cluster's path: the primary parses the flags, job.json keeps them, the job runner rebuilds.
     parsed, command = parse_launch_flags([*flags, "--", *COMMAND], prog="appliance primary")
     assert command == COMMAND
     job_dir = tmp_path / "jobs" / "j1"
     create_job(str(job_dir), parsed, command, ssh_port=12345, shared="/share", network="host", image="img",
                workdir=str(tmp_path), secondary_wait_s=4.0)
     job = json.loads((job_dir / "job.json").read_text())
-    driver_config = job_config(job, str(job_dir), environ=ENV)
+    jobrun_config = job_config(job, str(job_dir), environ=ENV)
 
-    # What the driver adds on purpose: rankexec before the command, the wait for secondaries, and
+    # What the job runner adds on purpose: rankexec before the command, the wait for secondaries, and
     # -p / --output-filename / --shared where the user gave none.
-    assert driver_config.command[-len(COMMAND):] == tuple(COMMAND)
-    assert driver_config.command[1:5] == ("-m", "appliance.cluster.rankexec", str(job_dir), "--")
-    assert driver_config.remote.host_wait_s == 4.0 and cli_config.remote.host_wait_s == 0.0
+    assert jobrun_config.command[-len(COMMAND):] == tuple(COMMAND)
+    assert jobrun_config.command[1:5] == ("-m", "appliance.cluster.rankexec", str(job_dir), "--")
+    assert jobrun_config.remote.host_wait_s == 4.0 and cli_config.remote.host_wait_s == 0.0
     given = LaunchFlags.from_args(cli_args)
-    assert driver_config.remote.port == (given.ssh_port or 12345)
-    assert driver_config.output_dir == (given.output_filename or str(job_dir / "logs"))
-    assert driver_config.remote.shared_dir == "/share" and driver_config.remote.shared_explicit
+    assert jobrun_config.remote.port == (given.ssh_port or 12345)
+    assert jobrun_config.output_dir == (given.output_filename or str(job_dir / "logs"))
+    assert jobrun_config.remote.shared_dir == "/share" and jobrun_config.remote.shared_explicit
     # Everything else is the same configuration.
     same_as_cli = dataclasses.replace(
-        driver_config, command=cli_config.command, output_dir=cli_config.output_dir,
-        remote=dataclasses.replace(driver_config.remote, host_wait_s=0.0, port=cli_config.remote.port,
+        jobrun_config, command=cli_config.command, output_dir=cli_config.output_dir,
+        remote=dataclasses.replace(jobrun_config.remote, host_wait_s=0.0, port=cli_config.remote.port,
                                    shared_dir=cli_config.remote.shared_dir,
                                    shared_explicit=cli_config.remote.shared_explicit))
     assert same_as_cli == cli_config

@@ -3,13 +3,17 @@ import re
 
 import pytest
 
-from appliance.launcher.config import LaunchConfig
-from appliance.common.slurm import SlurmAllocation
-from appliance.launcher.hosts import (
-    Host, HostsError, assign_ranks, expand_nodelist, expand_tasks_per_node, hosts_from, slurm_hosts,
+from appliance.common.ranks import Slot
+from appliance.common.slurm import (
+    SlurmAllocation, SlurmEnvError, SlurmTask, default_secret_file, expand_nodelist, expand_tasks_per_node, store_port,
 )
+from appliance.launcher.config import LaunchConfig
+from appliance.launcher.hosts import Host, HostsError, allocation_hosts, assign_ranks, hosts_from
 from appliance.launcher.run import hosts_of
-from appliance.common.slurm import SlurmEnvError, SlurmTask, default_secret_file, store_port
+
+
+def slurm_hosts(nodelist, tasks_per_node=None, ntasks_per_node=None):
+    return allocation_hosts(SlurmAllocation(nodelist, tasks_per_node, ntasks_per_node))
 
 
 @pytest.mark.parametrize("spec, names", [
@@ -40,8 +44,11 @@ def test_expand_nodelist(spec, names):
     ("n[1-9999999]", "too large"),
 ])
 def test_expand_nodelist_errors(spec, words):
-    with pytest.raises(HostsError) as e:
+    with pytest.raises(SlurmEnvError) as e:
         expand_nodelist(spec)
+    assert words in str(e.value) and "SLURM_JOB_NODELIST" in str(e.value)
+    with pytest.raises(HostsError) as e:  # as the launcher's hosts
+        slurm_hosts(spec)
     assert words in str(e.value) and "SLURM_JOB_NODELIST" in str(e.value)
 
 
@@ -50,8 +57,11 @@ def test_tasks_per_node():
     assert expand_tasks_per_node("4") == [4]
     assert expand_tasks_per_node("1,2(x2),3") == [1, 2, 2, 3]
     for bad in ["2(3)", "x", "0", "2(x0)", ""]:
-        with pytest.raises(HostsError, match="SLURM_TASKS_PER_NODE"):
+        with pytest.raises(SlurmEnvError, match="SLURM_TASKS_PER_NODE"):
             expand_tasks_per_node(bad)
+    for bad in ["2(3)", "x", "0", "2(x0)"]:  # as the launcher's hosts ("" there: not set)
+        with pytest.raises(HostsError, match="SLURM_TASKS_PER_NODE"):
+            slurm_hosts("a", bad)
 
 
 def test_slurm_hosts_sources_of_slots():
@@ -64,6 +74,8 @@ def test_slurm_hosts_sources_of_slots():
         slurm_hosts("a,b", "1(x3)")
     with pytest.raises(HostsError, match="more than once"):
         slurm_hosts("a,a")
+    with pytest.raises(HostsError, match="is not a host name"):
+        slurm_hosts("a,b@c")
 
 
 def test_host_source_order_and_layout():
@@ -97,6 +109,16 @@ def test_slurm_task_layout_uneven_nodes():
     assert (t2.rank, t2.local_rank, t2.local_size, t2.cross_rank, t2.cross_size) == (2, 0, 1, 1, 2)
     assert t2.first_node == "node1" and t2.node == "node2" and t2.nodes == ("node1", "node2")
     assert t0.store_port == t2.store_port == store_port(41, 3)
+
+
+def test_a_slurm_task_is_the_slot_the_launcher_lays_out():
+    # the same uneven layout, read by each task from Slurm and laid out by the launcher: one type, one rule
+    tasks = [SlurmTask.from_env(_task_env(SLURM_PROCID=str(r), SLURM_LOCALID=str(lr), SLURM_NODEID=str(n),
+                                          SLURMD_NODENAME=f"node{n + 1}"))
+             for r, (n, lr) in enumerate([(0, 0), (0, 1), (1, 0)])]
+    slots = assign_ranks(hosts_from(None, None, SlurmAllocation("node[1-2]", "2,1"), 3), 3)
+    assert all(isinstance(t, Slot) for t in tasks)
+    assert [Slot(**{f: getattr(t, f) for f in Slot.__dataclass_fields__}) for t in tasks] == slots
 
 
 def test_slurm_task_is_not_a_batch_script():

@@ -13,13 +13,12 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from appliance.cli import build_parser
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig, RemoteConfig
-from appliance.launcher import network, probe
+from appliance.launcher.ssh import network, probe
 from appliance.launcher.executors import LocalExecutor, SSHExecutor, remote_argv
-from appliance.launcher.hostkeys import HostKeyPolicy, HostKeyRejected, KnownHosts, lookup_names, patterns_match
-from appliance.launcher.preflight import HostReport, _unique_hostnames
-from appliance.launcher.remote import EXITED, HEADER, STDERR, STDOUT, FrameDecoder, encode
-from appliance.launcher.sshworker import _Lines
-from appliance.launcher.workers import MAX_LINE
+from appliance.launcher.ssh.hostkeys import HostKeyPolicy, HostKeyRejected, KnownHosts, lookup_names, patterns_match
+from appliance.launcher.ssh.preflight import HostReport, _unique_hostnames
+from appliance.launcher.ssh.remote_stub import EXITED, HEADER, STDERR, STDOUT, FrameDecoder, encode
+from appliance.launcher.output import MAX_LINE, Lines
 
 
 # --- network --------------------------------------------------------------------------------
@@ -172,7 +171,7 @@ def test_frames_round_trip_in_any_chunking():
 
 def test_lines_split_like_the_local_relay():
     sink = _Sink()
-    lines = _Lines(sink, 3, "stdout")
+    lines = Lines(lambda data: sink.line(3, "stdout", data))
     for piece in (b"ab", b"c\nde", b"f\n\n", b"tail"):
         lines.feed(piece)
     assert [d for _, _, d in sink.lines] == [b"abc\n", b"def\n", b"\n"]

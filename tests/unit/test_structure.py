@@ -1,5 +1,5 @@
-"""The package's shape, read from the source with ``ast`` (nothing is imported): no import loops
-among appliance modules, and no private name of one module used by another.
+"""The package's shape, read from the source with ``ast`` (nothing is imported): the plane rule,
+no import loops among appliance modules, and no private name of one module used by another.
 
 Import graph: one edge per ``import``/``from ... import`` statement anywhere in a module, at
 module level or inside a function (a lazy import still makes a loop, it only hides it until
@@ -8,6 +8,12 @@ file, a package, or, as Python decides, any name package P's ``__init__`` does n
 compiled extension such as ``runtime/_core``, built or not), else to ``P``. Only appliance
 modules count. Loops are allowed inside ``appliance/torch`` only (Horovod's module shape puts
 two there).
+
+Planes: every module belongs to one (``appliance.<plane>...``; ``appliance.__main__`` is the
+CLI's; the root package ``appliance`` holds the version, imports nothing, and anyone may import
+it), and each plane imports only the planes ``MAY_IMPORT`` lists: data flows down, so the runtime
+knows nothing of the launcher or Docker, the launcher nothing of tensors or Horovod's API, and
+``common`` is the ground floor that imports no plane.
 
 Private names: ``from M import _x``, ``M._x`` (M bound to another appliance module by an
 import) and ``import M._x``, where ``_x`` is not a dunder. A private *module* (``_tensors``) may
@@ -20,6 +26,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "appliance"
+
+# plane -> the planes its modules may import (besides their own plane and the root package).
+PLANES = ("common", "runtime", "torch", "hvdcompat", "launcher", "cluster", "mount", "examples", "cli")
+MAY_IMPORT: dict[str, set[str]] = {
+    "common": set(),                                   # the ground floor
+    "runtime": {"common"},                             # the collective engine
+    "torch": {"runtime", "hvdcompat", "common"},       # Horovod's torch API over the runtime
+    "hvdcompat": {"runtime", "launcher", "common"},    # Horovod's framework-free layer (no torch), horovodrun
+    "launcher": {"common", "mount"},                   # hosts, ranks, SSH, Slurm: no tensors, no Horovod API
+    "cluster": {"launcher", "mount", "common"},        # Docker containers around the launcher
+    "mount": {"common"},                               # the shared mount
+    "examples": {"torch", "runtime", "hvdcompat", "mount", "common"},  # training jobs
+    "cli": set(PLANES) - {"cli"},                      # parse -> config -> call
+}
+ROOT_PACKAGE = "appliance"
 
 # Loops that are allowed outside appliance/torch (none), each a set of modules forming one
 # strongly connected component, and private names allowed across modules: (user, owner, name).
@@ -97,12 +118,14 @@ class _Imports(ast.NodeVisitor):
     def __init__(self, module: str):
         self.module = module
         self.edges: set[str] = set()
+        self.lines: dict[str, int] = {}                # edge -> line of its first import
         self.private: list[tuple[str, str, int]] = []  # (owner module, name, line)
         self.aliases: dict[str, str] = {}              # local name -> appliance module
 
     def _edge(self, target: str, line: int) -> None:
         if target != self.module and (target == "appliance" or target.startswith("appliance.")):
             self.edges.add(target)
+            self.lines.setdefault(target, line)
             self._private_path(target, line)
 
     def _private_path(self, target: str, line: int) -> None:
@@ -222,6 +245,39 @@ def _path_in(component: set[str], graph: dict[str, set[str]]) -> str:
         node = nxt
 
 
+def plane_of(module: str) -> str | None:
+    """The plane of an appliance module (None for the root package)."""
+    if module == ROOT_PACKAGE:
+        return None
+    part = module.split(".")[1]
+    return "cli" if part == "__main__" else part
+
+
+def plane_violations(module: str, scan: _Imports) -> list[str]:
+    """One line per import of ``module`` that the plane rule forbids."""
+    own = plane_of(module)
+    bad = []
+    for target in sorted(scan.edges):
+        other = plane_of(target)
+        if other is None or other == own:
+            continue
+        if own is None or other not in MAY_IMPORT.get(own, set()):
+            bad.append(f"{scan.lines[target]}: {own or 'the root package'} imports {other} ({target})")
+    return bad
+
+
+def test_every_module_belongs_to_a_plane():
+    stray = sorted(m for m in MODULES if m != ROOT_PACKAGE and plane_of(m) not in PLANES)
+    assert not stray, f"modules outside the planes {PLANES} (declare the plane in MAY_IMPORT): {stray}"
+
+
+def test_planes_import_only_the_planes_below():
+    bad = []
+    for module, scan in _scan().items():
+        bad += [f"{MODULES[module].relative_to(ROOT)}:{line}" for line in plane_violations(module, scan)]
+    assert not bad, "imports against the plane rule (tests/unit/test_structure.py, MAY_IMPORT):\n" + "\n".join(bad)
+
+
 def test_no_import_loops_outside_appliance_torch():
     scans = _scan()
     graph = {m: s.edges for m, s in scans.items()}
@@ -248,7 +304,7 @@ def _check_source(module: str, source: str) -> _Imports:
 
 
 def test_the_checker_sees_lazy_imports_aliases_and_private_uses():
-    v = _check_source("appliance.cluster.driver", (
+    v = _check_source("appliance.cluster.jobrun", (
         "def f():\n"
         "    from ..cli import build_parser\n"
         "    from ..launcher import executors as ex\n"
@@ -265,6 +321,31 @@ def test_the_checker_sees_lazy_imports_aliases_and_private_uses():
     assert v.edges == {"appliance.runtime._not_built_ext"} and not v.private
     # attributes of non-module names (self._x, obj._y) are not private-name uses
     assert not _check_source("appliance.cli", "import os\nx = os._exit\nclass A:\n    y = 1\nA()._y\n").private
+
+
+def test_the_plane_rule_sees_lazy_relative_and_upward_imports():
+    def bad(module: str, source: str) -> list[str]:
+        return plane_violations(module, _check_source(module, source))
+
+    # a lazy import counts, and a relative one resolves to its plane
+    assert bad("appliance.runtime.api", "def f():\n    from appliance.launcher import launch\n") == [
+        "2: runtime imports launcher (appliance.launcher)"]
+    assert bad("appliance.launcher.run", "from ..runtime import devices\n") == [
+        "1: launcher imports runtime (appliance.runtime.devices)"]
+    assert bad("appliance.launcher.ssh.worker", "from ...torch import mpi_ops\n") == [
+        "1: launcher imports torch (appliance.torch.mpi_ops)"]
+    assert bad("appliance.launcher.hosts", "import appliance.hvdcompat.horovodrun\n") == [
+        "1: launcher imports hvdcompat (appliance.hvdcompat.horovodrun)"]
+    assert bad("appliance.hvdcompat.util", "import appliance.torch\n") == ["1: hvdcompat imports torch (appliance.torch)"]
+    assert bad("appliance.cluster.primary", "from appliance.runtime import api\n")
+    assert bad("appliance.common.slurm", "from appliance.mount import Layout\n")
+    assert bad("appliance", "from appliance import cli\n")  # the root package imports no plane
+    # allowed: downward, within a plane, and the root package's version from anywhere
+    assert not bad("appliance.torch.mpi_ops", "from appliance.hvdcompat.util import x\nfrom .. import runtime\n")
+    assert not bad("appliance.hvdcompat.horovodrun",
+                   "from appliance.launcher import run\nfrom appliance import __version__\n")
+    assert not bad("appliance.cluster.jobrun", "from ..launcher.hosts import Host\nfrom ..mount import Layout\n")
+    assert not bad("appliance.__main__", "from appliance.cli import main\n")
 
 
 def test_the_checker_finds_a_loop():

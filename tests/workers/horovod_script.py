@@ -1,6 +1,6 @@
 """A Horovod-style training script, unchanged Horovod imports only (tests/runtime/test_horovod_compat.py).
 
-Runs with docker/pyshim on PYTHONPATH (the ``horovod`` compatibility package). Usage:
+Runs with shim/ on PYTHONPATH (the ``horovod`` compatibility package). Usage:
 horovod_script.py [--lose-rank-1]. Checks allreduce (with ``hvd.mpi_ops.Compression.none``), the
 autograd Function names, ``handle_average_backwards_compatibility``, ``is_homogeneous``, threads
 from ``horovod.runner.util.threads`` running collectives, Adasum (of equal tensors: the tensor),

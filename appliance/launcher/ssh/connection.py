@@ -27,7 +27,8 @@ What fabric does not do here, and why: its ``Connection`` trusts unknown host ke
 ``run()`` (invoke's runner) feeds stdin from a thread, and when the command exits without reading
 all of it (a remote Python that does not exist: exit 127) the whole call fails with a
 ``ThreadException`` ("Socket is closed") instead of returning the status, so ``exec`` drives the
-channel itself (tried and measured: the preflight's "Python not found there" became a traceback). ``IdentityAgent PATH`` is not supported (paramiko only reads $SSH_AUTH_SOCK).
+channel itself and the preflight can say "Python not found there". ``IdentityAgent PATH`` is not
+supported (paramiko only reads $SSH_AUTH_SOCK).
 
 Env vars: none read directly (``RemoteConfig`` carries the knobs; ``HOME`` locates ``~/.ssh``,
 ``SSH_AUTH_SOCK`` the agent). Failure modes: ``SSHFailure`` as above; nothing waits without a

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Install (or remove) the appliance's ``horovod`` compatibility package into a Python environment.
 
-Usage: ``python docker/pyshim/install_horovod.py [--target SITE_DIR] [--force] [--uninstall]``
+Usage: ``python shim/install_horovod.py [--target SITE_DIR] [--force] [--uninstall]``
 (default target: this interpreter's site-packages, i.e. run it with the Python you train with).
 It copies ``horovod/`` (next to this file) to ``SITE_DIR/appliance_horovod_shim/horovod`` and writes
 ``SITE_DIR/appliance-horovod-shim.pth`` naming that directory. Python appends .pth directories
@@ -9,7 +9,9 @@ to ``sys.path`` after the site directory itself, so a real Horovod installed in 
 always wins and is never shadowed. The installer also refuses (exit 1, naming it) when a real
 Horovod is already importable there or on this interpreter's path, unless ``--force``.
 The appliance (``appliance`` and ``torch``) must be installed in the same environment for the
-package to import. The Dockerfile uses this same script. Stdlib only; reads no environment.
+package to import; the ``horovodrun`` command comes with the appliance itself (its console
+script, which likewise runs a real Horovod's own horovodrun when one is installed). The
+Dockerfile uses this same script. Stdlib only; reads no environment.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import sysconfig
 
 SHIM_DIR = "appliance_horovod_shim"
 PTH = "appliance-horovod-shim.pth"
-MARKER = "appliance-horovod-shim"  # in our horovod/__init__.py docstring
+MARKER = "appliance-horovod-shim"  # in our horovod/__init__.py docstring; appliance.hvdcompat.SHIM_MARKER
 
 
 def real_horovods(target: str) -> list[str]:

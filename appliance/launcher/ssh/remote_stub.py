@@ -1,6 +1,6 @@
 """The remote stub: runs on a secondary host, one per remote rank, between sshd and the worker.
 
-Started by the launcher as ``PYTHON -m appliance.launcher.remote`` over an SSH channel (no
+Started by the launcher as ``PYTHON -m appliance.launcher.ssh.remote_stub`` over an SSH channel (no
 arguments, so nothing secret is ever on a command line). What it owns:
 
 - Reading one JSON line from stdin, the *spec* (``argv``, ``env``, ``cwd``, ``rank``,
@@ -28,7 +28,7 @@ arguments, so nothing secret is ever on a command line). What it owns:
 - The stub exits only when the worker has exited and no process of its group is left, so the
   launcher can take "the channel closed" as "nothing of this rank runs on that host".
 
-``python -m appliance.launcher.remote ports ADDR COUNT`` prints free TCP ports on ADDR (JSON).
+``python -m appliance.launcher.ssh.remote_stub ports ADDR COUNT`` prints free TCP ports on ADDR (JSON).
 
 Env vars: none of its own (the worker's come in the spec). Failure modes: a worker that cannot
 start is reported in the ``X`` frame (127 command not found, 126 not executable, 1 missing
@@ -50,7 +50,7 @@ import threading
 import time
 from typing import IO, Any
 
-from . import binding
+from .. import binding
 
 HEADER = struct.Struct(">cI")
 STDOUT, STDERR, STARTED, EXITED, HEARTBEAT = b"O", b"E", b"P", b"X", b"H"
@@ -143,7 +143,7 @@ class Stub:
                 pass
 
     def group_alive(self) -> bool:
-        from .reaper import pgid_alive
+        from ..reaper import pgid_alive
         return bool(self.pgid) and pgid_alive(self.pgid)
 
     def stop_group(self) -> None:
@@ -332,7 +332,7 @@ class _LineReader:
 
 
 def _ports(address: str, count: str) -> int:
-    from .ports import pick_free_ports
+    from ..ports import pick_free_ports
     print(json.dumps(pick_free_ports(address, int(count))))
     return 0
 
@@ -342,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["ports"] and len(argv) == 3:
         return _ports(argv[1], argv[2])
     if argv:
-        print("usage: python -m appliance.launcher.remote [ports ADDR COUNT] (spec on stdin)", file=sys.stderr)
+        print("usage: python -m appliance.launcher.ssh.remote_stub [ports ADDR COUNT] (spec on stdin)",
+              file=sys.stderr)
         return 2
     stdin = _LineReader(0)
     try:

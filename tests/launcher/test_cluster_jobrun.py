@@ -1,6 +1,7 @@
-"""The cluster plane's driver and the preflight hooks over real OpenSSH (the simulated hosts of
-``_netns.py``): the driver checks each host once, through the launcher's preflight, writes the
-startup view's host files from its reports, and a secondary that starts late is waited for.
+"""The cluster plane's job runner (``python -m appliance.cluster.jobrun``) and the preflight hooks
+over real OpenSSH (the simulated hosts of ``_netns.py``): the job runner checks each host once,
+through the launcher's preflight, writes the startup view's host files from its reports, and a
+secondary that starts late is waited for.
 
 Effects asserted: SSH logins each host's sshd accepted, the job directory's files, exit codes,
 the reports the hook received, time bounds, nothing left on the hosts.
@@ -31,7 +32,7 @@ def logins(host) -> int:
 
 
 def make_job(ssh_cluster, tmp_path, hosts: str, np_: int, *flags: str, wait: float = 5.0):
-    from appliance.cluster.driver import create_job
+    from appliance.cluster.jobrun import create_job
     from appliance.launcher.flags import parse_launch_flags
 
     out = tmp_path / "out"
@@ -44,8 +45,8 @@ def make_job(ssh_cluster, tmp_path, hosts: str, np_: int, *flags: str, wait: flo
     return job_dir, out
 
 
-def run_driver(ssh_cluster, job_dir: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "appliance.cluster.driver", job_dir], capture_output=True,
+def run_jobrun(ssh_cluster, job_dir: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "appliance.cluster.jobrun", job_dir], capture_output=True,
                           text=True, cwd=ssh_cluster.base, env={**os.environ, **ssh_cluster.env()}, timeout=timeout)
 
 
@@ -55,14 +56,13 @@ def read(path: str) -> dict:
 
 
 @pytest.mark.timeout(90)
-def test_driver_checks_each_host_once_then_runs_the_job(ssh_cluster, tmp_path):
+def test_jobrun_checks_each_host_once_then_runs_the_job(ssh_cluster, tmp_path):
     h1, h2 = ssh_cluster.hosts
     job_dir, out = make_job(ssh_cluster, tmp_path, f"localhost:1,{h1.address}:1,{h2.address}:1", 3)
     before = {h.address: logins(h) for h in (h1, h2)}
-    r = run_driver(ssh_cluster, job_dir)
+    r = run_jobrun(ssh_cluster, job_dir)
     assert r.returncode == 0, r.stdout + r.stderr
-    # One SSH login per host: the launcher's preflight, whose connection then carries the ranks
-    # (the driver used to log in once more to check the host first).
+    # One SSH login per host: the launcher's preflight, whose connection then carries the ranks.
     assert {h.address: logins(h) - before[h.address] for h in (h1, h2)} == {h1.address: 1, h2.address: 1}
     assert {p: open(out / p).read() for p in os.listdir(out)} == {
         "ran.0": os.uname().nodename, "ran.1": h1.hostname, "ran.2": h2.hostname}
@@ -79,12 +79,12 @@ def test_driver_checks_each_host_once_then_runs_the_job(ssh_cluster, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_driver_names_what_to_run_on_a_host_that_is_not_up(ssh_cluster, tmp_path):
+def test_jobrun_names_what_to_run_on_a_host_that_is_not_up(ssh_cluster, tmp_path):
     h1, _ = ssh_cluster.hosts
     bad_port = PORT + 1  # nothing listens there: refused, waited for, then failed
     job_dir, out = make_job(ssh_cluster, tmp_path, f"localhost:1,{h1.address}:1", 2, "-p", str(bad_port), wait=1.0)
     start = time.monotonic()
-    r = run_driver(ssh_cluster, job_dir)
+    r = run_jobrun(ssh_cluster, job_dir)
     elapsed = time.monotonic() - start
     assert r.returncode == 1, r.stdout + r.stderr
     hints = [l for l in r.stderr.splitlines() if "is not up" in l]

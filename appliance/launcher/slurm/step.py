@@ -1,4 +1,4 @@
-"""The srun launcher: every rank of a job started by one ``srun`` step inside a Slurm allocation.
+"""The srun step: every rank of a job started by one ``srun`` step inside a Slurm allocation.
 
 What it owns:
 - ``launcher_of(config)``: which launcher a job uses. ``--launcher``/APPLIANCE_LAUNCHER ``srun``,
@@ -7,19 +7,20 @@ What it owns:
   subprocesses, the others over SSH). ``local`` ignores the allocation and runs every rank on this
   machine. ``srun`` outside an allocation, or with -H/--hostfile, is a ``ConfigError``.
 - ``step_dir(config)``: the step's private directory (mode 0700) next to the job's default secret
-  file, ``~/.appliance/slurm/launch-JOB-ID/`` (``slurm.default_secret_file``: the home is the
+  file, ``~/.appliance/slurm/launch-JOB-ID/`` (``default_secret_file``: the home is the
   mount every node shares), removed at the end (and by the reaper if the launcher dies).
 - ``SrunStep``: the running step, shaped like a ``WorkerGroup`` for ``failures.wait_for_end``.
-  It runs ``srun --kill-on-bad-exit=1 --label --input=none --ntasks=NP --nodes=K --nodelist=...
+  It runs ``srun --kill-on-bad-exit=1 --label --input=none --ntasks=NP --nodes=K
   --distribution=arbitrary`` with ``SLURM_HOSTFILE`` listing each rank's node, so rank r runs on
   the host ``hosts.assign_ranks`` gave it (the same layout as over SSH), and each task is
-  ``python -m appliance.launcher.srun_task DIR GRACE -- COMMAND`` (its docstring: the rank's
+  ``python -m appliance.launcher.slurm.task DIR GRACE -- COMMAND`` (its docstring: the rank's
   environment, exit records). The job's secret, id and start timeout travel in srun's
-  environment, never on its command line. Output: srun's ``--label`` prefix ``N: `` is turned into
-  the launcher's ``[N]<stdout>:`` lines (and ``--output-filename`` files); srun's own lines go to
-  stderr only with --verbose, except errors that are not a task's exit status. A rank's exit is
-  seen when its wrapper records it (``exit.N.json``); a task whose wrapper left no record (itself
-  killed) is taken from srun's ``task N: Killed`` lines once srun ends.
+  environment, never on its command line. Output (``output.relay``, as for local ranks): srun's
+  ``--label`` prefix ``N: `` is turned into the launcher's ``[N]<stdout>:`` lines (and
+  ``--output-filename`` files); srun's own lines go to stderr only with --verbose, except errors
+  that are not a task's exit status. A rank's exit is seen when its wrapper records it
+  (``exit.N.json``); a task whose wrapper left no record (itself killed) is taken from srun's
+  ``task N: Killed`` lines once srun ends.
 - Stopping (``stop``): ``scancel --signal=TERM JOB.STEP`` (the wrappers pass it to their ranks'
   process groups), up to APPLIANCE_STOP_GRACE seconds, then SIGTERM to srun (Slurm kills the
   step), then, bounded, SIGKILL to srun and ``scancel JOB.STEP``. ``scancel`` of the whole job
@@ -35,6 +36,7 @@ its last error line, blamed on rank 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import re
@@ -46,16 +48,17 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from appliance.common import slurm
+from appliance.common.slurm import default_secret_file
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
-from . import env as envmod
-from .executors import LaunchError
-from .failures import describe_exit
-from .hosts import Slot, used_hosts
-from .reaper import Reaper
-from .srun_task import exit_file, start_file
-from .workers import MAX_LINE, OutputSink, read_fault, read_json
+from .. import env as envmod
+from ..executors import LaunchError
+from ..failures import describe_exit
+from ..hosts import Slot, used_hosts
+from ..output import OutputSink, relay
+from ..reaper import Reaper
+from ..workers import read_fault, read_json
+from .task import exit_file, start_file
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
 CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")
@@ -106,7 +109,7 @@ def _status_code(text: str) -> int:
 @contextlib.contextmanager
 def step_dir(config: LaunchConfig, job_id: str) -> Iterator[str]:
     """The step's private directory on the shared home, removed at the end."""
-    base = os.path.dirname(slurm.default_secret_file(int(config.slurm.job_id or 0), config.environ))
+    base = os.path.dirname(default_secret_file(int(config.slurm.job_id or 0), config.environ))
     os.makedirs(base, mode=0o700, exist_ok=True)
     d = os.path.join(base, f"launch-{config.slurm.job_id}-{job_id}")
     os.mkdir(d, 0o700)
@@ -117,7 +120,7 @@ def step_dir(config: LaunchConfig, job_id: str) -> Iterator[str]:
 
 
 def plan_step(config: LaunchConfig, d: str, job_id: str) -> envmod.JobPlan:
-    """The per-job facts; the addresses are decided on the nodes (``srun_task``)."""
+    """The per-job facts; the addresses are decided on the nodes (``task.py``)."""
     return envmod.JobPlan(job_id=job_id, secret=envmod.new_secret(), store_addr="", master_addr="", master_port=0,
                           data_addrs={}, start_timeout_s=config.start_timeout_s, verbose=config.verbose, fault_dir=d)
 
@@ -133,10 +136,7 @@ def srun_env(config: LaunchConfig, plan: envmod.JobPlan, hostfile: str) -> dict[
                 "SLURM_HOSTFILE": hostfile})
     if plan.verbose:
         env["APPLIANCE_VERBOSE"] = "1"
-    iface = config.remote.network_interface
-    if iface:
-        env.setdefault("HOROVOD_GLOO_IFACE", iface)
-        env.setdefault("NCCL_SOCKET_IFNAME", iface)
+    envmod.network_defaults(env, config.remote.network_interface or "")
     return env
 
 
@@ -146,7 +146,7 @@ def srun_argv(config: LaunchConfig, slots: Sequence[Slot], d: str, srun: str = "
     return [srun, "--kill-on-bad-exit=1", "--label", "--input=none", f"--ntasks={len(slots)}",
             f"--nodes={len(hosts)}", "--distribution=arbitrary",
             f"--job-name=appliance-{os.path.basename(d)}",
-            python, "-m", "appliance.launcher.srun_task", d, repr(float(config.failure_grace_s)), "--",
+            python, "-m", "appliance.launcher.slurm.task", d, repr(float(config.failure_grace_s)), "--",
             *config.command]
 
 
@@ -221,37 +221,28 @@ class SrunStep:
                                      start_new_session=True, close_fds=True)
         if self.reaper is not None:
             self.reaper.watch(self.proc.pid)  # a killed launcher: the reaper's SIGTERM makes srun end the step
-        for target, args, name in ((self._relay, (self.proc.stdout, "stdout"), "srun-stdout"),
-                                   (self._relay, (self.proc.stderr, "stderr"), "srun-stderr"),
-                                   (self._watch, (), "srun-watch")):
+        for target, args, name in (
+                (relay, (self.proc.stdout, functools.partial(self._line, "stdout")), "srun-stdout"),
+                (relay, (self.proc.stderr, functools.partial(self._line, "stderr")), "srun-stderr"),
+                (self._watch, (), "srun-watch")):
             t = threading.Thread(target=target, args=args, name=name, daemon=True)
             t.start()
             self._threads.append(t)
 
-    def _relay(self, stream, name: str) -> None:
-        """srun's ``N: text`` lines -> rank N's lines; srun's own lines -> ``_own_line``."""
-        try:
-            while True:
-                try:
-                    data = stream.readline(MAX_LINE)
-                except (OSError, ValueError):
-                    break
-                if not data:
-                    break
-                m = LABEL.match(data)
-                cancel = CANCELLED.search(data)
-                if cancel:  # slurmstepd's line, on task 0's stream: the summary says it, --verbose shows it
-                    if not self._stopped:
-                        why = (cancel.group("why") or b"").decode().strip().lower()
-                        self.cancelled = f"the {cancel.group(2).decode().lower()} ({why or 'scancel'})"
-                    if self.config.verbose:
-                        self.sink.message(data.rstrip(b"\n").decode("utf-8", errors="replace"))
-                elif m and int(m.group(1)) < len(self.slots):
-                    self.sink.line(int(m.group(1)), name, data[m.end():])
-                else:
-                    self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
-        finally:
-            stream.close()
+    def _line(self, name: str, data: bytes) -> None:
+        """One line srun printed: ``N: text`` -> rank N's line; Slurm's cancel; srun's own line."""
+        m = LABEL.match(data)
+        cancel = CANCELLED.search(data)
+        if cancel:  # slurmstepd's line, on task 0's stream: the summary says it, --verbose shows it
+            if not self._stopped:
+                why = (cancel.group("why") or b"").decode().strip().lower()
+                self.cancelled = f"the {cancel.group(2).decode().lower()} ({why or 'scancel'})"
+            if self.config.verbose:
+                self.sink.message(data.rstrip(b"\n").decode("utf-8", errors="replace"))
+        elif m and int(m.group(1)) < len(self.slots):
+            self.sink.line(int(m.group(1)), name, data[m.end():])
+        else:
+            self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
 
     def _own_line(self, text: str) -> None:
         m = TASK_STATUS.match(text)

@@ -1,7 +1,8 @@
-"""The per-task wrapper of the srun launcher: ``python -m appliance.launcher.srun_task DIR GRACE -- COMMAND...``.
+"""The per-task wrapper of the srun launcher: ``python -m appliance.launcher.slurm.task DIR GRACE -- COMMAND...``.
 
-What it is: the program ``srun`` starts as each task of the step ``launcher/srun.py`` launches.
-It reads what Slurm says this task is (``appliance.common.slurm.SlurmTask.from_env``), gives COMMAND
+What it is: the program ``srun`` starts as each task of the step that ``step.py`` launches. It
+reads what Slurm says this task is (``appliance.common.slurm.SlurmTask.from_env``: the rank's
+``Slot``, the same type the launcher lays out everywhere else), gives COMMAND
 exactly the environment a rank gets from the launcher everywhere else (``env.worker_env``: rank,
 size, local and cross rank, HOROVOD_HOSTNAME = the Slurm node name, RANK/WORLD_SIZE/...,
 APPLIANCE_DATA_ADDR, the store at rank 0's node, MASTER_ADDR/PORT, APPLIANCE_FAULT_FILE in DIR,
@@ -48,14 +49,12 @@ from typing import Sequence
 from appliance.common.knobs import ConfigError
 from appliance.common.netif import interface_address
 from appliance.common.slurm import SlurmEnvError, SlurmTask
-from . import binding
-from .env import JobPlan, worker_env
-from .hosts import Slot
-from .workers import read_json
+from .. import binding
+from ..env import JobPlan, network_defaults, worker_env
+from ..workers import read_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-PRIVATE = ("SLURM_HOSTFILE",)
-NETWORK_VARS = ("HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")  # as executors.NETWORK_VARS  # the launcher's means of pinning tasks; not for the rank's own sruns
+PRIVATE = ("SLURM_HOSTFILE",)  # the launcher's means of placing tasks; not for the rank's own sruns
 POLL_S = 0.01
 
 
@@ -154,14 +153,9 @@ def rank_env(task: SlurmTask, d: str, environ: dict[str, str]) -> dict[str, str]
                    store_addr=meet["store_addr"], master_addr=meet["master_addr"],
                    master_port=int(meet["master_port"]), data_addrs={task.node: address},
                    start_timeout_s=timeout_s, verbose=environ.get("APPLIANCE_VERBOSE") == "1", fault_dir=d)
-    slot = Slot(rank=task.rank, size=task.size, local_rank=task.local_rank, local_size=task.local_size,
-                cross_rank=task.cross_rank, cross_size=task.cross_size, host=task.node)
     base = {k: v for k, v in environ.items() if k not in PRIVATE}
-    iface = interface_of(address)
-    if iface:
-        for name in NETWORK_VARS:
-            base.setdefault(name, iface)
-    return worker_env(slot, plan, base, {})
+    network_defaults(base, interface_of(address))
+    return worker_env(task, plan, base, {})  # a SlurmTask is the rank's Slot
 
 
 def _hold(d: str, size: int, grace_s: float, signalled: list[int]) -> None:
@@ -175,7 +169,7 @@ def _hold(d: str, size: int, grace_s: float, signalled: list[int]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m appliance.launcher.srun_task DIR GRACE -- COMMAND...", file=sys.stderr)
+        print("usage: python -m appliance.launcher.slurm.task DIR GRACE -- COMMAND...", file=sys.stderr)
         return 2
     d, grace_s, command = argv[0], float(argv[1]), list(argv[3:])
     try:

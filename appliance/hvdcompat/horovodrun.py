@@ -1,7 +1,18 @@
 """``horovodrun``: the launch flags plus horovodrun's own, and ``--check-build``.
 
-What it owns: the thin layer between Horovod's ``horovodrun`` command line and ``appliance
-launch``. Its parser is the launcher's (``flags.add_launch_flags``: -np, -H, --hostfile, -p, -i,
+What it owns: the ``horovodrun`` command (``main``, the console script of the ``appliance``
+package, so it exists wherever the appliance is installed: in the image, in a virtual
+environment on a bare cluster, inside a Slurm allocation, where it starts one ``srun`` step),
+and the thin layer between Horovod's ``horovodrun`` command line and ``appliance launch``.
+
+It never shadows a real Horovod: when the ``horovod`` package this interpreter imports is not
+the appliance's compatibility package (``real_horovod()``: its ``__init__.py`` lacks
+``SHIM_MARKER``; nothing is imported to decide), ``main`` runs that Horovod's own horovodrun
+(``horovod.runner.launch.run_commandline``, what Horovod's script calls), or, when that cannot be
+imported, refuses (exit 2) naming the Horovod it found; the appliance's launcher is never used
+in its place.
+
+Its parser is the launcher's (``flags.add_launch_flags``: -np, -H, --hostfile, -p, -i,
 --start-timeout, --output-filename, --verbose, --network-interface, -x...) plus horovodrun's flags
 that the launcher has no use for. Each of those is, by name, one of:
 
@@ -22,20 +33,22 @@ what this build has in Horovod's layout: frameworks (PyTorch when torch imports)
 operations (NCCL as ``appliance.runtime`` capabilities report; Gloo = our CPU/TCP collectives).
 
 Env vars: none read here (the knobs are read by the ranks). Failure modes: ``SystemExit(2)`` from
-argparse for unusable syntax; a rejected flag returns 2 with ``horovodrun: error: --FLAG: ...``.
+argparse for unusable syntax; a rejected flag returns 2 with ``horovodrun: error: --FLAG: ...``;
+a real Horovod whose launcher does not import returns 2 naming its directory.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import importlib.util
+import os
 import shutil
 import sys
 from typing import Callable, Sequence
 
 from appliance.common.knobs import KNOBS
-from ..hvdcompat import HOROVOD_VERSION  # the Horovod release whose horovodrun and API this one follows
-from .flags import LaunchFlags, add_launch_flags, command_of
+from appliance.hvdcompat import HOROVOD_VERSION, SHIM_MARKER
+from appliance.launcher.flags import LaunchFlags, add_launch_flags, command_of
 
 USAGE = "horovodrun -np N [-H host:slots,... | --hostfile FILE] [options] [--] COMMAND... | --check-build"
 
@@ -224,7 +237,7 @@ def parse(argv: Sequence[str]) -> Parsed:
 
 def build_report() -> list[str]:
     """``--check-build``'s lines, in Horovod's layout, for what this build really has."""
-    from ..runtime import devices
+    from appliance.runtime import devices
 
     caps = devices.capabilities()
 
@@ -242,13 +255,47 @@ def build_report() -> list[str]:
                                                  str(caps.get("why") or "no CUDA device")) + ")"]
 
 
+def real_horovod() -> str | None:
+    """The directory of the ``horovod`` package this interpreter would import, when that is a real
+    Horovod and not the appliance's compatibility package; else None. Reads files, imports nothing."""
+    try:
+        spec = importlib.util.find_spec("horovod")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8", errors="replace") as f:
+            ours = SHIM_MARKER in f.read()
+    except OSError:
+        return None
+    return None if ours else os.path.dirname(os.path.abspath(spec.origin))
+
+
+def run_real_horovod(where: str, argv: Sequence[str]) -> int:
+    """Horovod's own horovodrun with ``argv``, as its script runs it; 2 when it does not import."""
+    try:
+        from horovod.runner.launch import run_commandline
+    except Exception as e:  # noqa: BLE001 - any import failure: say which Horovod, never run ours instead
+        print(f"horovodrun: error: the Horovod installed at {where} is not the appliance's, and its horovodrun "
+              f"does not import ({type(e).__name__}: {e}); fix or uninstall that Horovod", file=sys.stderr)
+        return 2
+    sys.argv = ["horovodrun", *argv]
+    run_commandline()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``horovodrun ARGS``: exit code of the job, 2 for unusable or rejected flags, 1 when the
-    job cannot be set up."""
+    job cannot be set up; a real Horovod's horovodrun when one is installed (``real_horovod``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    real = real_horovod()
+    if real is not None:
+        return run_real_horovod(real, argv)
     from appliance.common.knobs import ConfigError
-    from . import LaunchError, run
+    from appliance.launcher import LaunchError, run
 
-    parsed = parse(sys.argv[1:] if argv is None else argv)
+    parsed = parse(argv)
     if parsed.check_build:
         print("\n".join(build_report()))
         return 0
@@ -268,5 +315,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["HOROVOD_VERSION", "LOG_LEVELS", "KNOB_FLAGS", "KNOB_WHEN_DECLARED", "IGNORED", "REJECTED", "Parsed", "add_horovodrun_flags",
-           "horovodrun_parser", "parse", "build_report", "main"]
+__all__ = ["HOROVOD_VERSION", "LOG_LEVELS", "KNOB_FLAGS", "KNOB_WHEN_DECLARED", "IGNORED", "REJECTED", "Parsed",
+           "add_horovodrun_flags", "horovodrun_parser", "parse", "build_report", "real_horovod", "run_real_horovod",
+           "main"]

@@ -3,7 +3,7 @@
 What it owns: ``KnownHosts`` (an OpenSSH known_hosts file: ``patterns keytype key`` lines with
 ``*``/``?`` wildcards, ``!`` negation, hashed ``|1|`` names and ``@revoked`` markers; paramiko's
 own parser has no wildcards) and ``HostKeyPolicy``, the paramiko policy every connection uses
-(``ssh.py`` sets it on each ``fabric.Connection``'s client and on its jump hosts' clients, in
+(``connection.py`` sets it on each ``fabric.Connection``'s client and on its jump hosts' clients, in
 place of fabric's default ``AutoAddPolicy``; the clients load no known_hosts of their own, so
 every key reaches this policy).
 

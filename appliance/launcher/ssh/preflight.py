@@ -44,7 +44,7 @@ from fabric.exceptions import GroupException
 from appliance.launcher.config import RemoteConfig
 from . import network, probe
 from .hostkeys import HostKeyPolicy
-from .ssh import Connection, SSHFailure, Target, connect, resolve
+from .connection import Connection, SSHFailure, Target, connect, resolve
 
 HOST_WAIT_RETRY_S = 0.25  # between TCP attempts while a host may still be starting (host_wait_s)
 
@@ -159,7 +159,7 @@ def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, pytho
         report.fail(f"`import appliance` fails with {facts.get('python', python)}: {facts['appliance_error']} "
                     "(install the same appliance there, or point --remote-python at the Python that has it)")
     else:
-        from .. import __version__
+        from appliance import __version__
         report.steps["appliance"] = facts.get("appliance", "?")
         if facts.get("appliance") != __version__:
             report.fail(f"appliance {facts.get('appliance')} there but {__version__} on the primary: install the "

@@ -1,4 +1,4 @@
-"""Docker engine access for the appliance plane: names, labels and the flags every container gets.
+"""Docker SDK access for the appliance plane: names, labels and the flags every container gets.
 
 What it owns:
 - ``connect()``: a docker SDK client, or one ``ClusterError`` line saying how to start Docker.

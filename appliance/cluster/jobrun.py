@@ -1,4 +1,6 @@
-"""Inside the primary container: run a job directory's job with the launcher; ``python -m appliance.cluster.driver JOB_DIR``.
+"""Inside the primary container, the job runner: a job directory's job, run with the launcher.
+
+``python -m appliance.cluster.jobrun JOB_DIR``, or ``... jobrun new [-p PORT] [flags] -- COMMAND``.
 
 What it owns: the job directory's ``job.json`` format (``create_job()``: hosts and slots, -np,
 the user's launch flags as a ``launcher.flags.LaunchFlags`` under ``launch``, the command, SSH
@@ -9,7 +11,7 @@ them) and ``exit.json`` (``returncode``, ``ended``), and the ``LaunchConfig`` th
 JOB_DIR/logs`` unless given, the shared directory, the command prefixed by ``rankexec`` (which
 records each rank's start and pid in ``ranks/``), and ``RemoteConfig.host_wait_s`` =
 ``secondary_wait_s``. ``appliance primary`` (on the host) writes ``job.json`` and starts this as
-the primary container's main process. Without a host side (compose), ``driver new [-p PORT]
+the primary container's main process. Without a host side (compose), ``jobrun new [-p PORT]
 [launch flags] -- COMMAND`` makes the cluster keys (idempotent) and the job directory under
 APPLIANCE_SHARED itself, then goes on the same way.
 
@@ -45,13 +47,7 @@ from ..launcher import LaunchError, run
 from ..launcher.flags import LaunchFlags, parse_launch_flags, with_defaults
 from ..launcher.hosts import assign_ranks, hosts_from
 from ..mount import read_json, write_json
-
-SAY = "appliance primary:"
-
-
-def _say(text: str) -> None:
-    print(f"{SAY} {text}", file=sys.stderr, flush=True)
-
+from .say import PREFIX, say
 
 def job_hosts(flags: LaunchFlags) -> list[tuple[str, int]]:
     """[(host, slots)] of -H, the hostfile, else ``localhost:np``; checks that -np fits the slots.
@@ -84,22 +80,23 @@ def create_job(job_dir: str, flags: LaunchFlags, command: Sequence[str], *, ssh_
 
 
 def new_job(argv: list[str]) -> str:
-    """``driver new [-p PORT] [launch flags] -- COMMAND`` (compose, or by hand inside a
+    """``jobrun new [-p PORT] [launch flags] -- COMMAND`` (compose, or by hand inside a
     container): the cluster keys (idempotent) and a job directory under APPLIANCE_SHARED."""
     from appliance.cluster.config import ClusterConfig
     from .secondary import ensure_cluster_keys
     from ..mount import Layout, new_job_id
 
     if "--" not in argv:
-        raise SystemExit(f"{SAY} usage: python -m appliance.cluster.driver new [-p PORT] [launch flags] -- COMMAND")
-    flags, command = parse_launch_flags(argv, prog="python -m appliance.cluster.driver new")
+        raise SystemExit(f"{PREFIX} usage: python -m appliance.cluster.jobrun new [-p PORT] [launch flags] "
+                         "-- COMMAND")
+    flags, command = parse_launch_flags(argv, prog="python -m appliance.cluster.jobrun new")
     config = ClusterConfig.create(ssh_port=flags.ssh_port)
     layout = Layout(config.shared).ensure()
     ensure_cluster_keys(config.shared)
     job_dir = layout.job_dir(new_job_id())
     hosts = create_job(job_dir, flags, command, ssh_port=config.ssh_port, shared=config.shared, network="",
                        image="", workdir=os.getcwd(), secondary_wait_s=config.secondary_wait_s)
-    _say(f"job {os.path.basename(job_dir)}: {flags.np} ranks on "
+    say(f"job {os.path.basename(job_dir)}: {flags.np} ranks on "
          f"{', '.join(f'{n}:{s}' for n, s in hosts)}; job directory {job_dir}")
     return job_dir
 
@@ -123,7 +120,7 @@ class HostFiles:
     def __init__(self, job: dict, job_dir: str, port: int):
         self.job_dir, self.port, self.shared = job_dir, port, job["shared"]
         network = job.get("network")
-        if not network:  # `driver new`: no appliance CLI on the host (compose)
+        if not network:  # `jobrun new`: no appliance CLI on the host (compose)
             self.how = f"its secondary container must run `secondary --port {port}` with this share (compose: service HOST)"
         elif network == "host":
             self.how = f"appliance secondary --ssh-port {port} --shared {self.shared}"
@@ -165,18 +162,18 @@ def run_job(job: dict, job_dir: str) -> int:
     try:
         config = job_config(job, job_dir)
     except ValueError as e:  # ConfigError: a flag's value the launcher rejects
-        _say(f"error: {e}")
+        say(f"error: {e}")
         return 2
     files = HostFiles(job, job_dir, config.remote.port or int(job["ssh_port"]))
     try:
         return run(config, echo=True, capture=False, on_host_report=files).returncode
     except LaunchError as e:
-        _say(f"error: {e}")
+        say(f"error: {e}")
         for line in files.hints():
-            _say(line)
+            say(line)
         return 1
     except ValueError as e:  # HostsError, ConfigError
-        _say(f"error: {e}")
+        say(f"error: {e}")
         return 2
 
 
@@ -186,17 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             job_dir = new_job(argv[1:])
         except ValueError as e:  # bad -H, -np above the slots, bad knob
-            _say(f"error: {e}")
+            say(f"error: {e}")
             return 2
     elif len(argv) == 1:
         job_dir = argv[0]
     else:
-        print("usage: python -m appliance.cluster.driver JOB_DIR | new [-p PORT] [launch flags] -- COMMAND",
+        print("usage: python -m appliance.cluster.jobrun JOB_DIR | new [-p PORT] [launch flags] -- COMMAND",
               file=sys.stderr)
         return 2
     job = read_json(os.path.join(job_dir, "job.json"))
     if not job:
-        _say(f"no readable {job_dir}/job.json (is {job_dir} on the shared mount?)")
+        say(f"no readable {job_dir}/job.json (is {job_dir} on the shared mount?)")
         return 2
     code = 1
 

@@ -5,12 +5,11 @@ A thin layer of re-exports: ``horovod.torch`` is ``appliance.torch`` itself (one
 launches through ``appliance.launcher.launch``. ``__version__`` is the Horovod release this layout
 is compatible with (``appliance.__version__`` is the appliance's own). Nothing else of Horovod
 (TensorFlow, Keras, MXNet, Spark, Ray) is provided: importing those fails with ImportError, as on
-a Horovod built without them. Features not implemented yet (process sets other than the global
-a Horovod built without them. The timeline exists as names and raises NotImplementedError naming
-issue 9. Elastic scripts run on a fixed set of hosts (a lost rank ends the job).
+a Horovod built without them. Elastic scripts run on a fixed set of hosts (a lost rank ends the
+job). The ``horovodrun`` command is the appliance package's own console script.
 
-Installed into the image by docker/pyshim/install_horovod.py (also the way to install it
-elsewhere); it sits on sys.path after site-packages, so it never shadows a real Horovod.
+Installed by ``shim/install_horovod.py``, in the image and elsewhere alike; it sits on sys.path
+after site-packages, so it never shadows a real Horovod.
 """
 from appliance.hvdcompat import HOROVOD_VERSION as __version__  # noqa: F401
 from horovod.runner import run  # noqa: F401

@@ -1,19 +1,20 @@
-"""A rank on another host: one SSH channel to a remote stub (``remote.py``), seen as a ``Worker``.
+"""A rank on another host: one SSH channel to a remote stub (``remote_stub.py``), seen as a ``Worker``.
 
 What it owns: ``SSHWorker``, the launcher's half of the stub protocol. Starting a rank opens a
-session channel, runs ``PYTHON -m appliance.launcher.remote`` (an argv quoted with ``shlex``, no
-secret in it) and writes the spec (argv, env with the job secret, cwd, job dir, grace) as one
-JSON line on the channel's stdin. Then one thread decodes the stub's frames: worker output goes
-to the ``OutputSink`` line by line with the usual ``[rank]<stdout>:`` prefixes, the started frame
-gives the remote pid, the exited frame the return code (negative for a signal). A second thread
-relays the stub's own stderr, which is empty unless the stub itself fails (e.g. ``appliance``
-missing there), as the rank's stderr.
+session channel, runs ``PYTHON -m appliance.launcher.ssh.remote_stub`` (an argv quoted with
+``shlex``, no secret in it) and writes the spec (argv, env with the job secret, cwd, job dir,
+grace) as one JSON line on the channel's stdin. Then one thread decodes the stub's frames: worker
+output goes to the ``OutputSink`` line by line (``output.Lines``) with the usual
+``[rank]<stdout>:`` prefixes, the started frame gives the remote pid, the exited frame the return
+code (negative for a signal). A second thread relays (``output.relay``) the stub's own stderr,
+which is empty unless the stub itself fails (e.g. ``appliance`` missing there), as the rank's
+stderr.
 
 ``signal(sig)`` writes ``signal N`` to the stub, which signals the rank's process group on its
 host: stopping works without a pty. ``group_alive()`` is true until the stub has exited, which it
 does only once nothing of the group is left. Closing the channel or losing the connection makes
 the stub stop the group by itself. ``fault`` is the rank's fault report from the exited frame
-(a dict, see ``remote.py``), or None.
+(a dict, see ``remote_stub.py``), or None.
 
 Heartbeats both ways: the stub sends an ``H`` frame every ~1 s and a third thread here writes
 ``ping`` every ~1 s. When nothing at all has come from the stub for the spec's ``ssh_timeout``
@@ -30,42 +31,20 @@ with ``cause`` naming the host and the reason; a command that cannot start retur
 """
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import threading
 import time
 from typing import Mapping, Sequence
 
-from .remote import EXITED, HEARTBEAT_S, STARTED, STDERR, STDOUT, FrameDecoder
-from .ssh import Connection, SSHFailure
-from .workers import MAX_LINE, OutputSink, SpawnError, relay
+from .remote_stub import EXITED, HEARTBEAT_S, STARTED, STDERR, STDOUT, FrameDecoder
+from .connection import Connection, SSHFailure
+from ..output import Lines, OutputSink, relay
+from ..workers import SpawnError
 
 LOST = 255
 FIRST_FRAME_S = 30.0
-
-
-class _Lines:
-    """Bytes of one stream -> whole lines for the sink (long lines in MAX_LINE pieces)."""
-
-    def __init__(self, sink: OutputSink, rank: int, stream: str):
-        self._sink, self._rank, self._stream = sink, rank, stream
-        self._buf = b""
-
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-        while True:
-            end = self._buf.find(b"\n")
-            if end < 0 or end >= MAX_LINE:
-                if len(self._buf) < MAX_LINE:
-                    return
-                end = MAX_LINE - 1
-            self._sink.line(self._rank, self._stream, self._buf[:end + 1])
-            self._buf = self._buf[end + 1:]
-
-    def flush(self) -> None:
-        if self._buf:
-            self._sink.line(self._rank, self._stream, self._buf)
-            self._buf = b""
 
 
 class _StderrTail:
@@ -119,8 +98,8 @@ class SSHWorker:
         self._stderr = _StderrTail(self._chan)
         self._threads = [
             threading.Thread(target=self._read, args=(sink,), name=f"ssh-{rank}", daemon=True),
-            threading.Thread(target=relay, args=(self._stderr, rank, "stderr", sink), name=f"ssh-err-{rank}",
-                             daemon=True),
+            threading.Thread(target=relay, args=(self._stderr, functools.partial(sink.line, rank, "stderr")),
+                             name=f"ssh-err-{rank}", daemon=True),
             threading.Thread(target=self._ping, name=f"ssh-ping-{rank}", daemon=True),
         ]
         for t in self._threads:
@@ -128,7 +107,8 @@ class SSHWorker:
 
     def _read(self, sink: OutputSink) -> None:
         decoder = FrameDecoder()
-        lines = {STDOUT: _Lines(sink, self.rank, "stdout"), STDERR: _Lines(sink, self.rank, "stderr")}
+        lines = {STDOUT: Lines(functools.partial(sink.line, self.rank, "stdout")),
+                 STDERR: Lines(functools.partial(sink.line, self.rank, "stderr"))}
         try:
             while True:
                 try:
