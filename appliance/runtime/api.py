@@ -41,7 +41,7 @@ def init(*args, **kwargs) -> None:
     if engine.is_started():
         return
     cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
-    if cfg.verbose and cfg.rank == 0:
+    if cfg.options["verbose"] and cfg.rank == 0:
         print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
     try:
         engine.start(cfg)

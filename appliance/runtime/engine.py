@@ -4,8 +4,8 @@ Owns the process state: the ``Engine`` (created by ``start()``, destroyed by ``s
 start -> stop -> start works), which ``current()`` returns. ``appliance.runtime.api`` (the numpy
 API and ``init``/``shutdown``) and the framework adapters (``appliance.torch``) build on this
 module; it imports neither. Config comes from ``appliance.runtime.config.RuntimeConfig`` (the caller
-reads the environment: HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET,
-APPLIANCE_FAULT_FILE, HOROVOD_TIMELINE...). The Horovod timeline (``start_timeline``) is written by
+reads the environment: HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET, and every
+engine knob, which is copied to the core by the option name it feeds). The Horovod timeline (``start_timeline``) is written by
 the core on rank 0 (csrc/engine/timeline.h).
 
 Adapters describe tensors as ``Buffer`` (data pointer, dtype code, shape, device, CUDA
@@ -141,19 +141,13 @@ class Engine:
         global _address
         _address = _core.address
         core_cfg = _core.RuntimeConfig()
-        for field in ("rank", "size", "host", "store_host", "store_port", "data_addr",
-                      "fusion_threshold", "cycle_time_ms", "cache_capacity", "stall_check_s",
-                      "stall_shutdown_s", "chunk_bytes", "heartbeat_timeout_s", "shm", "spin_us", "caller_drives", "verbose",
-                      "start_timeout_s", "fault_file"):
+        for field in ("rank", "size", "host", "store_host", "store_port", "secret", "data_addr"):
             setattr(core_cfg, field, getattr(cfg, field))
-        core_cfg.secret = cfg.secret
-        core_cfg.nccl_library = cfg.nccl_library
+        core_cfg.job_id = f"{cfg.job_id}#{generation}"
         core_cfg.nccl_candidates = devices.nccl_candidates()
         core_cfg.cudart_candidates = devices.cudart_candidates()
-        core_cfg.job_id = f"{cfg.job_id}#{generation}"
-        # rank 0 records from init (a path it cannot write: one line on stderr, the job goes on)
-        core_cfg.timeline = "" if cfg.timeline.upper() == "DYNAMIC" else cfg.timeline
-        core_cfg.timeline_mark_cycles = cfg.timeline_mark_cycles
+        for option, value in cfg.options.items():  # every engine knob, by the core option it feeds
+            setattr(core_cfg, option, value)
         self.config = cfg
         try:
             self.core = _core.Runtime(core_cfg)  # rendezvous happens here (GIL released)

@@ -116,8 +116,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("WIRE_VERSION") = kWireVersion;
   py::register_exception<Error>(m, "CoreError", PyExc_RuntimeError);
 
-  py::class_<RuntimeConfig>(m, "RuntimeConfig")
-      .def(py::init<>())
+  py::class_<RuntimeConfig> cfg(m, "RuntimeConfig");
+  cfg.def(py::init<>())
       .def_readwrite("rank", &RuntimeConfig::rank)
       .def_readwrite("size", &RuntimeConfig::size)
       .def_readwrite("host", &RuntimeConfig::host)
@@ -127,24 +127,16 @@ PYBIND11_MODULE(_core, m) {
                     [](RuntimeConfig& c, py::bytes b) { c.secret = std::string(b); })
       .def_readwrite("job_id", &RuntimeConfig::job_id)
       .def_readwrite("data_addr", &RuntimeConfig::data_addr)
-      .def_readwrite("start_timeout_s", &RuntimeConfig::start_timeout_s)
-      .def_readwrite("fusion_threshold", &RuntimeConfig::fusion_threshold)
-      .def_readwrite("cycle_time_ms", &RuntimeConfig::cycle_time_ms)
-      .def_readwrite("cache_capacity", &RuntimeConfig::cache_capacity)
-      .def_readwrite("stall_check_s", &RuntimeConfig::stall_check_s)
-      .def_readwrite("stall_shutdown_s", &RuntimeConfig::stall_shutdown_s)
-      .def_readwrite("chunk_bytes", &RuntimeConfig::chunk_bytes)
-      .def_readwrite("heartbeat_timeout_s", &RuntimeConfig::heartbeat_timeout_s)
-      .def_readwrite("shm", &RuntimeConfig::shm)
-      .def_readwrite("spin_us", &RuntimeConfig::spin_us)
-      .def_readwrite("caller_drives", &RuntimeConfig::caller_drives)
-      .def_readwrite("verbose", &RuntimeConfig::verbose)
-      .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
       .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)
-      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates)
-      .def_readwrite("fault_file", &RuntimeConfig::fault_file)
-      .def_readwrite("timeline", &RuntimeConfig::timeline)
-      .def_readwrite("timeline_mark_cycles", &RuntimeConfig::timeline_mark_cycles);
+      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates);
+  py::dict options;  // engine option -> its default
+  const EngineOptions defaults;
+#define APPLIANCE_BIND_OPTION(type, name, default_value) \
+  cfg.def_readwrite(#name, &RuntimeConfig::name);        \
+  options[#name] = defaults.name;
+  APPLIANCE_ENGINE_OPTIONS(APPLIANCE_BIND_OPTION)
+#undef APPLIANCE_BIND_OPTION
+  m.attr("ENGINE_OPTIONS") = options;
 
   py::class_<CoreResult>(m, "Result")
       .def_readonly("ok", &CoreResult::ok)
