@@ -149,6 +149,11 @@ void Runtime::shutdown() {
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
 }
 
+uint32_t Runtime::new_group(int32_t process_set) {
+  std::lock_guard<std::mutex> g(qmu_);
+  return ++groups_[process_set];
+}
+
 int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   Signature& s = req.sig;
   auto bad = [&](const std::string& why) {

@@ -73,6 +73,10 @@ class Runtime {
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
+  // The id of a new group of operations on `process_set` (the members' Signature carries it
+  // with their number): 1, 2, 3... per set, so ranks that make the same calls agree on it; a
+  // set added again counts afresh.
+  uint32_t new_group(int32_t process_set);
   bool poll(int handle);  // engine/drive.cc
 
   // Counters for tests and diagnostics (read from any thread).
@@ -260,6 +264,7 @@ class Runtime {
   std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
   std::map<int32_t, uint64_t> auto_names_;           // process set -> automatic names given
+  std::map<int32_t, uint32_t> groups_;                // process set -> groups given (new_group)
   std::atomic<bool> stopping_{false};  // set under qmu_ (enqueue checks it there)
   Status terminal_;          // set once the runtime can run nothing more
   bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)
