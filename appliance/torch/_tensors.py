@@ -1,22 +1,22 @@
-"""Torch tensors as the engine sees them, and the table of in-flight handles.
+"""Torch tensors as the engine sees them, the device policy, and the table of in-flight handles.
 
 Owns the translation between ``torch.Tensor`` and the core's tensor descriptors
 (``appliance.runtime.engine.TensorDesc``: dtype, device, CUDA stream), the one test of the short
 path (``host_dtype``: a tensor the core can use as it is), the staging of tensors the core
 cannot use directly (non-contiguous ones, and CUDA tensors when the core cannot use CUDA memory
 here: a contiguous or host copy is used, with a one-time warning for the latter, and, for
-in-place operations, copied back when the operation completes), the device allocator the core
-takes CUDA outputs from (torch's caching allocator), the conversion of core-allocated
-outputs into tensors without a copy, and ``HandleTable``: Horovod-style integer handles that keep
-every tensor the core may touch alive until ``synchronize``. Reads no environment. Failure
-modes: ``ValueError`` for an unsupported dtype or device (as Horovod); errors of the operation
-itself are raised by ``synchronize``.
+in-place operations, copied back when the operation completes), the device policy, decided once
+per process and not per op (``setup`` at ``hvd.init`` gives the core torch's caching allocator for
+the CUDA outputs it sizes; whether the core can use CUDA memory is asked at the first CUDA
+tensor), the conversion of core-allocated outputs into tensors without a copy, and
+``HandleTable``: Horovod-style integer handles that keep every tensor the core may touch alive
+until ``synchronize``. Reads no environment. Failure modes: ``ValueError`` for an unsupported
+dtype or device (as Horovod); errors of the operation itself are raised by ``synchronize``.
 """
 from __future__ import annotations
 
 import itertools
 import sys
-import weakref
 from typing import Callable, Optional
 
 import torch
@@ -48,8 +48,10 @@ def host_dtype(t: torch.Tensor) -> Optional[DType]:
     return HOST_DTYPES.get(t.dtype) if t.is_cpu and t.is_contiguous() else None
 
 
+# --- device policy (decided once per process) ---------------------------------------------
+_cuda_usable: Optional[bool] = None  # the core can use CUDA memory here; None: no CUDA tensor seen yet
+_cuda_why = ""
 _warned: set = set()
-_allocator_of = None  # weak reference to the runtime that has our device allocator
 
 
 def capabilities() -> dict:
@@ -57,12 +59,21 @@ def capabilities() -> dict:
     return engine.capabilities()
 
 
-def _give_allocator() -> None:
-    global _allocator_of
-    rt = engine.current()
-    if _allocator_of is None or _allocator_of() is not rt:
-        engine.use_device_allocator(_device_allocator)
-        _allocator_of = weakref.ref(rt)
+def setup() -> None:
+    """``hvd.init``'s part of the device policy: the core takes the CUDA outputs it sizes (NCCL
+    path) from torch's caching allocator, in this and every later runtime of the process. Touches
+    no device: whether the core can use CUDA memory is asked once, at the first CUDA tensor
+    (``_decide_cuda``), so a CPU job never initializes CUDA (slow on a GPU host, and a process
+    that has cannot fork children that use it)."""
+    engine.use_device_allocator(_device_allocator)
+
+
+def _decide_cuda() -> None:
+    global _cuda_usable, _cuda_why
+    setup()  # in case the runtime was started without hvd.init (appliance.runtime.init)
+    caps = capabilities()
+    _cuda_why = caps.get("why") or "no CUDA runtime"
+    _cuda_usable = bool(caps.get("cuda", False))
 
 
 def _warn_once(text: str) -> None:
@@ -94,12 +105,10 @@ def stage(t: torch.Tensor) -> torch.Tensor:
         return w if w.is_contiguous() else w.contiguous()
     if w.device.type != "cuda":
         raise ValueError(f"tensors on device {w.device} are not supported (cpu and cuda are)")
-    caps = capabilities()
-    if caps.get("cuda", False):
-        _give_allocator()
-    else:
-        _warn_once("CUDA tensors go through host memory: the collective core cannot use CUDA memory here ("
-                   f"{caps.get('why') or 'no CUDA runtime'})")
+    if _cuda_usable is None:  # the first CUDA tensor of the process
+        _decide_cuda()
+    if not _cuda_usable:
+        _warn_once(f"CUDA tensors go through host memory: the collective core cannot use CUDA memory here ({_cuda_why})")
         w = w.cpu()
     if not w.is_contiguous():
         w = w.contiguous()

@@ -64,6 +64,7 @@ def init(comm=None, process_sets=None) -> None:
     an MPI communicator) is accepted when it names every rank; narrower raises NotImplementedError."""
     fresh = not _api.is_initialized()
     _api.init()
+    _tensors.setup()  # the core takes CUDA outputs from torch's allocator
     if not fresh:
         return
     _handles.clear()
