@@ -146,3 +146,15 @@ def test_killed_rank_is_named_on_every_survivor(run_ranks, tmp_path, when):
         assert f"rank {victim}" in rep["error"], rep["error"]
         assert rep["at"] - died_at < 5.0, f"rank {r} took {rep['at'] - died_at:.1f}s to notice"
     assert ranks.result.returncode != 0
+
+
+def test_one_submit_and_one_wait(run_ranks):
+    ranks = run_ranks(2, "engine", "submit_api")
+    for r in range(2):
+        got = ranks[r]
+        assert got["allreduce"] is None and got["allgather"] == ["Result", [3, 2]]
+        assert got["group_handles"] == 3 and got["group_wait"] is None
+        assert got["gathered_group"] == [[4, 1], [2, 3]] and got["empty_group"] == [[], None]
+        assert "(data, dtype, shape" in got["malformed"]
+        why, handles, done = got["refused"]
+        assert "api.r.1" in why and "negative dimension" in why and len(handles) == 1 and not done
