@@ -178,7 +178,11 @@ class Runtime:
     def remove_process_set(self, id: int) -> None: ...
     def stats(self) -> dict[str, int]:
         """Counters: plans, entries, tensors, fused_entries, ready_full, ready_ids, driven_plans,
-        outputs_reused, outputs_idle_bytes."""
+        outputs_reused, outputs_idle_bytes; ctrl_in, ctrl_out (control frames received, sent);
+        store_requests (this rank's), store_served (rank 0: its store server's); negotiation_ns,
+        negotiation_turns (with ``set_profiling(True)``: CPU time of the engine's negotiation)."""
+    def set_profiling(self, on: bool) -> None:
+        """Measure the negotiation's CPU time into ``stats()`` (two clock reads per engine turn)."""
     def set_device_allocator(self, fn: Callable[[int, int, int], Tuple[int, object]]) -> None:
         """``fn(device, nbytes, stream) -> (data_ptr, owner)``: CUDA memory for the outputs the
         core sizes (NCCL path), called on the background thread."""

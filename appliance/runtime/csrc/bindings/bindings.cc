@@ -340,10 +340,17 @@ PYBIND11_MODULE(_core, m) {
              d["ready_full"] = s.ready_full.load();
              d["ready_ids"] = s.ready_ids.load();
              d["driven_plans"] = s.driven_plans.load();
+             d["ctrl_in"] = s.ctrl_in.load();
+             d["ctrl_out"] = s.ctrl_out.load();
+             d["negotiation_ns"] = s.negotiation_ns.load();
+             d["negotiation_turns"] = s.negotiation_turns.load();
+             d["store_requests"] = rt.store_requests();
+             d["store_served"] = rt.store_served();
              d["outputs_reused"] = rt.output_pool().reused();
              d["outputs_idle_bytes"] = rt.output_pool().idle_bytes();
              return d;
            })
+      .def("set_profiling", &Runtime::set_profiling, py::arg("on"))
       .def("set_device_allocator",
            [](Runtime& rt, py::object fn) {
              // fn(device, nbytes, stream) -> (data_ptr, owner): called on the background thread.

@@ -16,6 +16,12 @@
 namespace appliance {
 
 namespace {
+uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 int64_t ms_until(Clock::time_point t, Clock::time_point now) {
   if (t == Clock::time_point::max()) return INT64_MAX;
   if (t <= now) return 0;
@@ -118,6 +124,16 @@ bool Runtime::turn(bool settle) {
   });
 }
 
+void Runtime::set_profiling(bool on) {
+  if (on && clock_read_ns_.load() == 0) {
+    constexpr int kReads = 200;
+    const uint64_t t0 = thread_cpu_ns();
+    for (int i = 0; i < kReads; ++i) (void)thread_cpu_ns();
+    clock_read_ns_.store(std::max<uint64_t>(1, (thread_cpu_ns() - t0) / kReads));
+  }
+  profiling_.store(on);
+}
+
 void Runtime::fail_engine(Status s) {
   if (s.origin_rank < 0) {
     s.origin_rank = cfg_.rank;
@@ -155,6 +171,10 @@ void Runtime::step() {
   // One clock read serves the whole turn (a turn takes microseconds; the deadlines it serves
   // are a cycle or longer): a driver turns once per small op, so each read shows.
   const Clock::time_point now = Clock::now();
+  const bool profile = profiling_.load(std::memory_order_relaxed);
+  const uint64_t cpu0 = profile ? thread_cpu_ns() : 0, plan0 = plan_cpu_ns_, reads0 = plan_clock_reads_;
+  const uint64_t moved0 = stats_.ctrl_in.load(std::memory_order_relaxed) + stats_.ctrl_out.load(std::memory_order_relaxed);
+  const uint64_t taken0 = taken_;
   poll_running();
   intake(now);
   read_control(false);
@@ -164,6 +184,14 @@ void Runtime::step() {
   } while (!inbox_.empty());
   heartbeats(now);
   if (coord_) stall_check(now);
+  if (profile && (taken_ != taken0 || stats_.ctrl_in.load(std::memory_order_relaxed) +
+                                              stats_.ctrl_out.load(std::memory_order_relaxed) != moved0)) {
+    // Less the clock reads themselves: the turn's own and those around its plans.
+    const int64_t own = static_cast<int64_t>(thread_cpu_ns() - cpu0 - (plan_cpu_ns_ - plan0)) -
+                        static_cast<int64_t>((1 + plan_clock_reads_ - reads0) * clock_read_ns_.load(std::memory_order_relaxed));
+    stats_.negotiation_ns += static_cast<uint64_t>(std::max<int64_t>(0, own));
+    ++stats_.negotiation_turns;
+  }
 }
 
 void Runtime::settle_burst() {
@@ -241,6 +269,7 @@ void Runtime::send_control(int peer, FrameType type, const std::vector<uint8_t>&
   int64_t budget = std::max<int64_t>(5000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000));
   c.ch->send_frame(type, payload.data(), payload.size(), deadline_after_ms(budget));
   c.last_send = Clock::now();
+  ++stats_.ctrl_out;
 }
 
 void Runtime::read_control(bool in_collective) {
@@ -250,6 +279,7 @@ void Runtime::read_control(bool in_collective) {
     Frame f;
     while (c.ch->try_recv_frame(f)) {
       c.last_recv = Clock::now();
+      ++stats_.ctrl_in;
       if (f.type == FrameType::kHeartbeat) continue;
       if (f.type == FrameType::kAbort) {
         Reader rd(f.payload.data(), f.payload.size(), "ABORT from rank " + std::to_string(r));
@@ -353,7 +383,12 @@ void Runtime::issue_plans(Clock::time_point now) {
 }
 
 void Runtime::run_plan(Plan& plan) {
+  const uint64_t cpu0 = profiling_.load(std::memory_order_relaxed) ? thread_cpu_ns() : 0;
   for (const PlanEntry& e : plan.entries) run_entry(e);
+  if (cpu0) {
+    plan_cpu_ns_ += thread_cpu_ns() - cpu0;
+    plan_clock_reads_ += 2;
+  }
   ++plans_applied_;
   ++stats_.plans;
   last_busy_us_ = steady_us();

@@ -154,9 +154,22 @@ void Runtime::shutdown() {
   park_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   timeline_.stop();  // after the loop: its last events are in
+  std::lock_guard<std::mutex> g(store_mu_);
+  if (store_) store_requests_ = store_->requests();
+  if (store_server_) store_served_ = store_server_->served();
   store_.reset();
   store_server_.reset();  // a re-init (new generation) may bind the same port at once
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
+}
+
+uint64_t Runtime::store_requests() const {
+  std::lock_guard<std::mutex> g(store_mu_);
+  return store_ ? store_->requests() : store_requests_;
+}
+
+uint64_t Runtime::store_served() const {
+  std::lock_guard<std::mutex> g(store_mu_);
+  return store_server_ ? store_server_->served() : store_served_;
 }
 
 uint32_t Runtime::new_group(int32_t process_set) {

@@ -80,8 +80,17 @@ class Runtime {
   struct Stats {
     std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0}, ready_full{0}, ready_ids{0};
     std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/drive.cc)
+    std::atomic<uint64_t> ctrl_in{0}, ctrl_out{0};  // control frames this rank received / sent
+    // With profiling on (set_profiling): thread CPU time of the engine's turns that moved control
+    // frames or announced work, less the plans they ran (the negotiation's own work), and those turns.
+    std::atomic<uint64_t> negotiation_ns{0}, negotiation_turns{0};
   };
   const Stats& stats() const { return stats_; }
+  // Requests this rank sent to the store, and (rank 0) those its store server handled.
+  uint64_t store_requests() const;
+  uint64_t store_served() const;
+  // Measure the negotiation's CPU time (Stats::negotiation_ns); costs two clock reads per turn.
+  void set_profiling(bool on);
   const OutputPool& output_pool() const { return *outputs_; }
   // Blocks until the op is done. A host op's caller first drives the engine (engine/drive.cc).
   OpPtr wait(int handle);
@@ -199,8 +208,14 @@ class Runtime {
   Topology topo_;
   std::vector<std::string> hosts_;
   std::vector<std::string> links_;  // kind of the data link to each rank: "tcp", "shm", "self"
+  mutable std::mutex store_mu_;  // store_ and store_server_ against stats readers at shutdown
   std::unique_ptr<TcpStoreServer> store_server_;
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<TcpStoreClient> store_;
+  uint64_t store_requests_ = 0, store_served_ = 0;  // counts kept when the store goes (shutdown)
+  std::atomic<bool> profiling_{false};
+  uint64_t plan_cpu_ns_ = 0;  // with profiling: CPU time of the plans run so far (run_plan)
+  uint64_t plan_clock_reads_ = 0;  // with profiling: clock reads made around those plans
+  std::atomic<uint64_t> clock_read_ns_{0};  // what one CPU clock read costs (set_profiling measures it)
   std::unique_ptr<Comm> comm_;
   std::vector<CtrlPeer> ctrl_;  // indexed by rank (rank 0: every peer; others: only [0])
   std::vector<int> ctrl_ranks_;  // the ranks ctrl_ has a channel for, ascending (what loops visit)

@@ -53,7 +53,7 @@ struct TcpStoreClient::Impl {
   std::mutex send_mu;
   uint32_t send_seq = 0;
 
-  std::mutex mu;
+  mutable std::mutex mu;
   std::condition_variable cv;
   uint64_t next_id = 1;
   uint32_t recv_seq = 0;
@@ -253,6 +253,11 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   int64_t v = r.i64();
   r.expect_done();
   return v;
+}
+
+uint64_t TcpStoreClient::requests() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->next_id - 1;
 }
 
 }  // namespace appliance

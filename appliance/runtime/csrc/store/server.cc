@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <sstream>
 #include <unordered_map>
@@ -70,6 +71,7 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<uint8_t>> data;
   std::vector<Parked> parked;
   bool dirty = false;  // a key changed since parked requests were last checked
+  std::atomic<uint64_t> served{0};  // requests handled (read by other threads)
 
   LogLimiter limiter;  // strangers must not flood the log
 
@@ -119,6 +121,8 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 int TcpStoreServer::port() const { return impl_->listener.port; }
+
+uint64_t TcpStoreServer::served() const { return impl_->served.load(std::memory_order_relaxed); }
 
 Deadline TcpStoreServer::Impl::next_wakeup() const {
   Deadline d = no_deadline();
@@ -261,6 +265,7 @@ void TcpStoreServer::Impl::handle(uint64_t id, Conn& c, const Frame& f) {
   if (f.type != FrameType::kStoreRequest)
     throw Error(Code::kProtocol, what + ": unexpected " + frame_type_name(f.type) + " frame");
   Reader r(f.payload.data(), f.payload.size(), what);
+  served.fetch_add(1, std::memory_order_relaxed);
   const uint64_t req = r.u64();
   const uint8_t op = r.u8();
   switch (op) {

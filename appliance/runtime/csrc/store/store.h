@@ -35,6 +35,7 @@ class TcpStoreServer {
   TcpStoreServer(const std::string& bind_host, int port, AuthParams auth);
   ~TcpStoreServer();
   int port() const;
+  uint64_t served() const;  // requests answered or parked so far (diagnostics)
 
  private:
   struct Impl;
@@ -50,6 +51,7 @@ class TcpStoreClient final : public Store {
   std::vector<uint8_t> get(const std::string& key, int64_t timeout_ms) override;
   void wait(const std::vector<std::string>& keys, int64_t timeout_ms) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  uint64_t requests() const;  // requests this client sent so far (diagnostics)
 
  private:
   struct Impl;
