@@ -87,7 +87,6 @@ class RuntimeConfig:
     heartbeat_timeout_s: float
     shm: bool
     spin_us: int
-    caller_drives: bool
     verbose: bool
     nccl_library: str
     fault_file: str

@@ -22,9 +22,9 @@ WORKERS = ROOT / "tests" / "workers"
 SMALL_CHUNKS = {"APPLIANCE_CHUNK_BYTES": "4096"}
 
 
-@pytest.mark.parametrize("np_,drives", [(2, "1"), (3, "1"), (2, "0")])
-def test_every_op_dtype_and_size(run_ranks, np_, drives):
-    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_CALLER_DRIVES": drives}, timeout=120)
+@pytest.mark.parametrize("np_,spin", [(2, "100"), (3, "100"), (2, "0")])
+def test_every_op_dtype_and_size(run_ranks, np_, spin):
+    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_SPIN_US": spin}, timeout=120)
     for r in range(np_):
         assert ranks[r]["ok"] and ranks[r]["checked"] > 100
         assert (ranks[r]["local_rank"], ranks[r]["local_size"]) == (r, np_)
@@ -100,14 +100,14 @@ def test_fusion_and_response_cache(run_ranks):
     assert s2["ready_full"] == n and s2["ready_ids"] == n, s2  # second step: cache ids only
 
 
-@pytest.mark.parametrize("drives", ["1", "0"])
-def test_waiting_callers_drive_the_engine_unless_turned_off(run_ranks, drives):
+@pytest.mark.parametrize("spin", ["100", "0"])
+def test_waiting_callers_drive_the_engine_unless_spinning_is_off(run_ranks, spin):
     n = 200
-    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives})
+    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_SPIN_US": spin})
     for r in range(2):
         rep = ranks[r]
         assert rep["ok"], rep
-        if drives == "1":
+        if spin != "0":
             # A synchronous loop's waits run (nearly) every plan on the caller's thread; a wait
             # that finds its op done, or a peer late for more than APPLIANCE_SPIN_US, does not.
             assert rep["sync_driven"] >= n // 2, rep

@@ -303,7 +303,7 @@ def case_stats(n):
 
 def case_drive(n):
     """n synchronous small allreduces, then a burst of n async ones: results, and how many plans
-    the waiting callers ran themselves (APPLIANCE_CALLER_DRIVES)."""
+    the waiting callers ran themselves (APPLIANCE_SPIN_US)."""
     n = int(n)
     rt.init()
     P = rt.size()

@@ -337,8 +337,8 @@ PYBIND11_MODULE(_core, m) {
              d["entries"] = s.entries.load();
              d["tensors"] = s.tensors.load();
              d["fused_entries"] = s.fused_entries.load();
-             d["ready_full"] = s.ready_full.load();
-             d["ready_ids"] = s.ready_ids.load();
+             d["ready_full"] = rt.ready_full();
+             d["ready_ids"] = rt.ready_ids();
              d["driven_plans"] = s.driven_plans.load();
              d["ctrl_in"] = s.ctrl_in.load();
              d["ctrl_out"] = s.ctrl_out.load();

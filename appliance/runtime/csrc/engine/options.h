@@ -38,11 +38,10 @@
   X(double, heartbeat_timeout_s, 10.0)                                                                 \
   /* shared memory links between ranks of one machine (false: TCP for every pair) */                    \
   X(bool, shm, true)                                                                                   \
-  /* microseconds the background thread keeps polling after work, and a waiting caller polls before */ \
-  /* blocking, so back-to-back small operations do not pay thread wake-ups (0 = never) */               \
+  /* the scheduler's one policy (engine/scheduler.h): a caller waiting for a host operation drives */  \
+  /* the engine for up to this many microseconds, and the background thread polls as long after */      \
+  /* work; 0 = nothing spins or drives, the background thread does everything */                        \
   X(int, spin_us, 100)                                                                                 \
-  /* a caller waiting for a host operation runs the engine itself for up to spin_us (drive.cc) */       \
-  X(bool, caller_drives, true)                                                                         \
   /* rank 0 logs the layout and links at init, and the CUDA decision */                                 \
   X(bool, verbose, false)                                                                              \
   /* explicit path of libnccl.so.2 ("" = search nccl_candidates) */                                    \

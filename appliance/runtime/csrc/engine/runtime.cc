@@ -1,8 +1,7 @@
-// Runtime lifecycle and the caller-facing API. The background loop is in engine/loop.cc.
+// Runtime lifecycle and the caller-facing API. Its turns are in engine/turn.cc, plans in
+// engine/plans.cc.
 #include "engine/runtime.h"
 
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "engine/star_negotiator.h"
 #include "transport/tcp/socket.h"
 
 namespace appliance {
@@ -19,12 +19,25 @@ constexpr uint32_t kDataFrameMax = 4u << 20;      // payload bytes of one DATA f
 constexpr uint32_t kControlFrameMax = 256u << 20;  // plans of very large models
 }  // namespace
 
-Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank), cache_(cfg_.cache_capacity) {
+Runtime::Runtime(RuntimeConfig cfg)
+    : cfg_(std::move(cfg)),
+      timeline_(cfg_.rank),
+      sched_(SchedulePolicy{cfg_.spin_us, static_cast<int64_t>(cfg_.cycle_time_ms * 1000)}, handles_) {
   if (cfg_.size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.size)
     throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
   hosts_.assign(cfg_.size, cfg_.host);
+  links_.assign(cfg_.size, "self");
+  NegotiatorOptions no;
+  no.rank = cfg_.rank;
+  no.size = cfg_.size;
+  no.fusion_threshold = cfg_.fusion_threshold;
+  no.cycle_time_ms = cfg_.cycle_time_ms;
+  no.cache_capacity = cfg_.cache_capacity;
+  no.stall_check_s = cfg_.effective_stall_check_s();
+  no.stall_shutdown_s = cfg_.stall_shutdown_s;
+  negotiator_ = std::make_unique<StarNegotiator>(no, static_cast<NegotiationObserver*>(this));
+  links_.assign(cfg_.size, "self");
   std::vector<std::unique_ptr<Channel>> data(cfg_.size);
-  ctrl_.resize(cfg_.size);
   if (cfg_.size > 1) try {
     const int64_t timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
     AuthParams auth{cfg_.secret, cfg_.job_id, cfg_.rank};
@@ -53,21 +66,17 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     Mesh mesh = build_mesh(*store_, mo);
     topo_ = mesh.topo;
     for (int r = 0; r < cfg_.size; ++r) hosts_[r] = mesh.peers[r].host;
-    links_.assign(cfg_.size, "self");
     for (int r = 0; r < cfg_.size; ++r)
       if (mesh.data[r]) {
         links_[r] = mesh.data[r]->kind();
         data[r] = std::make_unique<Channel>(std::move(mesh.data[r]), kDataFrameMax);
       }
-    auto now = Clock::now();
-    for (int r = 0; r < static_cast<int>(mesh.control.size()); ++r) {
-      if (!mesh.control[r]) continue;
-      int peer = mesh.control[r]->peer();
-      ctrl_[peer].ch = std::make_unique<Channel>(std::move(mesh.control[r]), kControlFrameMax);
-      ctrl_[peer].last_recv = ctrl_[peer].last_send = now;
-    }
-    for (int r = 0; r < cfg_.size; ++r)
-      if (ctrl_[r].ch) ctrl_ranks_.push_back(r);
+    control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
+    for (auto& link : mesh.control)
+      if (link) {
+        const int peer = link->peer();
+        control_->add(peer, std::make_unique<Channel>(std::move(link), kControlFrameMax));
+      }
     if (cfg_.verbose && cfg_.rank == 0) {
       std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
       for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;
@@ -83,6 +92,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     record_fault(s);
     throw;
   }
+  if (!control_) control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
   copts_.chunk_bytes = std::max<size_t>(1, cfg_.chunk_bytes);
   handles_.set_spin_us(cfg_.spin_us);
@@ -98,43 +108,16 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
   bo.nccl_candidates = cfg_.nccl_candidates;
   bo.cudart_candidates = cfg_.cudart_candidates;
   backends_ = std::make_unique<BackendRegistry>(std::move(bo), *comm_, store_.get(), &timeline_);
-  if (cfg_.rank == 0) {
-    CoordinatorOptions co;
-    co.size = cfg_.size;
-    co.fusion_threshold = cfg_.fusion_threshold;
-    co.cycle_time_ms = cfg_.cycle_time_ms;
-    co.stall_check_s = cfg_.effective_stall_check_s();
-    co.stall_shutdown_s = cfg_.stall_shutdown_s;
-    coord_ = std::make_unique<Coordinator>(co);
-  }
-  if (cfg_.heartbeat_timeout_s > 0)
-    hb_interval_ms_ = std::max<int64_t>(50, std::min<int64_t>(1000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 250)));
-  next_stall_check_ = Clock::now() + std::chrono::seconds(1);
-
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wake_fd_ < 0 || epoll_fd_ < 0) throw Error(Code::kInternal, "cannot create eventfd/epoll");
-  for (int r = 0; r < cfg_.size; ++r) {
-    if (!ctrl_[r].ch) continue;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u32 = static_cast<uint32_t>(r);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ctrl_[r].ch->link().wait_handle(), &ev);
-  }
-  comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }, [this] { return arm_control(); }});
+  comm_->set_watch(Watch{control_->epoll_fd(), [this] { read_control(true); }, [this] { return control_->arm(); }});
   if (cfg_.timeline_at_init()) try {
     timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
   } catch (const std::invalid_argument& e) {
     log_line(cfg_.rank, std::string("HOROVOD_TIMELINE: ") + e.what() + "; the job runs without a timeline");
   }
-  thread_ = std::thread([this] { loop(); });
+  sched_.start(this);
 }
 
-Runtime::~Runtime() {
-  shutdown();
-  if (wake_fd_ >= 0) close(wake_fd_);
-  if (epoll_fd_ >= 0) close(epoll_fd_);
-}
+Runtime::~Runtime() { shutdown(); }
 
 std::string Runtime::host_of(int rank) const {
   return rank >= 0 && rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : std::string();
@@ -143,16 +126,9 @@ std::string Runtime::host_of(int rank) const {
 void Runtime::shutdown() {
   {
     std::lock_guard<std::mutex> g(qmu_);
-    stopping_ = true;
-    ++posted_;
+    sched_.set_stopping();
   }
-  uint64_t one = 1;
-  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
-  {
-    std::lock_guard<std::mutex> g(park_mu_);  // park() checks stopping_ under it: no lost wake-up
-  }
-  park_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  sched_.join();
   timeline_.stop();  // after the loop: its last events are in
   std::lock_guard<std::mutex> g(store_mu_);
   if (store_) store_requests_ = store_->requests();
@@ -247,7 +223,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     req.name = (s.process_set ? "ps" + std::to_string(s.process_set) + "/" : std::string()) + op_kind_name(s.kind) +
                ".noname." + std::to_string(n);
   }
-  if (in.device >= 0 || out.device >= 0) device_ops_.store(true);  // callers stop driving (drive.cc)
+  const bool device = in.device >= 0 || out.device >= 0;
   auto op = std::make_shared<OpState>();
   op->req = std::move(req);
   op->in = std::move(in);
@@ -257,22 +233,15 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   int h = handles_.add(op, &outstanding);
   {
     std::lock_guard<std::mutex> g(qmu_);
-    if (!terminal_.ok() || stopping_) {
+    if (!terminal_.ok() || sched_.stopping()) {
       Status st = terminal_.ok() ? Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime is shutting down"} : terminal_;
       handles_.complete(op, st);
       return h;
     }
     queue_.push_back(op);
-    ++posted_;
+    sched_.post();
   }
-  const int64_t now_us = steady_us();
-  // A burst: issued soon after the previous one without waiting for it (a synchronous loop
-  // waits for each op, so its ops never count, however fast it goes).
-  burst_.store(outstanding > 0 && now_us - last_enqueue_us_.exchange(now_us) < kBurstGapUs);
-  if (sleeping_.exchange(false)) {
-    uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
-  }
+  sched_.enqueued(outstanding, device);
   return h;
 }
 
