@@ -441,6 +441,7 @@ def case_submit_api():
         out["refused"] = None
     except ValueError as exc:
         out["refused"] = [str(exc), exc.handles, e.poll(exc.handles)]
+    rt.barrier()  # every rank has polled before any shuts down (which fails what is pending)
     report(out)
     rt.shutdown()
 

@@ -2,6 +2,7 @@
 // engine/plans.cc.
 #include "engine/runtime.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "common/log.h"
 #include "engine/star_negotiator.h"
+#include "transport/auth.h"
 #include "transport/tcp/socket.h"
 
 namespace appliance {
@@ -26,7 +28,6 @@ Runtime::Runtime(RuntimeConfig cfg)
   if (cfg_.size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.size)
     throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
   hosts_.assign(cfg_.size, cfg_.host);
-  links_.assign(cfg_.size, "self");
   NegotiatorOptions no;
   no.rank = cfg_.rank;
   no.size = cfg_.size;
@@ -36,8 +37,8 @@ Runtime::Runtime(RuntimeConfig cfg)
   no.stall_check_s = cfg_.effective_stall_check_s();
   no.stall_shutdown_s = cfg_.stall_shutdown_s;
   negotiator_ = std::make_unique<StarNegotiator>(no, static_cast<NegotiationObserver*>(this));
-  links_.assign(cfg_.size, "self");
-  std::vector<std::unique_ptr<Channel>> data(cfg_.size);
+  link_kinds_.reset(new std::atomic<const char*>[cfg_.size]);
+  for (int r = 0; r < cfg_.size; ++r) link_kinds_[r].store("self");
   if (cfg_.size > 1) try {
     const int64_t timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
     AuthParams auth{cfg_.secret, cfg_.job_id, cfg_.rank};
@@ -53,7 +54,7 @@ Runtime::Runtime(RuntimeConfig cfg)
       }
     }
     store_ = std::make_unique<TcpStoreClient>(cfg_.store_host, cfg_.store_port, auth, timeout_ms);
-    MeshOptions mo;
+    MeshOptions& mo = link_opts_;
     mo.rank = cfg_.rank;
     mo.size = cfg_.size;
     mo.host = cfg_.host;
@@ -63,25 +64,27 @@ Runtime::Runtime(RuntimeConfig cfg)
     mo.timeout_ms = timeout_ms;
     mo.peer_timeout_ms = static_cast<int>(cfg_.heartbeat_timeout_s * 1000);
     mo.auth = auth;
-    Mesh mesh = build_mesh(*store_, mo);
-    topo_ = mesh.topo;
-    for (int r = 0; r < cfg_.size; ++r) hosts_[r] = mesh.peers[r].host;
-    for (int r = 0; r < cfg_.size; ++r)
-      if (mesh.data[r]) {
-        links_[r] = mesh.data[r]->kind();
-        data[r] = std::make_unique<Channel>(std::move(mesh.data[r]), kDataFrameMax);
-      }
+    links_ = std::make_unique<Links>(*store_, mo);  // publish, and read every rank's address at once
+    topo_ = links_->topology();
+    for (int r = 0; r < cfg_.size; ++r) {
+      hosts_[r] = links_->peers()[r].host;
+      link_kinds_[r].store(links_->kind(r));
+    }
+    // The control links the negotiator talks over, opened now: those this rank connects
+    // first (they cost no wait on anyone's caller), then those its peers connect.
+    // (Control: the higher rank of a pair connects; links.h.)
     control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
-    for (auto& link : mesh.control)
-      if (link) {
-        const int peer = link->peer();
-        control_->add(peer, std::make_unique<Channel>(std::move(link), kControlFrameMax));
-      }
+    std::vector<int> peers = negotiator_->control_peers();
+    std::sort(peers.begin(), peers.end(), [this](int a, int b) { return (a < cfg_.rank) != (b < cfg_.rank) ? a < cfg_.rank : a < b; });
+    const Deadline d = deadline_after_ms(timeout_ms);
+    for (int peer : peers)
+      control_->add(peer, std::make_unique<Channel>(links_->open(peer, kControlChannel, d), kControlFrameMax));
+    store_->release();  // joined: no socket to the store from here on (a later use connects again)
     if (cfg_.verbose && cfg_.rank == 0) {
       std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
-      for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;
-      line += "; data links of rank 0:";
-      for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + links_[r];
+      for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + hosts_[r];
+      line += "; data links of rank 0 (opened on first use):";
+      for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + link_kinds_[r].load();
       log_line(cfg_.rank, line);
     }
   } catch (const Error& e) {
@@ -93,7 +96,7 @@ Runtime::Runtime(RuntimeConfig cfg)
     throw;
   }
   if (!control_) control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
-  comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
+  comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, kDataFrameMax, [this](int peer) { return open_data(peer); });
   copts_.chunk_bytes = std::max<size_t>(1, cfg_.chunk_bytes);
   handles_.set_spin_us(cfg_.spin_us);
   BackendOptions bo;
@@ -119,6 +122,20 @@ Runtime::Runtime(RuntimeConfig cfg)
 
 Runtime::~Runtime() { shutdown(); }
 
+std::unique_ptr<Channel> Runtime::open_data(int peer) {
+  LinkPtr link = links_->open(peer, kDataChannel, deadline_after_ms(static_cast<int64_t>(cfg_.start_timeout_s * 1000)),
+                              [this](int fd) { wait_for_link(fd); });
+  link_kinds_[peer].store(link->kind());
+  return std::make_unique<Channel>(std::move(link), kDataFrameMax);
+}
+
+void Runtime::wait_for_link(int fd) {
+  pollfd fds[2] = {{fd, POLLIN, 0}, {control_->epoll_fd(), POLLIN, 0}};
+  const bool ready = control_->arm();
+  if (!ready) ::poll(fds, 2, 50);
+  read_control(true);  // an ABORT throws out of the wait; heartbeats go on
+}
+
 std::string Runtime::host_of(int rank) const {
   return rank >= 0 && rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : std::string();
 }
@@ -135,6 +152,7 @@ void Runtime::shutdown() {
   if (store_server_) store_served_ = store_server_->served();
   store_.reset();
   store_server_.reset();  // a re-init (new generation) may bind the same port at once
+  if (links_) links_->close();  // nobody connects to a rank that has left
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
 }
 

@@ -28,7 +28,7 @@
 
 #include "backends/backend.h"
 #include "backends/registry.h"
-#include "bootstrap/mesh.h"
+#include "bootstrap/links.h"
 #include "collectives/collectives.h"
 #include "engine/control.h"
 #include "engine/negotiator.h"
@@ -64,8 +64,9 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   int size() const { return cfg_.size; }
   const Topology& topology() const { return topo_; }
   std::string host_of(int rank) const;
-  // Transport of the data link to `rank` ("shm", "tcp"; "self" for this rank).
-  std::string link_kind(int rank) const { return rank >= 0 && rank < static_cast<int>(links_.size()) ? links_[rank] : ""; }
+  // Transport of the data link to `rank` ("shm", "tcp"; "self" for this rank): the one it has,
+  // or, before it is opened, the one it will take.
+  std::string link_kind(int rank) const { return rank >= 0 && rank < cfg_.size ? link_kinds_[rank].load() : ""; }
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
@@ -141,6 +142,10 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   void ready(const std::string& name, OpKind kind, int rank) override { timeline_.negotiate(name, kind, rank); }
   void planned(const std::vector<PlanEntry>& entries) override;
 
+  // The data channel to `peer`, opened on first use by the job's Comm (engine/runtime.cc).
+  std::unique_ptr<Channel> open_data(int peer);
+  // While waiting for a peer's link: the control links stay serviced (an abort ends the wait).
+  void wait_for_link(int fd);
   void step();
   // Runs f (engine work); a failure it throws ends the engine. False once the engine has ended.
   template <class F>
@@ -190,11 +195,13 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   Timeline timeline_;  // before the backends, which report to it
   Topology topo_;
   std::vector<std::string> hosts_;
-  std::vector<std::string> links_;  // kind of the data link to each rank: "tcp", "shm", "self"
+  std::unique_ptr<std::atomic<const char*>[]> link_kinds_;  // of the data link to each rank: "tcp", "shm", "self"
   mutable std::mutex store_mu_;  // store_ and store_server_ against stats readers at shutdown
   std::unique_ptr<TcpStoreServer> store_server_;
   std::unique_ptr<TcpStoreClient> store_;
   uint64_t store_requests_ = 0, store_served_ = 0;  // counts kept when the store goes (shutdown)
+  std::unique_ptr<Links> links_;  // the peers, the acceptor thread, links opened on first use
+  MeshOptions link_opts_;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<ControlPlane> control_;
   std::unique_ptr<Negotiator> negotiator_;
