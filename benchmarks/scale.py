@@ -21,6 +21,15 @@ ranks than cores). Each rank measures itself and writes one JSON line; this scri
   clock: with more ranks than cores it measures the scheduler as much as the protocol, see
   benchmarks/README.md).
 
+With more ranks than cores, wall-clock latency and CPU per op measure the scheduler as much as
+the protocol. The script therefore also runs (unless ``--no-virtual``) N negotiators of each
+protocol (tree, star: APPLIANCE_NEGOTIATION) in this one process, wired in memory (``_core.negotiation_model``:
+the engine's own negotiation code, no sockets, no scheduler), for N = 2 ... 4,096, and reports per
+cached op (the best of three runs): rank 0's time in its negotiator (replayed on its own, so the
+other negotiators' memory does not evict its caches), the messages rank 0 and the busiest rank
+handle, and the hops from the ranks' submissions to the plan (the negotiation's latency, in
+one-way messages).
+
 Each metric gets a power-law fit ``a * N^b`` over N >= 8 (b = 1: linear, b = 2: quadratic; log2 N
 growth shows as a small b that falls as N grows) and an extrapolation to 4,096 ranks. A size N is
 skipped, with a line saying why, when the ranks' memory measured at the previous size (PSS, plus
@@ -30,7 +39,7 @@ available memory.
 
     python benchmarks/scale.py                         # N = 2, 4, ... 128 (what fits)
     python benchmarks/scale.py --np 8,32,128 --ops 400 --json scale.json --plot scale.png
-    python benchmarks/scale.py --quick                 # seconds: N = 2, 4, 8, few ops
+    python benchmarks/scale.py --quick                 # seconds: N = 2, 4, 8, few ops (virtual: to 64)
 
 Environment variables of the runtime (APPLIANCE_SHM=0, HOROVOD_CACHE_CAPACITY...) pass through to
 the ranks.
@@ -61,6 +70,9 @@ METRICS = (  # key, column title, unit scale, format
     ("latency_us", "latency us", 1.0, "{:.1f}"),
 )
 FIT_FROM = 8
+PROTOCOLS = ("tree", "star")
+VIRTUAL = (("rank0_ns", "r0 ns/op", "{:.0f}"), ("rank0_msgs", "r0 msgs/op", "{:.2f}"),
+           ("max_msgs", "max msgs/op", "{:.2f}"), ("hops", "hops", "{:.0f}"))
 
 
 # --- one rank ----------------------------------------------------------------------------------
@@ -196,6 +208,35 @@ def fit(rows: list, key: str) -> dict | None:
     return {"b": b, "a": a, "from": pts[0][0], "to": last_n, "at_4096": last_y * (4096 / last_n) ** b}
 
 
+def run_virtual(sizes: list, ops: int) -> list:
+    from appliance.runtime import _core
+
+    rows = []
+    for n in sizes:
+        row = {"np": n}
+        for proto in PROTOCOLS:  # the best of three: a page fault or a preemption spoils one
+            runs = [_core.negotiation_model(proto, n, ops) for _ in range(3)]
+            for k in runs[0]:
+                row[f"{proto}_{k}"] = min(r[k] for r in runs)
+        rows.append(row)
+    return rows
+
+
+def print_virtual(rows: list, fits: dict, file=sys.stdout) -> None:
+    print("\nvirtual ranks (N negotiators in one process, wired in memory; per synchronous cached op): "
+          "r0 ns = time in rank 0's negotiator; msgs = control messages handled (sent + received); "
+          "hops = one-way messages from the submissions to the plan", file=file)
+    cols = [(f"{p}_{k}", f"{p} {t}", fmt) for p in PROTOCOLS for k, t, fmt in VIRTUAL]
+    print(f"{'N':>5} " + " ".join(f"{t:>{max(9, len(t))}}" for _, t, _ in cols), file=file)
+    for r in rows:
+        print(f"{r['np']:>5} " + " ".join(f"{fmt.format(r[k]):>{max(9, len(t))}}" for k, t, fmt in cols), file=file)
+    print(f"{'metric':>22} {'b':>6} {'over N':>10} {'at 4096':>12}", file=file)
+    for k, t, fmt in cols:
+        f = fits.get(k)
+        if f:
+            print(f"{t:>22} {f['b']:>6.2f} {str(f['from']) + '-' + str(f['to']):>10} {fmt.format(f['at_4096']):>12}", file=file)
+
+
 def print_tables(rows: list, fits: dict, file=sys.stdout) -> None:
     cols = [(k, t, fmt) for k, t, _, fmt in METRICS]
     width = {k: max(len(t), 9) for k, t, _ in cols}
@@ -215,13 +256,21 @@ def print_tables(rows: list, fits: dict, file=sys.stdout) -> None:
                   file=file)
 
 
-def plot(rows: list, fits: dict, png: str, title: str) -> None:
+def plot(rows: list, fits: dict, png: str, title: str, virtual: list = (), vfits: dict = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = [m for m in METRICS if any(r.get(m[0]) for r in rows)]
+    if virtual:  # one panel per virtual metric, both protocols in it
+        rows = [dict(r) for r in rows]
+        by_n = {r["np"]: r for r in rows}
+        for v in virtual:
+            by_n.setdefault(v["np"], {"np": v["np"]}).update(v)
+        rows = [by_n[n] for n in sorted(by_n)]
+        fits = {**fits, **(vfits or {})}
+        keys += [(f"{p}_{k}", f"virtual {p}: {t}", 1.0, fmt) for k, t, fmt in VIRTUAL for p in PROTOCOLS]
     cols = 4
     fig, axes = plt.subplots(math.ceil(len(keys) / cols), cols, figsize=(4 * cols, 3 * math.ceil(len(keys) / cols)),
                              dpi=90, squeeze=False)
@@ -252,6 +301,8 @@ def main(argv=None) -> int:
     p.add_argument("--ops", type=int, default=None, help="timed cached ops per rank (default 200)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke: N = 2, 4, 8 and 20 ops")
     p.add_argument("--timeout", type=float, default=600, help="seconds for each N (default 600)")
+    p.add_argument("--virtual-max", type=int, default=4096, help="largest N of the virtual ranks (default 4096)")
+    p.add_argument("--no-virtual", action="store_true", help="leave the virtual ranks out")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--plot", help="write a PNG of every metric against N")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -291,13 +342,19 @@ def main(argv=None) -> int:
               f"({time.time() - t0:.0f} s, load {row['load']:.1f})", file=sys.stderr, flush=True)
     fits = {k: f for k, *_ in METRICS if (f := fit(rows, k))}
     print_tables(rows, fits)
+    virtual, vfits = [], {}
+    if not a.no_virtual:
+        vmax = 64 if a.quick else a.virtual_max
+        virtual = run_virtual([1 << k for k in range(1, 31) if (1 << k) <= vmax], 5 if a.quick else 20)
+        vfits = {f"{p}_{k}": f for p in PROTOCOLS for k, *_ in VIRTUAL if (f := fit(virtual, f"{p}_{k}"))}
+        print_virtual(virtual, vfits)
     if a.plot:
-        plot(rows, fits, a.plot, f"ranks on one host; {machine}")
+        plot(rows, fits, a.plot, f"ranks on one host; {machine}", virtual, vfits)
         print(f"plot: {a.plot}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"machine": machine, "cpus": os.cpu_count(), "ops": ops, "rows": rows, "fits": fits,
-                       "skipped": skipped}, f, indent=1)
+                       "skipped": skipped, "virtual": virtual, "virtual_fits": vfits}, f, indent=1)
     return 0
 
 

@@ -91,6 +91,13 @@ def _bind(s: str) -> str:
     return v
 
 
+def _negotiation(s: str) -> str:
+    v = s.strip().lower() or "tree"
+    if v not in ("tree", "star"):
+        raise ValueError(f"expected tree or star, got {s!r}")
+    return v
+
+
 def _rank_int(s: str) -> int:
     n = int(s)
     if n < 0:
@@ -121,6 +128,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_FUSION_THRESHOLD", parse_size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)", core="fusion_threshold"),
     Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming", core="cycle_time_ms"),
     Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)", core="cache_capacity"),
+    Knob("APPLIANCE_NEGOTIATION", _negotiation, "tree", "how ranks agree on what runs next: tree (cached ops agreed up and down a binary tree, rank 0's coordinator only for the rest; O(1) work per op at rank 0) or star (every rank tells rank 0's coordinator, which answers each; see docs/scale.md)", core="negotiation"),
     Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor", core="stall_check_disable"),
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks", core="stall_check_s"),
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)", core="stall_shutdown_s"),

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/star_negotiator.h"
+#include "engine/tree_negotiator.h"
 #include "engine/virtual_job.h"
 
 namespace appliance {
@@ -32,6 +33,7 @@ struct Protocol {
 std::vector<Protocol> protocols() {
   return {
       {"star", [](const NegotiatorOptions& o) { return std::make_unique<StarNegotiator>(o, nullptr); }},
+      {"tree", [](const NegotiatorOptions& o) { return std::make_unique<TreeNegotiator>(o, nullptr); }},
   };
 }
 
@@ -185,8 +187,94 @@ TEST_P(Negotiation, ops_ready_together_fuse_into_one_entry) {
   }
 }
 
+TEST_P(Negotiation, a_cache_smaller_than_a_step_still_runs_each_name_once_in_one_order) {
+  NegotiatorOptions o = options();
+  o.cache_capacity = 3;
+  auto j = job(6, o);
+  for (int step = 0; step < 4; ++step) {
+    for (int r = 0; r < 6; ++r) {
+      std::vector<Request> mine;
+      for (int k = 0; k < 5; ++k) mine.push_back(req("t" + std::to_string((k + r) % 5)));
+      j->submit(r, mine, at_s(step));
+    }
+    j->settle(at_s(step));
+    j->tick(at_s(step + 0.5));
+    j->settle(at_s(step + 0.5));
+  }
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(j->order(r), j->order(0)) << r;
+    EXPECT_EQ(j->order(r).size(), 20u) << r;
+  }
+}
+
+TEST_P(Negotiation, ranks_ready_at_very_different_times_agree_once_the_last_is_ready) {
+  auto j = job(7);
+  for (int step = 0; step < 3; ++step) {
+    for (int r = 6; r >= 0; --r) {  // one rank at a time, each step; the tree sees partial subtrees
+      j->submit(r, {req("w"), req("v", {3})}, at_s(step + 0.01 * r));
+      j->settle(at_s(step + 0.01 * r));
+    }
+    j->tick(at_s(step + 0.5));
+    j->settle(at_s(step + 0.5));
+  }
+  for (int r = 0; r < 7; ++r) EXPECT_EQ(j->order(r).size(), 6u) << r;
+  for (int r = 1; r < 7; ++r) EXPECT_EQ(j->order(r), j->order(0)) << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Protocols, Negotiation, ::testing::ValuesIn(protocols()),
                          [](const ::testing::TestParamInfo<Protocol>& p) { return std::string(p.param.name); });
+
+}  // namespace
+}  // namespace appliance
+
+namespace appliance {
+namespace {
+
+// Per cached op, once the cache is warm: rank 0's messages and the hops to the plan.
+struct Cost {
+  double rank0_msgs, hops;
+};
+Cost cached_op_cost(const Protocol& p, int size) {
+  const int ops = 4;
+  VirtualJob warm(size, options(), p.make);
+  for (int r = 0; r < size; ++r) warm.submit(r, {req("w")}, t0);
+  warm.settle(t0);
+  const uint64_t m0 = warm.sent(0) + warm.received(0);
+  int hops = 0;
+  for (int step = 1; step <= ops; ++step) {
+    warm.reset_hops();
+    for (int r = 0; r < size; ++r) warm.submit(r, {req("w")}, at_s(step));
+    warm.settle(at_s(step));
+    hops = std::max(hops, warm.max_plan_hops());
+  }
+  return Cost{double(warm.sent(0) + warm.received(0) - m0) / ops, double(hops)};
+}
+
+TEST(TreeNegotiation, rank_0_handles_the_same_few_messages_per_cached_op_at_any_size) {
+  const Protocol tree = protocols()[1], star = protocols()[0];
+  for (int size : {8, 64, 1024}) {
+    const Cost t = cached_op_cost(tree, size), s = cached_op_cost(star, size);
+    EXPECT_LE(t.rank0_msgs, 4.0) << size;               // two children: one UP each, one DOWN each
+    EXPECT_EQ(s.rank0_msgs, 2.0 * (size - 1)) << size;  // the star: a READY in and a PLAN out per rank
+  }
+}
+
+TEST(TreeNegotiation, hops_to_agree_grow_with_log2_of_the_size) {
+  const Protocol tree = protocols()[1];
+  for (int size : {2, 8, 64, 1024}) {
+    int depth = 0;
+    for (int r = size - 1; r > 0; r = tree_parent(r)) ++depth;
+    EXPECT_LE(cached_op_cost(tree, size).hops, 2.0 * depth) << size;
+  }
+}
+
+TEST(TreeNegotiation, the_tree_is_the_binary_heap) {
+  EXPECT_EQ(tree_children(0, 5), (std::vector<int>{1, 2}));
+  EXPECT_EQ(tree_children(1, 5), (std::vector<int>{3, 4}));
+  EXPECT_EQ(tree_children(2, 5), std::vector<int>{});
+  EXPECT_EQ(tree_parent(4), 1);
+  EXPECT_EQ(tree_subtree(1, 10), (std::vector<int>{1, 3, 4, 7, 8, 9}));
+}
 
 }  // namespace
 }  // namespace appliance

@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_api.h"
 #include "backends/nccl/nccl_api.h"
 #include "engine/runtime.h"
+#include "engine/virtual_job.h"
 
 namespace py = pybind11;
 
@@ -377,6 +378,20 @@ PYBIND11_MODULE(_core, m) {
 
   // Address of a contiguous buffer (a numpy array): ~10x cheaper than numpy's .ctypes.data,
   // which the per-op path would otherwise pay twice per operation.
+  m.def("negotiation_model",
+        [](const std::string& protocol, int ranks, int ops, int tensors) {
+          NegotiationCost c = [&] {
+            py::gil_scoped_release release;
+            return measure_cached_ops(protocol, ranks, ops, tensors);
+          }();
+          py::dict d;
+          d["rank0_ns"] = c.rank0_ns;
+          d["rank0_msgs"] = c.rank0_msgs;
+          d["max_msgs"] = c.max_msgs;
+          d["hops"] = c.hops;
+          return d;
+        },
+        py::arg("protocol"), py::arg("ranks"), py::arg("ops") = 20, py::arg("tensors") = 1);
   m.def("address", [](py::handle obj) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_ANY_CONTIGUOUS) != 0) throw py::error_already_set();

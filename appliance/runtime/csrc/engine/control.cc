@@ -71,10 +71,14 @@ void ControlPlane::read(std::deque<Inbound>& inbox, std::vector<int>& left) {
       if (f.type != FrameType::kControl)
         throw Error(Code::kProtocol, std::string("unexpected ") + frame_type_name(f.type) + " frame on the control link", r,
                     host_of(r));
-      if (peek_ctrl_type(f.payload, "rank " + std::to_string(r)) == CtrlType::kBye) {
+      const CtrlType type = peek_ctrl_type(f.payload, "rank " + std::to_string(r));
+      if (type == CtrlType::kBye || type == CtrlType::kGone) {
+        // The peer sends nothing more and may close at any time (GONE: its negotiation ended,
+        // the negotiator hears of it; BYE: it shut down).
         c.gone = true;
         epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.ch->link().wait_handle(), nullptr);
-        left.push_back(r);
+        if (type == CtrlType::kBye) left.push_back(r);
+        else inbox.push_back(Inbound{r, std::move(f.payload)});
         break;
       }
       inbox.push_back(Inbound{r, std::move(f.payload)});

@@ -4,7 +4,9 @@
 // What it owns: one Channel per control peer, an epoll set of their wait handles (the engine
 // sleeps on it; a collective's Watch polls it), and per peer when a frame last came and went.
 // read() drains every link without blocking: CONTROL payloads go to the caller's inbox, a BYE
-// marks the peer gone (the caller hears of it through `left`), heartbeats only prove life.
+// marks the peer gone (the caller hears of it through `left`), and so does the negotiator's
+// GONE (which goes to the inbox too): after either the peer may close its end at any time, and
+// that is not a failure. Heartbeats only prove life.
 // An ABORT throws its status (the origin rank is inside); abort() sends one to every peer but
 // the one it came from, so an abort floods whatever topology the links form.
 //

@@ -46,7 +46,8 @@ struct Negotiated {
   std::vector<Plan> plans;
   std::vector<std::string> log;  // lines to print on this rank (a stall report)
   Status abort;                   // not ok: the job fails with it (origin: the blamed rank)
-  bool coordinator_gone = false;  // rank 0 left in order: nothing more can be negotiated
+  bool coordinator_gone = false;  // negotiation ended: rank `gone_rank` (0, or the tree parent) left in order
+  int gone_rank = 0;
 
   bool empty() const { return send.empty() && plans.empty() && log.empty() && abort.ok() && !coordinator_gone; }
 };

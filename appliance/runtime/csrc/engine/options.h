@@ -26,6 +26,9 @@
   X(double, cycle_time_ms, 1.0)                                                                        \
   /* response cache entries (0: every readiness travels in full) */                                     \
   X(size_t, cache_capacity, 1024)                                                                      \
+  /* the negotiation protocol (engine/negotiator.h): "tree" (cached ops agreed up and down a tree */   \
+  /* without rank 0's coordinator) or "star" (every rank talks to rank 0's coordinator) */              \
+  X(std::string, negotiation, "tree")                                                                  \
   /* no stall warnings at all (HOROVOD_STALL_CHECK_DISABLE) */                                          \
   X(bool, stall_check_disable, false)                                                                  \
   /* seconds a tensor may wait for some ranks before a warning */                                       \

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "engine/star_negotiator.h"
+#include "engine/tree_negotiator.h"
 #include "transport/auth.h"
 #include "transport/tcp/socket.h"
 
@@ -36,7 +37,10 @@ Runtime::Runtime(RuntimeConfig cfg)
   no.cache_capacity = cfg_.cache_capacity;
   no.stall_check_s = cfg_.effective_stall_check_s();
   no.stall_shutdown_s = cfg_.stall_shutdown_s;
-  negotiator_ = std::make_unique<StarNegotiator>(no, static_cast<NegotiationObserver*>(this));
+  NegotiationObserver* seen = this;
+  if (cfg_.negotiation == "star") negotiator_ = std::make_unique<StarNegotiator>(no, seen);
+  else if (cfg_.negotiation == "tree") negotiator_ = std::make_unique<TreeNegotiator>(no, seen);
+  else throw std::invalid_argument("negotiation must be tree or star, not '" + cfg_.negotiation + "'");
   link_kinds_.reset(new std::atomic<const char*>[cfg_.size]);
   for (int r = 0; r < cfg_.size; ++r) link_kinds_[r].store("self");
   if (cfg_.size > 1) try {

@@ -236,6 +236,7 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   std::deque<ControlPlane::Inbound> inbox_;
   std::vector<int> left_;      // peers whose BYE came, not yet told to the negotiator
   bool coordinator_gone_ = false;
+  int gone_rank_ = 0;  // who left: rank 0, or the rank this one negotiated through
   std::atomic<bool> profiling_{false};
   uint64_t plan_cpu_ns_ = 0;       // with profiling: CPU time of the plans run so far
   uint64_t plan_clock_reads_ = 0;  // with profiling: clock reads made around those plans

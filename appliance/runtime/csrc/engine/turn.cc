@@ -21,7 +21,10 @@ bool Runtime::turn(bool settle) {
     }
     step();
     if (coordinator_gone_) {
-      Status gone{Code::kAborted, 0, host_of(0), "rank 0 (the coordinator) has shut down; no further collectives can run"};
+      const int r = gone_rank_;
+      Status gone{Code::kAborted, r, host_of(r),
+                  r == 0 ? "rank 0 (the coordinator) has shut down; no further collectives can run"
+                         : "rank " + std::to_string(r) + ", this rank's way to rank 0's coordinator, has shut down; no further collectives can run here"};
       bool had_work = !inflight_.empty() || !running_.empty();
       {
         std::lock_guard<std::mutex> g(qmu_);
@@ -129,7 +132,10 @@ void Runtime::carry_out(Negotiated& out) {
   }
   for (const Plan& p : out.plans) run_plan(p);
   for (const std::string& line : out.log) log_line(cfg_.rank, line);
-  if (out.coordinator_gone) coordinator_gone_ = true;
+  if (out.coordinator_gone) {
+    coordinator_gone_ = true;
+    gone_rank_ = out.gone_rank;
+  }
   if (!out.abort.ok()) {
     Status s = out.abort;
     s.host = host_of(s.origin_rank);

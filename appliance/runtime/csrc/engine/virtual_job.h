@@ -5,8 +5,8 @@
 // to thousands of ranks) without a scheduler in the way.
 //
 // Links are FIFO per (sender, receiver) pair, like a control link. settle() delivers every
-// message in flight, in rounds (every rank's inbox, rank order), ticking each rank, until
-// nothing moves. Each message carries a hop count: one more than the largest its sender had
+// message in flight, in rounds (every rank's inbox, rank order; a rank that handled messages
+// is ticked after them, as the engine does in a turn), until nothing moves. Each message carries a hop count: one more than the largest its sender had
 // received when it sent it (a Lamport clock), so a plan's hops are the length of the longest
 // chain of messages that led to it since the last reset_hops().
 #pragma once
@@ -21,6 +21,19 @@
 #include "engine/negotiator.h"
 
 namespace appliance {
+
+// What one cached operation costs a protocol at `ranks` ranks, measured on a VirtualJob once its
+// response cache is warm: `ops` steps of `tensors` synchronous allreduces each (every rank
+// submits the step, then it settles). rank0_ns: time inside rank 0's negotiator per op (the
+// protocol's own CPU work: decoding, deciding, encoding; no sockets), each call started with
+// cold CPU caches (as after the other ranks' work), so that it does not depend on how much
+// memory the other negotiators of this one process touch; rank0_msgs / max_msgs:
+// messages rank 0 / the busiest rank sent and received per op; hops: the longest chain of
+// messages from the step's submissions to a plan (per step). protocol: "tree" or "star".
+struct NegotiationCost {
+  double rank0_ns = 0, rank0_msgs = 0, max_msgs = 0, hops = 0;
+};
+NegotiationCost measure_cached_ops(const std::string& protocol, int ranks, int ops, int tensors);
 
 class VirtualJob {
  public:
@@ -56,6 +69,26 @@ class VirtualJob {
   uint64_t busy_ns(int rank) const { return ranks_[rank].busy_ns; }
   int max_plan_hops() const { return max_plan_hops_; }
   void reset_hops();
+  // Rank 0's inputs are recorded (what it was handed, in order). replay() hands them to a fresh
+  // negotiator made by the factory and returns the time spent in its calls from input `from`
+  // on; take the record and let the job go first, so that its memory is not in the way.
+  struct Input {  // one call of rank 0's negotiator
+    enum Kind { kSubmit, kReceive, kLeft, kTick } kind;
+    Time now;
+    int peer = -1;
+    std::vector<uint8_t> bytes;
+    std::vector<Request> reqs;
+  };
+  struct Rank0Record {
+    Factory make;
+    NegotiatorOptions opts;
+    std::vector<Input> inputs;
+    uint64_t replay(size_t from) const;
+  };
+  size_t rank0_inputs() const { return rank0_.inputs.size(); }
+  Rank0Record take_rank0_record() { return std::move(rank0_); }
+  // Evict the CPU caches before each call of rank 0's negotiator (not timed).
+  void cold_rank0(bool on) { cold_rank0_ = on; }
   // Rank `rank`'s control peers as its negotiator named them.
   std::vector<int> peers(int rank) { return ranks_[rank].n->control_peers(); }
 
@@ -80,7 +113,10 @@ class VirtualJob {
   void timed(int rank, F&& f);
 
   std::vector<Rank> ranks_;
+  Rank0Record rank0_;
   int max_plan_hops_ = 0;
+  bool cold_rank0_ = false;
+  std::vector<uint8_t> scratch_;  // what evicts the caches
 };
 
 }  // namespace appliance
