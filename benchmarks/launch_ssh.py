@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "launcher"))
 import _netns  # noqa: E402
 
-WORKER = ROOT / "tests" / "workers" / "ssh_runtime.py"
+WORKER = ROOT / "tests" / "ranks" / "ssh_runtime.py"
 SLEEPER = "import os, sys, time; open(os.path.join(sys.argv[1], 'pid.' + os.environ['HOROVOD_RANK']), 'w').write(str(os.getpid())); time.sleep(60)"
 
 

@@ -2,7 +2,7 @@
 
 ``run_ranks(np, worker, *args)`` starts ``np`` processes through the real launcher API
 (``appliance.launcher.launch``: real processes, rendezvous over real sockets), each running
-``tests/workers/<worker>.py`` with ``args``; every rank writes a JSON report into a temporary
+``tests/ranks/<worker>.py`` with ``args``; every rank writes a JSON report into a temporary
 directory (``APPLIANCE_TEST_OUT``) and the fixture returns them in rank order together with the
 launch result. Time is bounded by ``timeout``; the launcher kills everything it started.
 
@@ -15,12 +15,10 @@ import json
 import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKERS = Path(__file__).resolve().parent / "workers"
+from fixtures import RANKS, ROOT
 
 
 def pytest_addoption(parser):
@@ -75,7 +73,7 @@ def run_ranks(tmp_path):
         out.mkdir(exist_ok=True)
         full_env = {"APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
         full_env.update(env or {})
-        command = [sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)]
+        command = [sys.executable, str(RANKS / f"{worker}.py"), *map(str, args)]
         result = launch(command, np=np, hosts=hosts or f"localhost:{np}", env=full_env, timeout=timeout)
         reports = []
         for r in range(np):

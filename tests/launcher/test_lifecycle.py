@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from appliance.launcher import launch
+from fixtures import RANKS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-GRACE_WORKER = str(ROOT / "tests" / "workers" / "failure_grace.py")
+GRACE_WORKER = str(RANKS / "failure_grace.py")
 DUMP_ENV = 'mark("env", json.dumps(dict(os.environ)))\n'
 
 

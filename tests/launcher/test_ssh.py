@@ -19,6 +19,7 @@ import pytest
 
 from _netns import PORT
 from appliance.launcher.binding import rank_cpus
+from fixtures import RANKS
 
 pytestmark = [pytest.mark.ssh]
 
@@ -302,13 +303,11 @@ def test_slurm_allocation_gives_the_hosts(ssh_cluster, job):
 def test_collectives_across_hosts_at_three_ranks(ssh_cluster, tmp_path, topology):
     """The collective runtime over SSH-launched ranks: every op/dtype/size against numpy, with the
     layout each rank's runtime reports (horovodrun's: hosts in order, local ranks within a host)."""
-    from pathlib import Path
-
     h1, h2 = ssh_cluster.hosts
     first, second = ("localhost", h1) if topology == "primary+host" else (h1.address, h2)
     out = tmp_path / "reports"
     out.mkdir()
-    worker = Path(__file__).resolve().parents[1] / "workers" / "ssh_runtime.py"
+    worker = RANKS / "ssh_runtime.py"
     start = time.time()
     rc, stdout, err, _ = appliance("launch", "-np", "3", "-H", f"{first}:1,{second.address}:2", "-p", str(PORT),
                                    "--", sys.executable, str(worker), "ops", timeout=100,

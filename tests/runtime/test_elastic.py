@@ -1,4 +1,4 @@
-"""``hvd.elastic`` on real ranks (tests/workers/elastic_worker.py), at 2 and 3 ranks: commit and
+"""``hvd.elastic`` on real ranks (tests/ranks/elastic_worker.py), at 2 and 3 ranks: commit and
 restore of a TorchState (model, optimizer, counters) when HorovodInternalError is raised inside
 ``hvd.elastic.run``; a host-set notification on rank 0 interrupting every rank's commit, the reset
 (re-initialised runtime, reset callbacks) and the re-run with and without sync; ObjectState and

@@ -6,16 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import RANKS, ROOT
+
 SHIM = ROOT / "shim"
-WORKERS = ROOT / "tests" / "workers"
-PATH = os.pathsep.join([str(ROOT), str(SHIM), str(WORKERS)])
+PATH = os.pathsep.join([str(ROOT), str(SHIM), str(RANKS)])
 
 
 @pytest.mark.parametrize("np", [2, 3])

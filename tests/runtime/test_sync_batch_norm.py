@@ -1,4 +1,4 @@
-"""``hvd.SyncBatchNorm`` on real ranks (tests/workers/sync_bn.py): output, running statistics and
+"""``hvd.SyncBatchNorm`` on real ranks (tests/ranks/sync_bn.py): output, running statistics and
 input/weight/bias gradients equal ``torch.nn.BatchNorm*d`` on the concatenated batch of every rank,
 with a different batch size on each rank (one of them empty), for (N, C), (N, C, L), (N, C, H, W)
 and (N, C, D, H, W) input; eval mode; ``momentum=None``; two layers; a DistributedOptimizer step;
@@ -9,13 +9,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import RANKS, ROOT
+
 CASES = ["train_shapes", "options", "no_running_stats", "two_layers", "optimizer_step", "errors"]
 
 
@@ -31,7 +31,7 @@ def test_sync_batch_norm_equals_batch_norm_on_the_global_batch(run_ranks, np_):
 def test_sync_batch_norm_on_a_single_rank_without_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_", "OMPI_"))}
     env.update(APPLIANCE_TEST_OUT=str(tmp_path), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "sync_bn.py")], env=env,
+    proc = subprocess.run([sys.executable, str(RANKS / "sync_bn.py")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rep = json.loads((tmp_path / "rank0.json").read_text())

@@ -2,7 +2,7 @@
 fold): allreduce values against a torch reference of the recursive Adasum, orthogonal inputs
 add up, equal inputs give the input, refusals leave the runtime usable, and
 ``DistributedOptimizer(op=hvd.Adasum)`` matches start + Adasum(local deltas) and trains
-(tests/workers/torch_adasum.py)."""
+(tests/ranks/torch_adasum.py)."""
 import pytest
 
 

@@ -1,6 +1,6 @@
 """``srun python script.py`` with no launcher, on a real two-node Slurm (``tests/slurm/_cluster.py``).
 
-Each task runs ``direct_worker.py``: ``hvd.init()`` takes its layout from Slurm, meets the others
+Each task runs ``tests/ranks/slurm_direct.py``: ``hvd.init()`` takes its layout from Slurm, meets the others
 at the store rank 0 hosts on the step's first node (the port derived from the job and step ids)
 with the job's secret file that ``appliance secret`` made inside the allocation, runs one
 allreduce and writes a JSON report. Checked: ranks, local and cross ranks on the two named nodes
@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "direct_worker.py"
+from fixtures import RANKS
+
+WORKER = RANKS / "slurm_direct.py"
 PY = sys.executable
 EVEN = ["-N2", "--ntasks-per-node=2"]  # 2(x2): without it Slurm may pack 3+1 onto the 4-CPU nodes
 

@@ -1,7 +1,7 @@
 """``appliance launch`` inside a real Slurm allocation: ranks started by one srun step.
 
 Every test runs ``salloc ... -- appliance launch ...`` in the module's two-node cluster
-(``conftest.py``) with a worker (``_layout.py``) that joins the job, runs a real allreduce and
+(``conftest.py``) with a worker (``tests/ranks/slurm_layout.py``) that joins the job, runs a real allreduce and
 reports its layout, environment and timings. Effects checked: the node each rank ran on (its
 hostname, which only a task started by slurmd on that node has), the layout the runtime reports,
 the contract variables, exit codes, the summary naming rank and node, output files, and that no
@@ -23,13 +23,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(os.environ.get("APPLIANCE_SLURM_TEST_ROOT") or Path(__file__).resolve().parents[2])
-LAYOUT = Path(__file__).resolve().with_name("_layout.py")
+import fixtures
+
+ROOT = Path(os.environ.get("APPLIANCE_SLURM_TEST_ROOT") or fixtures.ROOT)
+LAYOUT = fixtures.RANKS / "slurm_layout.py"
 PY = sys.executable
 
 
 class Launch:
-    """One ``salloc SALLOC -- appliance launch ARGS -- _layout.py MODE OUT`` in the cluster."""
+    """One ``salloc SALLOC -- appliance launch ARGS -- slurm_layout.py MODE OUT`` in the cluster."""
 
     def __init__(self, slurm, tmp_path: Path, salloc: list[str], args: list[str], mode: str = "once",
                  env: dict | None = None):

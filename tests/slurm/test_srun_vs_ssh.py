@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 from _cluster import SlurmCluster, missing_tools
+from fixtures import RANKS, ROOT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launcher"))
 import _netns  # noqa: E402  (the SSH tier's simulated hosts)
 
-ROOT = Path(__file__).resolve().parents[2]
-LAYOUT = Path(__file__).resolve().with_name("_layout.py")
+LAYOUT = RANKS / "slurm_layout.py"
 PY = sys.executable
 
 

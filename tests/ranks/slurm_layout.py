@@ -1,4 +1,4 @@
-"""Worker of the Slurm tier: join the job, allreduce, report the layout (``_layout.py MODE OUT``).
+"""Worker of the Slurm tier: join the job, allreduce, report the layout (``slurm_layout.py MODE OUT``).
 
 Modes: ``once`` (one allreduce, then exit 0), ``train`` (allreduce in a loop until the job fails
 or it is stopped; ``ready.N`` marks the first collective done), ``fail`` (as ``train``, but rank

@@ -1,4 +1,4 @@
-"""A task of a direct ``srun python direct_worker.py OUTDIR`` job: ``hvd.init()`` with no launcher,
+"""A task of a direct ``srun python slurm_direct.py OUTDIR`` job: ``hvd.init()`` with no launcher,
 one allreduce, then a JSON report ``OUTDIR/rank.<rank>.json`` (layout as the runtime reports it,
 Slurm's own view, the allreduce's result, wall-clock times) for the tests to check."""
 import json
