@@ -20,19 +20,20 @@ import pytest
 
 from fixtures import RANKS, ROOT
 
+# The tiers' fixtures, usable from every folder of tests/ (see tests/fixtures/__init__.py).
+pytest_plugins = [
+    "fixtures.jobs",     # job: launchers and python -c workers that leave evidence in files
+    "fixtures.ssh",      # ssh_cluster: simulated hosts with real sshd (marker ssh)
+    "fixtures.docker",   # engine, image, gpu_image, cluster, shared_cluster (marker docker)
+    "fixtures.slurm",    # slurm_cluster, slurm: a real two-node Slurm (marker slurm)
+    "fixtures.devices",  # fake_libs: stand-in CUDA and NCCL libraries
+    "fixtures.gpu",      # modules marked gpu are collected only where torch sees a GPU
+]
+
 
 def pytest_addoption(parser):
     parser.addoption("--strict-prereqs", action="store_true",
                      help="fail (instead of skip) tests whose prerequisite tools are missing")
-
-
-def pytest_report_header(config):
-    """One line when the GPU tier (tests/gpu) cannot run here."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "tests/gpu: not run: no CUDA device here (torch.cuda.is_available() is False)"
-    return f"tests/gpu: {torch.cuda.device_count()} CUDA device(s): {torch.cuda.get_device_name(0)}"
 
 
 @pytest.fixture

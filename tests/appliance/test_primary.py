@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from _waits import wait_for
+from fixtures.waits import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300, func_only=True)]
 

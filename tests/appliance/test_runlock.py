@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from _waits import wait_for
+from fixtures.waits import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(420, func_only=True)]
 

@@ -1,6 +1,6 @@
 """The core's dlopen loader for the CUDA runtime and NCCL, and the capability truth table.
 
-Real dlopen of real shared libraries: the stand-ins from conftest.py, the system's CUDA
+Real dlopen of real shared libraries: the stand-ins of tests/fixtures/devices.py, the system's CUDA
 runtime where one is installed, and paths that do not exist. What is checked is what
 ``capabilities()``, ``hvd.nccl_built()`` and ``hvd.cuda_built()`` say, in fresh processes.
 """

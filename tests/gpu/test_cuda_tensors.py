@@ -1,4 +1,4 @@
-"""CUDA tensors end to end on real GPUs (run where a GPU exists; see conftest.py).
+"""CUDA tensors end to end on real GPUs (marker gpu: collected only where a GPU exists; see tests/fixtures/gpu.py).
 
 1 rank through NCCL; 2 ranks on one GPU through host staging (NCCL refuses them); N ranks on
 N GPUs through NCCL; the dtype x op matrix with fp16/bf16 and scale factors; allgather with
@@ -8,6 +8,8 @@ SyncBatchNorm and join on CUDA tensors.
 """
 import pytest
 import torch
+
+pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count()
 

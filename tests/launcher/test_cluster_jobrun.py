@@ -1,5 +1,5 @@
 """The cluster plane's job runner (``python -m appliance.cluster.jobrun``) and the preflight hooks
-over real OpenSSH (the simulated hosts of ``_netns.py``): the job runner checks each host once,
+over real OpenSSH (the simulated hosts of ``tests/fixtures/netns.py``): the job runner checks each host once,
 through the launcher's preflight, writes the startup view's host files from its reports, and a
 secondary that starts late is waited for.
 
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from _netns import PORT
+from fixtures.netns import PORT
 
 pytestmark = [pytest.mark.ssh]
 

@@ -1,5 +1,5 @@
 """benchmarks/crosshost.py runs end to end: its --quick mode builds its own two simulated hosts
-(network namespaces + sshd, _netns.py), exits 0, prints the allreduce table with a row per size and
+(network namespaces + sshd, tests/fixtures/netns.py), exits 0, prints the allreduce table with a row per size and
 a number for ours, gloo and OpenMPI tcp, writes its JSON, and leaves no namespace behind. No timed
 assertions. Needs root (namespaces), sshd, and for the OpenMPI column mpirun + mpi4py: a missing one
 skips here and fails under --strict-prereqs (CI).
@@ -13,13 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _netns
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import benchlib  # noqa: E402  (benchmarks/ is scripts, not a package)
+from fixtures import netns  # noqa: E402
 
 pytestmark = [pytest.mark.ssh]
 
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.ssh]
 def prereqs(request) -> bool:
     """Skip (fail under --strict-prereqs) without namespaces; True when the OpenMPI column must run."""
     strict = request.config.getoption("--strict-prereqs", default=False)
-    why = _netns.available()
+    why = netns.available()
     if why and strict:
         pytest.fail(f"SSH tier: {why}")
     if why:
@@ -39,9 +39,9 @@ def prereqs(request) -> bool:
 
 
 def namespaces(pid: int) -> list[str]:
-    """Namespaces of the simulated hosts built by process ``pid`` (_netns names them by pid)."""
-    lines = _netns.sh("ip", "netns", "list", check=False).stdout.splitlines()
-    return [line.split()[0] for line in lines if line.startswith(f"{_netns.PREFIX}{pid}x")]
+    """Namespaces of the simulated hosts built by process ``pid`` (netns names them by pid)."""
+    lines = netns.sh("ip", "netns", "list", check=False).stdout.splitlines()
+    return [line.split()[0] for line in lines if line.startswith(f"{netns.PREFIX}{pid}x")]
 
 
 @pytest.mark.timeout(300)
@@ -59,7 +59,7 @@ def test_crosshost_quick(request, tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
-            _netns.remove_stale()  # its namespaces, now that its pid is gone
+            netns.remove_stale()  # its namespaces, now that its pid is gone
     assert p.returncode == 0, f"crosshost.py exited {p.returncode}:\n{stdout[-3000:]}\n{stderr[-3000:]}"
     want = ["ours", "gloo"] + (["mpi-tcp"] if with_mpi else [])
     assert "\nallreduce, float32, 2 ranks on two hosts" in stdout and "link kind tcp" in stdout, stdout

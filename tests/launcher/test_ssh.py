@@ -1,5 +1,5 @@
 """Multi-host launch over real OpenSSH: hosts are network namespaces with their own sshd (port 12345),
-hostname and NIC names (see ``_netns.py``); the primary is this machine.
+hostname and NIC names (see ``tests/fixtures/netns.py``); the primary is this machine.
 
 Asserts effects: the environment and hostname each rank saw, files, exit codes, which processes exist
 on which host (by network namespace), time bounds. Everything started is killed by the fixtures.
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from _netns import PORT
 from appliance.launcher.binding import rank_cpus
 from fixtures import RANKS
+from fixtures.netns import PORT
 
 pytestmark = [pytest.mark.ssh]
 

@@ -1,5 +1,5 @@
 """Faults between the primary and a remote host, over real OpenSSH in network namespaces (see
-``_netns.py``): a silent network cut (the switch port of a host goes down: nothing is closed or
+``tests/fixtures/netns.py``): a silent network cut (the switch port of a host goes down: nothing is closed or
 reset, packets just vanish) and the fault report a remote rank leaves behind.
 
 Asserts effects: exit code, the failed rank and host of the launch result, time bounds, and that
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from _netns import PORT, sh
+from fixtures.netns import PORT, sh
 
 pytestmark = [pytest.mark.ssh]
 

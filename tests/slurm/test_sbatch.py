@@ -1,6 +1,6 @@
 """The batch scripts users copy (``slurm/train.sbatch``, ``slurm/train-docker.sbatch``).
 
-``train.sbatch`` runs for real on the two-node Slurm of ``tests/slurm/_cluster.py``: the default
+``train.sbatch`` runs for real on the two-node Slurm of ``tests/fixtures/slurmcluster.py``: the default
 training job on 2 nodes x 2 tasks, direct ``srun`` through ``hvd.init()``, to a checkpoint that
 loads. The Docker variant is not run (no Docker in this tier): both scripts pass ``bash -n``, and
 the Docker one runs once against stand-ins for ``scontrol``, ``srun`` and ``appliance`` that record

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import time
 
-from _cluster import SlurmCluster
+from fixtures.slurmcluster import SlurmCluster
 
 
 def test_srun_runs_one_task_on_each_named_node(slurm):

@@ -1,4 +1,4 @@
-"""``srun python script.py`` with no launcher, on a real two-node Slurm (``tests/slurm/_cluster.py``).
+"""``srun python script.py`` with no launcher, on a real two-node Slurm (``tests/fixtures/slurmcluster.py``).
 
 Each task runs ``tests/ranks/slurm_direct.py``: ``hvd.init()`` takes its layout from Slurm, meets the others
 at the store rank 0 hosts on the step's first node (the port derived from the job and step ids)

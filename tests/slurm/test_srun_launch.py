@@ -1,11 +1,12 @@
 """``appliance launch`` inside a real Slurm allocation: ranks started by one srun step.
 
 Every test runs ``salloc ... -- appliance launch ...`` in the module's two-node cluster
-(``conftest.py``) with a worker (``tests/ranks/slurm_layout.py``) that joins the job, runs a real allreduce and
-reports its layout, environment and timings. Effects checked: the node each rank ran on (its
-hostname, which only a task started by slurmd on that node has), the layout the runtime reports,
-the contract variables, exit codes, the summary naming rank and node, output files, and that no
-process of the job is left in the cluster afterwards. Each test bounds its own time.
+(``tests/fixtures/slurm.py``) with a rank program (``tests/ranks/slurm_layout.py``) that joins the
+job, runs a real allreduce and reports its layout, environment and timings. Effects checked: the
+node each rank ran on (its hostname, which only a task started by slurmd on that node has), the
+layout the runtime reports, the contract variables, exit codes, the summary naming rank and node,
+output files, and that no process of the job is left in the cluster afterwards. Each test bounds
+its own time.
 
 Measurements (printed with ``-s``, lines starting ``MEASURE``): launch to the first collective,
 and the fault times (SIGKILL of a rank -> survivors' error and launcher exit; scancel -> exit).

@@ -1,8 +1,8 @@
 """The same two nodes reached by srun and over SSH: a Slurm whose nodes are the SSH tier's simulated hosts.
 
-The module builds two simulated hosts (``tests/launcher/_netns.py``: a network namespace each with
+The module builds two simulated hosts (``tests/fixtures/netns.py``: a network namespace each with
 its own address, hostname and a real sshd keyed by ``appliance keys``) and a Slurm cluster
-(``_cluster.SlurmCluster``) whose two slurmd run inside those namespaces, named by the hosts'
+(``fixtures.slurmcluster.SlurmCluster``) whose two slurmd run inside those namespaces, named by the hosts'
 hostnames. Inside one allocation, ``appliance launch`` then starts the same four ranks on the same
 two nodes with srun (the default there) and with ``--launcher ssh`` (over SSH, preflight included),
 so the two launchers can be compared; each run's launch-to-first-allreduce time is printed
@@ -23,11 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from _cluster import SlurmCluster, missing_tools
-from fixtures import RANKS, ROOT
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launcher"))
-import _netns  # noqa: E402  (the SSH tier's simulated hosts)
+from fixtures import RANKS, ROOT, netns
+from fixtures.slurmcluster import SlurmCluster, missing_tools
 
 LAYOUT = RANKS / "slurm_layout.py"
 PY = sys.executable
@@ -35,7 +32,7 @@ PY = sys.executable
 
 @pytest.fixture(scope="module")
 def nodes(request):
-    why = _netns.available() or (f"{', '.join(missing_tools())} not found" if missing_tools() else None)
+    why = netns.available() or (f"{', '.join(missing_tools())} not found" if missing_tools() else None)
     if why:
         if request.config.getoption("--strict-prereqs"):
             pytest.fail(f"Slurm over simulated hosts: {why}")
@@ -49,7 +46,7 @@ def nodes(request):
     assert r.returncode == 0, r.stderr
     net = None
     try:
-        net = _netns.Cluster(2, shared, base)
+        net = netns.Cluster(2, shared, base)
         specs = [(h.hostname, h.address, h.ns) for h in net.hosts]
         with SlurmCluster(nodes=specs, ctld_addr=net.primary_addr) as slurm:
             yield slurm, net, base, shared
@@ -84,7 +81,7 @@ def test_srun_and_ssh_start_the_same_ranks_on_the_same_nodes(nodes):
     key = os.path.join(shared, "ssh", "id_ed25519")
     start = time.monotonic()
     srun_s, srun_nodes = _launch(slurm, base, shared, "srun", [])
-    ssh_s, ssh_nodes = _launch(slurm, base, shared, "ssh", ["--launcher", "ssh", "-p", str(_netns.PORT), "-i", key])
+    ssh_s, ssh_nodes = _launch(slurm, base, shared, "ssh", ["--launcher", "ssh", "-p", str(netns.PORT), "-i", key])
     expected = [names[0], names[0], names[1], names[1]]
     assert srun_nodes == expected and ssh_nodes == expected
     print(f"\nMEASURE same two nodes, launcher start -> every rank past its first allreduce: srun {srun_s:.3f} s, "
