@@ -1,4 +1,4 @@
-"""Worker for tests/runtime/test_elastic.py: ``hvd.elastic`` on real ranks.
+"""Worker for tests/torch/test_elastic.py: ``hvd.elastic`` on real ranks.
 
 Usage: elastic_worker.py <case>[,<case>...]. Cases:
   restore        a HorovodInternalError raised inside ``hvd.elastic.run`` restores model, optimizer

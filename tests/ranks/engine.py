@@ -1,4 +1,4 @@
-"""Rank-agnostic worker bodies for tests/runtime/test_engine_*.py (numpy API, real ranks).
+"""Rank-agnostic worker bodies for tests/runtime/test_engine.py and others (numpy API, real ranks).
 
 Usage: engine.py <case> [args...]. Every rank runs the same body; inputs are derived from
 (rank, case) so any rank can rebuild every other rank's input and check results against a

@@ -1,4 +1,4 @@
-"""Worker for tests/devices/test_cuda_engine.py: the engine's CUDA path with the stand-in CUDA
+"""Worker for tests/runtime/test_cuda_engine.py: the engine's CUDA path with the stand-in CUDA
 runtime (its "device" memory is host memory), through the numpy-level engine API.
 
 Usage: fake_cuda.py staging|nccl_fails|solo (solo: one rank on the stand-in NCCL that works

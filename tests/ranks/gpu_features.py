@@ -1,5 +1,6 @@
-"""Worker for tests/gpu: Horovod features on CUDA tensors (process sets, Adasum, SyncBatchNorm,
-join), checked against the same computation on CPU tensors in this process.
+"""Worker for tests/torch/test_cuda_tensors.py (gpu tier): Horovod features on CUDA tensors
+(process sets, Adasum, SyncBatchNorm, join), checked against the same computation on CPU tensors
+in this process.
 
 Every rank uses cuda:(local_rank % device_count). Reports what it checked and the CUDA path of
 the global set.

@@ -1,4 +1,4 @@
-"""A module-level function for ``horovod.run`` (tests/runtime/test_horovod_compat.py): the
+"""A module-level function for ``horovod.run`` (tests/hvdcompat/test_horovod_compat.py): the
 workers unpickle it by reference, so it must live in a module on their path."""
 
 

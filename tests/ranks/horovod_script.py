@@ -1,4 +1,4 @@
-"""A Horovod-style training script, unchanged Horovod imports only (tests/runtime/test_horovod_compat.py).
+"""A Horovod-style training script, unchanged Horovod imports only (tests/hvdcompat/test_horovod_compat.py).
 
 Runs with shim/ on PYTHONPATH (the ``horovod`` compatibility package). Usage:
 horovod_script.py [--lose-rank-1]. Checks allreduce (with ``hvd.mpi_ops.Compression.none``), the

@@ -1,4 +1,4 @@
-"""Worker for tests/runtime/test_sync_batch_norm.py: ``hvd.SyncBatchNorm`` against
+"""Worker for tests/torch/test_sync_batch_norm.py: ``hvd.SyncBatchNorm`` against
 ``torch.nn.BatchNorm`` on the whole job's batch.
 
 Usage: sync_bn.py (run by the launcher on N ranks, or alone as one rank). Rank r's batch has

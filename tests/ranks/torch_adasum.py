@@ -1,4 +1,4 @@
-"""Rank-agnostic worker for tests/runtime/test_torch_adasum.py: ``op=hvd.Adasum`` on real ranks.
+"""Rank-agnostic worker for tests/torch/test_torch_adasum.py: ``op=hvd.Adasum`` on real ranks.
 
 Usage: torch_adasum.py. Checks ``hvd.allreduce(op=hvd.Adasum)`` (sync, async, in place,
 grouped, scale factors, float16) against a torch reference of the recursive Adasum (ranks past

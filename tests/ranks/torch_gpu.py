@@ -1,4 +1,5 @@
-"""Worker for tests/gpu: appliance.torch on CUDA tensors, checked against torch on one process.
+"""Worker for tests/torch/test_cuda_tensors.py (gpu tier): appliance.torch on CUDA tensors, checked
+against torch on one process.
 
 Usage: torch_gpu.py ops|optimizer. Env: TORCH_GPU_PIN=N pins every rank to cuda:N (ranks
 sharing a GPU); otherwise rank r uses cuda:(local_rank % device_count). Reports the CUDA path

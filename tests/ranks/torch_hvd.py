@@ -1,4 +1,4 @@
-"""Rank-agnostic worker for tests/runtime/test_torch_*.py: ``appliance.torch`` on real ranks.
+"""Rank-agnostic worker for tests/torch/test_torch_*.py: ``appliance.torch`` on real ranks.
 
 Usage: torch_hvd.py <case>[,<case>...]. Initialises ``appliance.torch``, runs the cases (from
 the ``_torch_*`` modules beside this file) in order and reports ``{"ok": true, "rank", "size",

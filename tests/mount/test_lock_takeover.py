@@ -23,8 +23,8 @@ import pytest
 
 from appliance.mount import FileLock, LockHeld, container_gone_reason, sweep
 from appliance.mount.owner import container_identity, read_owner, split_container
+from fixtures import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ENGINE = "ENGINE:TEST:0001"
 
 HOLDER = textwrap.dedent("""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # horovod_suite.sh: run Horovod's own PyTorch test suite, unmodified, against this appliance.
 #
-#   bash tests/external/horovod_suite.sh HOROVOD_CHECKOUT [IMAGE] [NP]
+#   bash tests/hvdcompat/horovod_suite.sh HOROVOD_CHECKOUT [IMAGE] [NP]
 #
 # HOROVOD_CHECKOUT: a copy of Horovod's sources at the release we are compatible with (v0.28.1:
 # `git clone --branch v0.28.1 https://github.com/horovod/horovod`); only its test/parallel/

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from appliance.hvdcompat import SHIM_MARKER
+from fixtures import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIM = ROOT / "shim"
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 

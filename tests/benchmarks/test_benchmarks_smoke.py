@@ -11,11 +11,11 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
+
 BENCH = ROOT / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from appliance.mount import FileLock, Layout, LockHeld, Owner, host_lock, owner as owners, run_lock, save_atomically
-
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
 
 HOLDER = textwrap.dedent("""
     import sys, time

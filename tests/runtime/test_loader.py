@@ -10,13 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from appliance.runtime import _core, devices
+from fixtures import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MISSING = "/nonexistent/libnccl.so.2"
 
 

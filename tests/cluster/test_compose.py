@@ -8,13 +8,11 @@ import json
 import os
 import secrets
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from appliance.cluster.docker import memlock_ulimit
-
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300, func_only=True)]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from appliance.common.knobs import KNOBS
+from fixtures import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]

@@ -14,11 +14,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
+
 PLAIN = ROOT / "slurm" / "train.sbatch"
 DOCKER = ROOT / "slurm" / "train-docker.sbatch"
 

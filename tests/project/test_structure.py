@@ -24,7 +24,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
+
 PKG = ROOT / "appliance"
 
 # plane -> the planes its modules may import (besides their own plane and the root package).
@@ -275,7 +276,7 @@ def test_planes_import_only_the_planes_below():
     bad = []
     for module, scan in _scan().items():
         bad += [f"{MODULES[module].relative_to(ROOT)}:{line}" for line in plane_violations(module, scan)]
-    assert not bad, "imports against the plane rule (tests/unit/test_structure.py, MAY_IMPORT):\n" + "\n".join(bad)
+    assert not bad, "imports against the plane rule (tests/project/test_structure.py, MAY_IMPORT):\n" + "\n".join(bad)
 
 
 def test_no_import_loops_outside_appliance_torch():

@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
+
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import benchlib  # noqa: E402  (benchmarks/ is scripts, not a package)

@@ -18,8 +18,7 @@ from appliance.cluster.view import StartupView
 from appliance.cluster.config import ClusterConfig
 from appliance.common.knobs import ConfigError
 from appliance.launcher.flags import LaunchFlags, parse_launch_flags
-
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
 
 
 def test_cluster_config_precedence_and_defaults():

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import ROOT
+
 SHIM = ROOT / "shim"
 INSTALLER = SHIM / "install_horovod.py"
 
