@@ -8,6 +8,9 @@ launch result. Time is bounded by ``timeout``; the launcher kills everything it 
 
 Prerequisite tools (sshd, mpirun, docker) are checked by ``require_tool``: a missing one skips
 the test locally but fails it under ``--strict-prereqs`` (CI), so a tier cannot silently vanish.
+
+The fixtures of the infrastructure tiers (pytest markers ``ssh``, ``docker``, ``slurm``, ``gpu``) and
+the stand-in device libraries are plugins in ``tests/fixtures``, loaded below for every folder.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ pytest_plugins = [
     "fixtures.slurm",    # slurm_cluster, slurm: a real two-node Slurm (marker slurm)
     "fixtures.devices",  # fake_libs: stand-in CUDA and NCCL libraries
     "fixtures.gpu",      # modules marked gpu are collected only where torch sees a GPU
+    "fixtures.tiers",    # a test using a tier's fixtures or helpers must carry the tier's marker
 ]
 
 

@@ -16,11 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fixtures import RANKS
 
 WORKER = RANKS / "slurm_direct.py"
 PY = sys.executable
 EVEN = ["-N2", "--ntasks-per-node=2"]  # 2(x2): without it Slurm may pack 3+1 onto the 4-CPU nodes
+
+pytestmark = pytest.mark.slurm
 
 
 def reports(out: Path) -> list[dict]:

@@ -22,6 +22,8 @@ from fixtures import ROOT
 PLAIN = ROOT / "slurm" / "train.sbatch"
 DOCKER = ROOT / "slurm" / "train-docker.sbatch"
 
+pytestmark = pytest.mark.slurm
+
 
 @pytest.mark.parametrize("script", [PLAIN, DOCKER], ids=lambda p: p.name)
 def test_scripts_parse(script):

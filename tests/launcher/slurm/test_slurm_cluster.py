@@ -1,10 +1,15 @@
-"""The fixture itself: a real two-node Slurm answers ``srun`` on both named nodes and leaves nothing behind."""
+"""The Slurm tier's fixture itself (``tests/fixtures/slurmcluster.py``): a real two-node Slurm answers
+``srun`` on both named nodes and leaves nothing behind."""
 from __future__ import annotations
 
 import os
 import time
 
+import pytest
+
 from fixtures.slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.slurm
 
 
 def test_srun_runs_one_task_on_each_named_node(slurm):

@@ -30,6 +30,8 @@ ROOT = Path(os.environ.get("APPLIANCE_SLURM_TEST_ROOT") or fixtures.ROOT)
 LAYOUT = fixtures.RANKS / "slurm_layout.py"
 PY = sys.executable
 
+pytestmark = pytest.mark.slurm
+
 
 class Launch:
     """One ``salloc SALLOC -- appliance launch ARGS -- slurm_layout.py MODE OUT`` in the cluster."""

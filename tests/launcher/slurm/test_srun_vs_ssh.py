@@ -29,6 +29,8 @@ from fixtures.slurmcluster import SlurmCluster, missing_tools
 LAYOUT = RANKS / "slurm_layout.py"
 PY = sys.executable
 
+pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
+
 
 @pytest.fixture(scope="module")
 def nodes(request):
