@@ -103,7 +103,9 @@ def test_fusion_and_response_cache(run_ranks):
 @pytest.mark.parametrize("drives", ["1", "0"])
 def test_waiting_callers_drive_the_engine_unless_turned_off(run_ranks, drives):
     n = 200
-    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives})
+    # A long spin budget (20 ms) keeps a peer that the scheduler delays (a loaded machine)
+    # from ending a drive early: what is tested is who runs the plans, not the budget.
+    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives, "APPLIANCE_SPIN_US": "20000"})
     for r in range(2):
         rep = ranks[r]
         assert rep["ok"], rep
