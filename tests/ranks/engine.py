@@ -441,6 +441,7 @@ def case_submit_api():
         out["refused"] = None
     except ValueError as exc:
         out["refused"] = [str(exc), exc.handles, e.poll(exc.handles)]
+    rt.barrier()  # no rank shuts down (failing the other's pending member) before every rank polled
     report(out)
     rt.shutdown()
 
