@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from appliance.runtime.config import RuntimeConfig
-from appliance.common.knobs import describe
+from appliance.common import knobs
 from appliance.runtime import engine
 from appliance.runtime.engine import Average, Kind, Result, Sum, describe, request
 from appliance.runtime.errors import HorovodInternalError
@@ -42,7 +42,7 @@ def init(*args, **kwargs) -> None:
         return
     cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
     if cfg.options["verbose"] and cfg.rank == 0:
-        print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
+        print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
     try:
         engine.start(cfg)
     except HorovodInternalError:

@@ -12,12 +12,9 @@ import subprocess
 import sys
 import time
 
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKERS = ROOT / "tests" / "workers"
+from fixtures import RANKS, ROOT
 
 SMALL_CHUNKS = {"APPLIANCE_CHUNK_BYTES": "4096"}
 
@@ -77,7 +74,7 @@ def test_init_shutdown_init(run_ranks):
 def test_single_rank_without_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_", "OMPI_"))}
     env.update(APPLIANCE_TEST_OUT=str(tmp_path), PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, str(WORKERS / "engine.py"), "single"], env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, str(RANKS / "engine.py"), "single"], env=env, check=True, timeout=60)
     assert (tmp_path / "rank0.json").exists()
 
 
@@ -100,9 +97,11 @@ def test_fusion_and_response_cache(run_ranks):
     assert s2["ready_full"] == n and s2["ready_ids"] == n, s2  # second step: cache ids only
 
 
-@pytest.mark.parametrize("spin", ["100", "0"])
+@pytest.mark.parametrize("spin", ["20000", "0"])
 def test_waiting_callers_drive_the_engine_unless_spinning_is_off(run_ranks, spin):
     n = 200
+    # A long spin budget (20 ms) keeps a peer that the scheduler delays (a loaded machine)
+    # from ending a drive early: what is tested is who runs the plans, not the budget.
     ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_SPIN_US": spin})
     for r in range(2):
         rep = ranks[r]
