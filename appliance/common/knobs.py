@@ -98,6 +98,17 @@ def _negotiation(s: str) -> str:
     return v
 
 
+def _hierarchy(s: str) -> str:
+    v = s.strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in ("1", "true", "yes", "on"):
+        return "on"
+    if v in ("0", "false", "no", "off"):
+        return "off"
+    raise ValueError(f"expected 1 (on), 0 (off) or auto, got {s!r}")
+
+
 def _rank_int(s: str) -> int:
     n = int(s)
     if n < 0:
@@ -128,6 +139,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_FUSION_THRESHOLD", parse_size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)", core="fusion_threshold"),
     Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming", core="cycle_time_ms"),
     Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)", core="cache_capacity"),
+    Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", _hierarchy, "auto", "allreduce within each host over shared memory, across hosts on disjoint slices, then back within the host (jobs of several hosts with the same number of consecutive ranks each): 1 always, 0 never, auto where its cost model beats the flat algorithm", core="hierarchical_allreduce"),
+    Knob("HOROVOD_HIERARCHICAL_ALLGATHER", _hierarchy, "auto", "allgather within each host, across hosts among one leader per host, then a broadcast within the host (same layouts): 1 always, 0 never, auto where its cost model wins", core="hierarchical_allgather"),
     Knob("APPLIANCE_NEGOTIATION", _negotiation, "tree", "how ranks agree on what runs next: tree (cached ops agreed up and down a binary tree, rank 0's coordinator only for the rest; O(1) work per op at rank 0) or star (every rank tells rank 0's coordinator, which answers each; see docs/scale.md)", core="negotiation"),
     Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor", core="stall_check_disable"),
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks", core="stall_check_s"),

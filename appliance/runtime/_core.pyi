@@ -84,6 +84,8 @@ class RuntimeConfig:
     stall_check_disable: bool
     stall_check_s: float
     stall_shutdown_s: float
+    hierarchical_allreduce: str
+    hierarchical_allgather: str
     chunk_bytes: int
     heartbeat_timeout_s: float
     shm: bool

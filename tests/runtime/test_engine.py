@@ -28,6 +28,19 @@ def test_every_op_dtype_and_size(run_ranks, np_, spin):
         assert (ranks[r]["cross_rank"], ranks[r]["cross_size"]) == (0, 1)
 
 
+@pytest.mark.parametrize("hier", ["1", "0"])
+def test_every_op_on_two_simulated_hosts_hierarchical_or_flat(run_ranks, hier):
+    """Four ranks as two hosts of two (HOROVOD_HOSTNAME): hierarchical allreduce and allgather
+    forced on (or off) give the flat algorithms' results, every dtype, op and size."""
+    env = {**SMALL_CHUNKS, "APPLIANCE_TEST_HOSTS": "2", "HOROVOD_HIERARCHICAL_ALLREDUCE": hier,
+           "HOROVOD_HIERARCHICAL_ALLGATHER": hier}
+    ranks = run_ranks(4, "engine", "ops", env=env, timeout=180)
+    for r in range(4):
+        assert ranks[r]["ok"] and ranks[r]["checked"] > 100
+        assert (ranks[r]["local_rank"], ranks[r]["local_size"]) == (r % 2, 2)
+        assert (ranks[r]["cross_rank"], ranks[r]["cross_size"]) == (r // 2, 2)
+
+
 def test_out_of_order_submission(run_ranks):
     ranks = run_ranks(3, "engine", "order")
     assert ranks[0]["order"] != ranks[1]["order"] != ranks[2]["order"]

@@ -36,6 +36,10 @@
   X(double, stall_check_s, 60.0)                                                                       \
   /* seconds a tensor may wait for some ranks before the job fails (0: never) */                        \
   X(double, stall_shutdown_s, 300.0)                                                                   \
+  /* hierarchical allreduce / allgather with several hosts of several ranks (collectives/ */            \
+  /* hierarchical.cc): "auto" (where its cost model wins), "on" or "off" */                              \
+  X(std::string, hierarchical_allreduce, "auto")                                                       \
+  X(std::string, hierarchical_allgather, "auto")                                                       \
   /* pipelining grain of the ring algorithms, in bytes (0 counts as 1) */                              \
   X(size_t, chunk_bytes, size_t{1} << 20)                                                              \
   /* seconds of silence after which a peer is declared lost (0: no heartbeats) */                       \

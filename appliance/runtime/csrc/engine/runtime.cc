@@ -20,6 +20,12 @@ namespace appliance {
 namespace {
 constexpr uint32_t kDataFrameMax = 4u << 20;      // payload bytes of one DATA frame
 constexpr uint32_t kControlFrameMax = 256u << 20;  // plans of very large models
+CollectiveOptions::Hierarchy hierarchy_option(const std::string& v, const char* knob) {
+  if (v == "auto") return CollectiveOptions::Hierarchy::kAuto;
+  if (v == "on") return CollectiveOptions::Hierarchy::kOn;
+  if (v == "off") return CollectiveOptions::Hierarchy::kOff;
+  throw std::invalid_argument(std::string(knob) + " must be auto, on or off, not '" + v + "'");
+}
 }  // namespace
 
 Runtime::Runtime(RuntimeConfig cfg)
@@ -102,6 +108,8 @@ Runtime::Runtime(RuntimeConfig cfg)
   if (!control_) control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, kDataFrameMax, [this](int peer) { return open_data(peer); });
   copts_.chunk_bytes = std::max<size_t>(1, cfg_.chunk_bytes);
+  copts_.hierarchical_allreduce = hierarchy_option(cfg_.hierarchical_allreduce, "HOROVOD_HIERARCHICAL_ALLREDUCE");
+  copts_.hierarchical_allgather = hierarchy_option(cfg_.hierarchical_allgather, "HOROVOD_HIERARCHICAL_ALLGATHER");
   handles_.set_spin_us(cfg_.spin_us);
   BackendOptions bo;
   bo.rank = cfg_.rank;
@@ -114,8 +122,9 @@ Runtime::Runtime(RuntimeConfig cfg)
   bo.nccl_library = cfg_.nccl_library;
   bo.nccl_candidates = cfg_.nccl_candidates;
   bo.cudart_candidates = cfg_.cudart_candidates;
-  backends_ = std::make_unique<BackendRegistry>(std::move(bo), *comm_, store_.get(), &timeline_);
+  // The Watch first: the registry's views of the job's Comm (hosts, process sets) copy it.
   comm_->set_watch(Watch{control_->epoll_fd(), [this] { read_control(true); }, [this] { return control_->arm(); }});
+  backends_ = std::make_unique<BackendRegistry>(std::move(bo), *comm_, store_.get(), &timeline_);
   if (cfg_.timeline_at_init()) try {
     timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
   } catch (const std::invalid_argument& e) {
