@@ -355,3 +355,78 @@ class SrunStep:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Srun:
+    """The srun mechanism (``mechanism.Mechanism``): every rank a task of one ``srun`` step."""
+
+    name = "srun"
+
+    def __init__(self, config: LaunchConfig):
+        self.config = config
+        self.step: SrunStep | None = None
+        self._stack = contextlib.ExitStack()
+
+    def arrange(self, hosts):
+        return list(hosts), []  # Slurm node names are distinct nodes: no merging, no preflight
+
+    def open(self, slots: Sequence[Slot]) -> envmod.JobPlan:
+        job_id = envmod.new_job_id()
+        d = self._stack.enter_context(step_dir(self.config, job_id))
+        return plan_step(self.config, d, job_id)
+
+    def notes(self) -> list[str]:
+        if self.config.ssh_flags:
+            return [f"appliance launch: {' and '.join(self.config.ssh_flags)} unused: ranks start with srun"]
+        return []
+
+    def describe(self, slots: Sequence[Slot], plan: envmod.JobPlan) -> list[str]:
+        hosts = used_hosts(slots)
+        lines = [f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} Slurm node(s) "
+                 f"with srun; store at rank 0's node ({hosts[0]})"]
+        for s in slots:
+            lines.append(f"  rank {s.rank}: node {s.host} local_rank {s.local_rank}/{s.local_size} "
+                         f"cross_rank {s.cross_rank}/{s.cross_size}")
+        return lines
+
+    def start(self, specs, plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
+              cancelled=lambda: False) -> None:
+        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper)
+        if not cancelled():
+            self.step.start()
+
+    def add(self, host: str, specs, plan: envmod.JobPlan) -> None:
+        raise LaunchError("the srun launcher starts every rank in one step; ranks cannot be added to it")
+
+    def remove(self, workers) -> None:
+        raise LaunchError("the srun launcher stops its step as a whole")
+
+    @property
+    def workers(self) -> list:
+        return self.step.workers if self.step is not None else []
+
+    @property
+    def returncodes(self) -> dict:
+        return self.step.returncodes if self.step is not None else {}
+
+    def next_exit(self, timeout: float):
+        if self.step is None:
+            time.sleep(timeout)
+            return None
+        return self.step.next_exit(timeout)
+
+    def running(self) -> list:
+        return self.step.running() if self.step is not None else []
+
+    def stop(self) -> None:
+        if self.step is not None:
+            self.step.stop()
+
+    def __enter__(self) -> "Srun":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self._stack.close()

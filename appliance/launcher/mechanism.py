@@ -1,0 +1,214 @@
+"""How ranks start: one interface over the ways a job's ranks are started, watched and stopped.
+
+What it owns: ``Mechanism``, the protocol ``run.py`` and the elastic driver use and nothing else
+(in the spirit of torch elastic's ``PContext``): arrange the hosts, open them (checks, plan),
+``start`` the first ranks, ``add`` ranks on a host, ``remove`` some, report the ``next_exit``,
+list what is ``running``, ``stop`` everything. Two implementations:
+
+- ``Executors`` (``--launcher ssh`` and ``local``): one executor per host (``executors.py``:
+  this machine's ranks as subprocesses, other hosts' over SSH through a remote stub), the
+  started ranks in a ``workers.WorkerGroup``.
+- ``slurm.step.Srun`` (``--launcher srun``): the ranks as tasks of ``srun`` steps inside the
+  Slurm allocation.
+
+``choose(config)`` picks one from ``slurm.step.launcher_of`` (the only place that knows the
+choice); ``run()`` never asks again which it has. A static job is ``start`` once and then
+``next_exit`` until the end; an elastic job (``elastic/driver.py``) also adds and removes.
+
+``RankSpec`` is one rank to start: its ``Slot``, its worker number ``wid`` (the output prefix
+``[wid]`` and the key of its exit; equal to the rank in a static job, unique across an elastic
+job's life) and extra variables on top of the worker contract (``env.worker_env``).
+
+Env vars: none read (``LaunchConfig`` carries them). Failure modes: ``open`` raises
+``executors.LaunchError`` for unusable hosts; ``start``/``add`` raise ``workers.SpawnError``
+when a rank cannot be started; everything started is stopped by ``stop`` (bounded).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from typing import Callable, Mapping, Protocol, Sequence
+
+from appliance.launcher.config import LaunchConfig
+from . import env as envmod
+from .executors import Executor, LocalExecutor, job_addresses, merge_same_machines, open_executors
+from .hosts import Host, Slot, used_hosts
+from .output import OutputSink
+from .reaper import Reaper
+from .workers import Worker, WorkerGroup
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    """One rank to start (see the module docstring)."""
+
+    slot: Slot
+    wid: int
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+class Mechanism(Protocol):
+    """The ranks of one job, however they start (see the module docstring)."""
+
+    name: str                       # "ssh", "local" or "srun"
+    workers: list                   # every rank started so far
+    returncodes: dict               # wid -> return code, for ranks that exited
+
+    def arrange(self, hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
+        """The hosts as this mechanism sees them (one machine named twice merged or not) and one
+        line per change made."""
+
+    def open(self, slots: Sequence[Slot]) -> envmod.JobPlan:
+        """Make the hosts of ``slots`` ready (checks, connections, directories) and decide the
+        job's plan (id, secret, store). Raises ``LaunchError``."""
+
+    def notes(self) -> list[str]:
+        """Lines worth saying before the ranks start (flags given but unused)."""
+
+    def describe(self, slots: Sequence[Slot], plan: envmod.JobPlan) -> list[str]:
+        """The --verbose lines: the layout and where each host listens."""
+
+    def start(self, specs: Sequence[RankSpec], plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
+              cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Start the first ranks (every host); stops early when ``cancelled()``; ``SpawnError``."""
+
+    def add(self, host: str, specs: Sequence[RankSpec], plan: envmod.JobPlan) -> None:
+        """Start more ranks on ``host`` (after ``start``); ``SpawnError``."""
+
+    def remove(self, workers: Sequence) -> None:
+        """Stop these ranks (SIGTERM to their process groups; the grace and SIGKILL follow in
+        ``reap_removed``/``stop``); their exits are still reported by ``next_exit``."""
+
+    def next_exit(self, timeout: float):
+        """The next rank to exit and its code (negative: a signal), or None after ``timeout``."""
+
+    def running(self) -> list:
+        """The started ranks that have not exited."""
+
+    def stop(self) -> None:
+        """Stop every rank on every host (TERM, grace, KILL); idempotent, bounded."""
+
+
+def env_of(spec: RankSpec, plan: envmod.JobPlan, ex: Executor, config: LaunchConfig) -> dict[str, str]:
+    """The complete environment of one rank started by an executor."""
+    env = envmod.worker_env(spec.slot, plan, ex.base_env(config.environ), config.env)
+    env.update(spec.env)
+    if plan.fault_dir:
+        env["APPLIANCE_FAULT_FILE"] = envmod.fault_file(plan.fault_dir, spec.wid)
+    return env
+
+
+class Executors:
+    """Ranks started by per-host executors: local subprocesses and SSH (``executors.py``)."""
+
+    def __init__(self, config: LaunchConfig, name: str, on_host_report=None):
+        self.config, self.name, self._on_report = config, name, on_host_report
+        self.executors: dict[str, Executor] = {}
+        self.group = WorkerGroup(config.stop_grace_s)
+        self._stack = contextlib.ExitStack()
+        self._sink: OutputSink | None = None
+
+    # -- before the ranks ---------------------------------------------------------------------
+    def arrange(self, hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
+        return merge_same_machines(hosts)
+
+    def open(self, slots: Sequence[Slot]) -> envmod.JobPlan:
+        self.executors = self._stack.enter_context(
+            open_executors(used_hosts(slots), self.config, on_report=self._on_report))
+        fault_dir = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
+        return plan_job(slots, self.executors, self.config, fault_dir)
+
+    def notes(self) -> list[str]:
+        if self.config.ssh_flags and all(isinstance(ex, LocalExecutor) for ex in self.executors.values()):
+            return [f"appliance launch: {' and '.join(self.config.ssh_flags)} unused: every host is this machine"]
+        return []
+
+    def describe(self, slots: Sequence[Slot], plan: envmod.JobPlan) -> list[str]:
+        hosts = used_hosts(slots)
+        lines = [f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} host(s); "
+                 f"store {plan.store_addr}; MASTER_ADDR:PORT {plan.master_addr}:{plan.master_port}"]
+        for h in hosts:
+            ex = self.executors[h]
+            lines.append(f"  host {h}: {'local' if isinstance(ex, LocalExecutor) else 'ssh'}, listen "
+                         f"{plan.data_addrs[h]} (interface {getattr(ex, 'iface', '') or '?'})")
+        for s in slots:
+            lines.append(f"  rank {s.rank}: host {s.host} local_rank {s.local_rank}/{s.local_size} "
+                         f"cross_rank {s.cross_rank}/{s.cross_size} listen {plan.data_addrs[s.host]}")
+        return lines
+
+    # -- the ranks ----------------------------------------------------------------------------
+    def start(self, specs: Sequence[RankSpec], plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
+              cancelled: Callable[[], bool] = lambda: False) -> None:
+        self._sink = sink
+        self.group.reaper = reaper
+        for spec in specs:
+            if cancelled():
+                break
+            self._spawn(spec, plan)
+
+    def add(self, host: str, specs: Sequence[RankSpec], plan: envmod.JobPlan) -> None:
+        for spec in specs:
+            self._spawn(spec, plan)
+
+    def _spawn(self, spec: RankSpec, plan: envmod.JobPlan) -> None:
+        assert self._sink is not None, "start() first"
+        ex = self.executors[spec.slot.host]
+        self.group.add(ex.spawn(spec.wid, self.config.command, env_of(spec, plan, ex, self.config),
+                                self.config.cwd, self._sink))
+
+    def remove(self, workers: Sequence[Worker]) -> None:
+        self.group.terminate(workers)
+
+    @property
+    def workers(self) -> list:
+        return self.group.workers
+
+    @property
+    def returncodes(self) -> dict:
+        return self.group.returncodes
+
+    def next_exit(self, timeout: float):
+        return self.group.next_exit(timeout)
+
+    def running(self) -> list:
+        return self.group.running()
+
+    def stop(self) -> None:
+        self.group.stop()
+
+    def __enter__(self) -> "Executors":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.group.stop()
+        finally:
+            self._stack.close()
+
+
+def plan_job(slots: Sequence[Slot], executors: Mapping[str, Executor], config: LaunchConfig,
+             fault_dir: str = "") -> envmod.JobPlan:
+    """The per-job facts for executors: a new job id and secret, the store and torch's master on
+    two free ports of rank 0's host."""
+    addrs = job_addresses(executors)
+    rank0_host = slots[0].host
+    store_port, master_port = executors[rank0_host].free_ports(addrs[rank0_host], 2)
+    return envmod.JobPlan(
+        job_id=envmod.new_job_id(), secret=envmod.new_secret(),
+        store_addr=f"{addrs[rank0_host]}:{store_port}", master_addr=addrs[rank0_host], master_port=master_port,
+        data_addrs=addrs, start_timeout_s=config.start_timeout_s, verbose=config.verbose, fault_dir=fault_dir)
+
+
+def choose(config: LaunchConfig, on_host_report=None) -> Mechanism:
+    """The mechanism of this job (``slurm.step.launcher_of`` decides); raises ``ConfigError`` for a
+    choice that cannot work. Nothing is started or opened yet."""
+    from .slurm import step
+
+    name = step.launcher_of(config)
+    if name == "srun":
+        return step.Srun(config)
+    return Executors(config, name, on_host_report)
+
+
+__all__ = ["Mechanism", "RankSpec", "Executors", "choose", "plan_job", "env_of"]
