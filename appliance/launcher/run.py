@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import time
 
+from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
 from . import env as envmod
 from . import mechanism
@@ -78,6 +79,8 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     envmod.check_explicit(config.env)
+    if config.elastic is not None:  # the driver that runs elastic jobs is the next step
+        raise ConfigError("elastic jobs (--min-np, --max-np, --host-discovery-script) are parsed but not run yet")
     ranks = mechanism.choose(config, on_host_report=on_host_report)
     hosts, merges = ranks.arrange(hosts_of(config, ranks.name))
     slots = assign_ranks(hosts, config.np)
