@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import tempfile
+import threading
+import time
 from typing import Callable, Mapping, Protocol, Sequence
 
 from appliance.launcher.config import LaunchConfig
 from . import env as envmod
-from .executors import Executor, LocalExecutor, job_addresses, merge_same_machines, open_executors
+from .executors import (Executor, LaunchError, LocalExecutor, SSHExecutor, is_local, job_addresses,
+                        merge_same_machines, open_executors)
 from .hosts import Host, Slot, used_hosts
 from .output import OutputSink
 from .reaper import Reaper
@@ -89,6 +93,20 @@ class Mechanism(Protocol):
     def stop(self) -> None:
         """Stop every rank on every host (TERM, grace, KILL); idempotent, bounded."""
 
+    # -- what an elastic job needs besides (``elastic/driver.py``) --------------------------------
+    def open_elastic(self) -> str:
+        """Prepare for an elastic job whose hosts come and go; returns the ranks' fault directory."""
+
+    def open_hosts(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        """Make ``hosts`` ready to start ranks (checks, connections): host -> None, or why not.
+        Blocking; the driver calls it from a thread of its own for hosts that appear later."""
+
+    def round_addresses(self, hosts: Sequence[str]) -> dict[str, str]:
+        """Where each host's ranks listen in a round over ``hosts`` ("": the rank's own choice)."""
+
+    def launcher_address(self, host: str) -> str:
+        """This machine's address as ``host`` reaches it (where the driver's rendezvous listens)."""
+
 
 def env_of(spec: RankSpec, plan: envmod.JobPlan, ex: Executor, config: LaunchConfig) -> dict[str, str]:
     """The complete environment of one rank started by an executor."""
@@ -108,6 +126,8 @@ class Executors:
         self.group = WorkerGroup(config.stop_grace_s)
         self._stack = contextlib.ExitStack()
         self._sink: OutputSink | None = None
+        self._lock = threading.Lock()      # executors: the driver opens hosts from another thread
+        self._toward: dict[str, str] = {}  # remote address -> this machine's address towards it
 
     # -- before the ranks ---------------------------------------------------------------------
     def arrange(self, hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
@@ -153,7 +173,8 @@ class Executors:
 
     def _spawn(self, spec: RankSpec, plan: envmod.JobPlan) -> None:
         assert self._sink is not None, "start() first"
-        ex = self.executors[spec.slot.host]
+        with self._lock:
+            ex = self.executors[spec.slot.host]
         self.group.add(ex.spawn(spec.wid, self.config.command, env_of(spec, plan, ex, self.config),
                                 self.config.cwd, self._sink))
 
@@ -176,6 +197,77 @@ class Executors:
 
     def stop(self) -> None:
         self.group.stop()
+
+    # -- elastic ------------------------------------------------------------------------------
+    def open_elastic(self) -> str:
+        return self._stack.enter_context(tempfile.TemporaryDirectory(prefix="appliance-faults-"))
+
+    def open_hosts(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        from .ssh.preflight import run_preflight
+
+        result: dict[str, str | None] = {}
+        local = [h for h in hosts if is_local(h)]
+        remote = [h for h in hosts if h not in local]
+        if self.name == "local" and remote:
+            for h in remote:
+                result[h] = f"{h}: --launcher local runs every rank on this machine, and {h} is another host"
+            remote = []
+        for h in local:  # its address is decided per round (round_addresses); no interface defaults
+            with self._lock:
+                self.executors.setdefault(h, LocalExecutor(h, "127.0.0.1", ""))
+            result[h] = None
+        if remote:
+            start = time.monotonic()
+            with run_preflight(remote, set(), self.config.remote, self.config.start_timeout_s, cwd=self.config.cwd,
+                               on_report=self._on_report) as pf:
+                for line in pf.warnings + (pf.notes if self.config.verbose else []):
+                    print(f"appliance launch: {line}", file=sys.stderr, flush=True)
+                for h in remote:
+                    r = pf.reports[h]
+                    if r.failures:
+                        result[h] = "; ".join(r.failures)
+                        continue
+                    with self._lock:
+                        old = self.executors.pop(h, None)
+                        self.executors[h] = SSHExecutor(h, pf.take(h), self.config, r.address, r.iface)
+                    if old is not None:
+                        old.close()  # a host seen again: a fresh connection
+                    result[h] = None
+            if self.config.verbose:
+                print(f"appliance launch: preflight: {', '.join(remote)} checked in {time.monotonic() - start:.2f} s",
+                      file=sys.stderr, flush=True)
+        return result
+
+    def round_addresses(self, hosts: Sequence[str]) -> dict[str, str]:
+        from appliance.common.netif import interface_address
+
+        with self._lock:
+            executors = {h: self.executors[h] for h in hosts if h in self.executors}
+        remote = [h for h in hosts if isinstance(executors.get(h), SSHExecutor)]
+        iface = self.config.remote.network_interface
+        if iface:
+            here = interface_address(iface)
+        elif remote:
+            here = self._address_toward(executors[remote[0]].address, remote[0])
+        else:
+            here = "127.0.0.1"
+        return {h: (ex.address if isinstance(ex, SSHExecutor) else here) for h, ex in executors.items()}
+
+    def _address_toward(self, address: str, host: str) -> str:
+        """This machine's source address of its route to ``address`` (cached)."""
+        from .ssh import network, probe
+
+        if address not in self._toward:
+            try:
+                self._toward[address] = network.choose("this machine", host, probe.route_get(address))[0]
+            except network.NetworkError as e:
+                raise LaunchError(str(e)) from None
+        return self._toward[address]
+
+    def launcher_address(self, host: str) -> str:
+        with self._lock:
+            ex = self.executors.get(host)
+        return ex.launcher_address if isinstance(ex, SSHExecutor) else "127.0.0.1"
 
     def __enter__(self) -> "Executors":
         return self

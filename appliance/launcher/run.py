@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import time
 
-from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
 from . import env as envmod
 from . import mechanism
@@ -78,9 +77,15 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     host checks are decided, before any rank starts (``executors.open_executors``)."""
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
+    if config.elastic is not None:
+        from .elastic.driver import run_elastic
+        outcome, summary, lines, job_id = run_elastic(
+            config, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout, stderr=stderr,
+            on_host_report=on_host_report, deadline=deadline)
+        return LaunchResult(returncode=outcome.returncode, failed_rank=outcome.rank, failed_host=outcome.host,
+                            reason=summary, lines=lines, timed_out=outcome.timed_out,
+                            interrupted=outcome.interrupted, job_id=job_id, elapsed_s=time.monotonic() - start)
     envmod.check_explicit(config.env)
-    if config.elastic is not None:  # the driver that runs elastic jobs is the next step
-        raise ConfigError("elastic jobs (--min-np, --max-np, --host-discovery-script) are parsed but not run yet")
     ranks = mechanism.choose(config, on_host_report=on_host_report)
     hosts, merges = ranks.arrange(hosts_of(config, ranks.name))
     slots = assign_ranks(hosts, config.np)

@@ -48,6 +48,7 @@ class RuntimeConfig:
     fault_file: str = ""
     timeline: str = ""
     timeline_mark_cycles: bool = False
+    elastic_round: int = 0  # an elastic job's round (runtime/elastic.py): the job id is per round, not per start
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None,

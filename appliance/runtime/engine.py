@@ -150,7 +150,9 @@ class Engine:
         core_cfg.nccl_library = cfg.nccl_library
         core_cfg.nccl_candidates = devices.nccl_candidates()
         core_cfg.cudart_candidates = devices.cudart_candidates()
-        core_cfg.job_id = f"{cfg.job_id}#{generation}"
+        # A fresh id per start, so a restart never meets an old store; an elastic round's id is
+        # the same on every member, however many starts each has behind it.
+        core_cfg.job_id = cfg.job_id if cfg.elastic_round else f"{cfg.job_id}#{generation}"
         # rank 0 records from init (a path it cannot write: one line on stderr, the job goes on)
         core_cfg.timeline = "" if cfg.timeline.upper() == "DYNAMIC" else cfg.timeline
         core_cfg.timeline_mark_cycles = cfg.timeline_mark_cycles
