@@ -1,6 +1,7 @@
 """Every knob of the appliance, declared once, read once: the table and its reader.
 
-What it owns: ``KNOBS`` (each knob's environment name, type, default and one-line doc),
+What it owns: ``KNOBS`` (each knob's environment name, type, default and one-line doc, and for
+a knob of the collective engine the core option it feeds: ``core``),
 ``read()`` (a knob's typed, validated value), ``describe()`` (the table with current values,
 which rank 0 prints with ``--verbose`` / ``APPLIANCE_VERBOSE``) and ``ConfigError``. Horovod's
 names are kept where Horovod has the knob (``HOROVOD_FUSION_THRESHOLD``...); ours start with
@@ -30,6 +31,10 @@ class Knob:
     type: Callable[[str], Any]
     default: Any
     doc: str
+    # The engine option this knob feeds (a name in APPLIANCE_ENGINE_OPTIONS of
+    # runtime/csrc/engine/options.h, whose default must equal this one): the runtime's config
+    # copies every such knob into the core by this name. "" = not an engine option.
+    core: str = ""
 
 
 def _bool(s: str) -> bool:
@@ -110,25 +115,25 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_JOB_ID", str, "", "job identifier, part of every handshake"),
     Knob("APPLIANCE_DATA_ADDR", str, "", "address this rank listens on for peers (the launcher picks it)"),
     Knob("HOROVOD_GLOO_IFACE", str, "", "network interface whose address this rank listens on"),
-    Knob("APPLIANCE_FAULT_FILE", str, "", "where the runtime writes its fault report (JSON) when the job first fails (the launcher sets it; empty = none)"),
-    Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init (launch: --start-timeout)"),
+    Knob("APPLIANCE_FAULT_FILE", str, "", "where the runtime writes its fault report (JSON) when the job first fails (the launcher sets it; empty = none)", core="fault_file"),
+    Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init (launch: --start-timeout)", core="start_timeout_s"),
     # Engine.
-    Knob("HOROVOD_FUSION_THRESHOLD", parse_size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)"),
-    Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming"),
-    Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)"),
-    Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor"),
-    Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks"),
-    Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)"),
+    Knob("HOROVOD_FUSION_THRESHOLD", parse_size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)", core="fusion_threshold"),
+    Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming", core="cycle_time_ms"),
+    Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)", core="cache_capacity"),
+    Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor", core="stall_check_disable"),
+    Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks", core="stall_check_s"),
+    Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)", core="stall_shutdown_s"),
     Knob("HOROVOD_DYNAMIC_PROCESS_SETS", _bool, False, "allow hvd.add_process_set/remove_process_set after init (as hvd.init(process_sets='dynamic'))"),
-    Knob("HOROVOD_TIMELINE", str, "", "rank 0 writes a Chrome-trace timeline of every tensor to this file from init (empty or DYNAMIC: only between hvd.start_timeline and stop_timeline)"),
-    Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "mark each wake of rank 0's background thread (CYCLE_START) in the timeline started at init"),
-    Knob("APPLIANCE_CHUNK_BYTES", parse_size, 1 << 20, "pipelining grain of the ring algorithms"),
-    Knob("APPLIANCE_SHM", _bool, True, "shared memory between ranks of one machine (0 = TCP for every pair)"),
-    Knob("APPLIANCE_SPIN_US", _rank_int, 100, "microseconds the engine polls after work, and a waiting caller before it blocks, so back-to-back small ops skip thread wake-ups (0 = never)"),
-    Knob("APPLIANCE_CALLER_DRIVES", _bool, True, "a caller waiting for a host op runs the engine itself for up to APPLIANCE_SPIN_US, sparing a small op two thread hand-offs; the background thread stands aside until a cycle after (0 = the background thread does all)"),
-    Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost"),
-    Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)"),
-    Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)"),
+    Knob("HOROVOD_TIMELINE", str, "", "rank 0 writes a Chrome-trace timeline of every tensor to this file from init (empty or DYNAMIC: only between hvd.start_timeline and stop_timeline)", core="timeline"),
+    Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "mark each wake of rank 0's background thread (CYCLE_START) in the timeline started at init", core="timeline_mark_cycles"),
+    Knob("APPLIANCE_CHUNK_BYTES", parse_size, 1 << 20, "pipelining grain of the ring algorithms", core="chunk_bytes"),
+    Knob("APPLIANCE_SHM", _bool, True, "shared memory between ranks of one machine (0 = TCP for every pair)", core="shm"),
+    Knob("APPLIANCE_SPIN_US", _rank_int, 100, "microseconds the engine polls after work, and a waiting caller before it blocks, so back-to-back small ops skip thread wake-ups (0 = never)", core="spin_us"),
+    Knob("APPLIANCE_CALLER_DRIVES", _bool, True, "a caller waiting for a host op runs the engine itself for up to APPLIANCE_SPIN_US, sparing a small op two thread hand-offs; the background thread stands aside until a cycle after (0 = the background thread does all)", core="caller_drives"),
+    Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost", core="heartbeat_timeout_s"),
+    Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)", core="nccl_library"),
+    Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)", core="verbose"),
     # Launcher.
     Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
     Knob("APPLIANCE_FAILURE_GRACE", _nonneg_float, 5.0, "seconds the surviving ranks get to finish their error handlers after the first rank fails, before SIGTERM"),

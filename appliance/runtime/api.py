@@ -35,7 +35,7 @@ import numpy as np
 from appliance.runtime.config import RuntimeConfig
 from appliance.common.knobs import describe
 from appliance.runtime import elastic, engine
-from appliance.runtime.engine import Average, Buffer, Kind, Result, Sum
+from appliance.runtime.engine import Average, Kind, Result, Sum, describe, request
 from appliance.runtime.errors import HorovodInternalError
 from appliance.common.slurm import SlurmTask
 
@@ -49,7 +49,7 @@ def init(*args, **kwargs) -> None:
         _init_elastic()
         return
     cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
-    if cfg.verbose and cfg.rank == 0:
+    if cfg.options["verbose"] and cfg.rank == 0:
         print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
     try:
         engine.start(cfg)
@@ -68,7 +68,7 @@ def _init_elastic() -> None:
     while True:
         r = s.next_round()
         cfg = dataclasses.replace(RuntimeConfig.from_env(s.round_env(os.environ)), elastic_round=int(r["round"]))
-        if cfg.verbose and cfg.rank == 0:
+        if cfg.options["verbose"] and cfg.rank == 0:
             print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
         try:
             engine.start(cfg)
@@ -173,10 +173,9 @@ class _Pending:
 
 
 def _submit(kind: Kind, name, inp: np.ndarray, out: Optional[np.ndarray], finish, *, op=Sum, prescale=1.0,
-            postscale=1.0, root=0, splits=None, group=(0, 0)) -> _Pending:
+            postscale=1.0, root=0, splits=None) -> _Pending:
     e = engine.current()
-    h = e.submit(kind, name, Buffer.of_numpy(inp), None if out is None else Buffer.of_numpy(out), op=op,
-                 prescale=prescale, postscale=postscale, root=root, splits=splits, group=group,
+    h = e.submit(request(kind, op, prescale, postscale, root, splits=splits or ()), name, describe(inp, out),
                  keep=(inp, out))
     return _Pending(e, h, finish)
 
@@ -203,21 +202,20 @@ def allreduce(a, op: int = Average, name: Optional[str] = None, prescale_factor:
               postscale_factor: float = 1.0, out: Optional[np.ndarray] = None) -> np.ndarray:
     a = _contig(a)
     out = _out_like(a, out)
-    src, dst = Buffer.of_numpy(a), Buffer.of_numpy(out)
     e = engine.current()  # synchronous: both arrays outlive the operation here, the engine keeps nothing
-    e.wait_host(e.allreduce_host(name, src.ptr, dst.ptr, src.dtype, src.shape, op, prescale_factor, postscale_factor))
+    e.wait(e.submit(request(Kind.ALLREDUCE, op, prescale_factor, postscale_factor), name, describe(a, out)))
     return out
 
 
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None) -> list:
-    gid = engine.current().new_group_id()
-    pend = []
-    for i, a in enumerate(arrays):
-        a = _contig(a)
-        out = np.empty_like(a)
-        pend.append(_submit(Kind.ALLREDUCE, None if name is None else f"{name}.{i}", a, out,
-                            lambda r, out=out: out, op=op, group=(gid, len(arrays))))
-    return [synchronize(p) for p in pend]
+    """Reduce the arrays as one group (scheduled together); member i is named ``f"{name}.{i}"``."""
+    ins = [_contig(a) for a in arrays]
+    outs = [np.empty_like(a) for a in ins]
+    names = [None if name is None else f"{name}.{i}" for i in range(len(ins))]
+    e = engine.current()
+    e.wait(e.submit(request(Kind.ALLREDUCE, op), names, [describe(a, o) for a, o in zip(ins, outs)],
+                    keep=(ins, outs)))
+    return outs
 
 
 def allgather_async(a, name: Optional[str] = None) -> _Pending:
@@ -270,9 +268,9 @@ def reducescatter(a, op: int = Average, name: Optional[str] = None, prescale_fac
 
 
 def barrier() -> None:
-    engine.wait(engine.submit(Kind.BARRIER, None))
+    engine.wait(engine.submit(request(Kind.BARRIER), None))
 
 
 def join() -> int:
     """Declare this rank out of data; return the last rank that joined (after all have)."""
-    return int(engine.wait(engine.submit(Kind.JOIN, None)).value)
+    return int(engine.wait(engine.submit(request(Kind.JOIN), None)).value)

@@ -4,7 +4,8 @@ What it owns: ``RuntimeConfig`` and how it is read from the environment (the job
 a launcher: HOROVOD_RANK/SIZE...; OpenMPI's OMPI_COMM_WORLD_*; or, for a task ``srun`` started
 itself, Slurm's variables), the rendezvous store's address (APPLIANCE_STORE_ADDR), the job's
 secret (APPLIANCE_JOB_SECRET, else the file APPLIANCE_JOB_SECRET_FILE, else a Slurm job's
-default file) and the engine's knobs (``appliance.common.knobs``). Failure modes: missing or
+default file) and the engine's knobs (every knob of ``appliance.common.knobs`` that names the core
+option it feeds). Failure modes: missing or
 invalid values raise ``ConfigError`` naming the variable and how to provide it.
 """
 from __future__ import annotations
@@ -15,13 +16,15 @@ import socket
 from typing import Any, Callable, Mapping
 
 from appliance.common import jobsecret
-from appliance.common.knobs import ConfigError, read
+from appliance.common.knobs import KNOBS, ConfigError, read
 from appliance.common.netif import interface_address
 
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    """Everything ``appliance.runtime.init()`` needs, read from the environment at init."""
+    """Everything ``appliance.runtime.init()`` needs, read from the environment at init: the job's
+    layout and bootstrap, and ``options``, the engine's knobs by the core option each feeds
+    (every knob with a ``core`` name; ``appliance.runtime.engine`` copies them as they are)."""
 
     rank: int = 0
     size: int = 1
@@ -32,22 +35,7 @@ class RuntimeConfig:
     secret: bytes = b""
     job_id: str = ""
     data_addr: str = ""
-    start_timeout_s: float = 60.0
-    fusion_threshold: int = 128 << 20
-    cycle_time_ms: float = 1.0
-    cache_capacity: int = 1024
-    stall_check_s: float = 60.0
-    stall_shutdown_s: float = 300.0
-    chunk_bytes: int = 1 << 20
-    heartbeat_timeout_s: float = 10.0
-    shm: bool = True
-    spin_us: int = 100
-    caller_drives: bool = True
-    verbose: bool = False
-    nccl_library: str = ""
-    fault_file: str = ""
-    timeline: str = ""
-    timeline_mark_cycles: bool = False
+    options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: engine_options({}))
     elastic_round: int = 0  # an elastic job's round (runtime/elastic.py): the job id is per round, not per start
 
     @classmethod
@@ -105,23 +93,13 @@ class RuntimeConfig:
             secret=secret,
             job_id=read("APPLIANCE_JOB_ID", env) or (f"slurm-{task.job_id}.{task.step_id}" if task is not None else ""),
             data_addr=data_addr,
-            start_timeout_s=read("HOROVOD_START_TIMEOUT", env),
-            fusion_threshold=read("HOROVOD_FUSION_THRESHOLD", env),
-            cycle_time_ms=read("HOROVOD_CYCLE_TIME", env),
-            cache_capacity=read("HOROVOD_CACHE_CAPACITY", env),
-            stall_check_s=0.0 if read("HOROVOD_STALL_CHECK_DISABLE", env) else read("HOROVOD_STALL_CHECK_TIME_SECONDS", env),
-            stall_shutdown_s=read("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", env),
-            chunk_bytes=max(1, read("APPLIANCE_CHUNK_BYTES", env)),
-            heartbeat_timeout_s=read("APPLIANCE_HEARTBEAT_TIMEOUT", env),
-            shm=read("APPLIANCE_SHM", env),
-            spin_us=read("APPLIANCE_SPIN_US", env),
-            caller_drives=read("APPLIANCE_CALLER_DRIVES", env),
-            verbose=read("APPLIANCE_VERBOSE", env),
-            nccl_library=read("APPLIANCE_NCCL_LIBRARY", env),
-            fault_file=read("APPLIANCE_FAULT_FILE", env),
-            timeline=read("HOROVOD_TIMELINE", env),
-            timeline_mark_cycles=read("HOROVOD_TIMELINE_MARK_CYCLES", env),
+            options=engine_options(env),
         )
+
+
+def engine_options(env: Mapping[str, str]) -> dict:
+    """Every knob that feeds the core (``Knob.core``), read from ``env``: option name -> value."""
+    return {k.core: read(k.env, env) for k in KNOBS.values() if k.core}
 
 
 def _job_secret(env: Mapping[str, str], rank: int, size: int, task: Any) -> bytes:

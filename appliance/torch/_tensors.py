@@ -1,45 +1,57 @@
-"""Torch tensors as the engine sees them, and the table of in-flight handles.
+"""Torch tensors as the engine sees them, the device policy, and the table of in-flight handles.
 
-Owns the translation between ``torch.Tensor`` and ``appliance.runtime.engine.Buffer``
-(dtype codes, device, CUDA stream), the staging of tensors the core cannot use directly
-(non-contiguous ones, and CUDA tensors when the core cannot use CUDA memory here: a contiguous
-or host copy is used, with a one-time warning for the latter, and, for in-place operations,
-copied back when the operation completes), the device allocator the core takes CUDA outputs
-from (torch's caching allocator),
-the conversion of core-allocated outputs into tensors without a copy, and ``HandleTable``:
-Horovod-style integer handles that keep every tensor the core may touch alive until
-``synchronize``. Reads no environment. Failure modes: ``ValueError`` for an unsupported
+Owns the translation between ``torch.Tensor`` and the core's tensor descriptors
+(``appliance.runtime.engine.TensorDesc``: dtype, device, CUDA stream), the one test of the short
+path (``host_dtype``: a tensor the core can use as it is), the staging of tensors the core
+cannot use directly (non-contiguous ones, and CUDA tensors when the core cannot use CUDA memory
+here: a contiguous or host copy is used, with a one-time warning for the latter, and, for
+in-place operations, copied back when the operation completes), the device policy, decided once
+per process and not per op (``setup`` at ``hvd.init`` gives the core torch's caching allocator for
+the CUDA outputs it sizes; whether the core can use CUDA memory is asked at the first CUDA
+tensor), the conversion of core-allocated outputs into tensors without a copy, and
+``HandleTable``: Horovod-style integer handles that keep every tensor the core may touch alive
+until ``synchronize``. Reads no environment. Failure modes: ``ValueError`` for an unsupported
 dtype or device (as Horovod); errors of the operation itself are raised by ``synchronize``.
 """
 from __future__ import annotations
 
 import itertools
 import sys
-import weakref
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 
 from appliance.runtime import engine
-from appliance.runtime.engine import Buffer, DType
+from appliance.runtime.engine import DType
 
-_DTYPES = {
+# torch dtype -> the core's element type
+HOST_DTYPES = {
     torch.uint8: DType.UINT8, torch.int8: DType.INT8, torch.int16: DType.INT16,
     torch.int32: DType.INT32, torch.int64: DType.INT64, torch.float16: DType.FLOAT16,
     torch.bfloat16: DType.BFLOAT16, torch.float32: DType.FLOAT32, torch.float64: DType.FLOAT64,
     torch.bool: DType.BOOL,
 }
 
-SUPPORTED_DTYPES = tuple(_DTYPES)
-HOST_DTYPES = {t: int(c) for t, c in _DTYPES.items()}  # torch dtype -> the core's dtype code, as an int
-
 
 def dtype_code(t: torch.Tensor) -> DType:
     try:
-        return _DTYPES[t.dtype]
+        return HOST_DTYPES[t.dtype]
     except KeyError:
-        names = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
+        names = ", ".join(str(d).replace("torch.", "") for d in HOST_DTYPES)
         raise ValueError(f"Tensor type {t.dtype} is not supported (supported: {names})") from None
+
+
+def host_dtype(t: torch.Tensor) -> Optional[DType]:
+    """The short path's one test: the core's dtype for ``t`` when the core can read and write
+    ``t``'s memory as it is (a contiguous host tensor of a supported dtype), else None (the
+    tensor is staged: ``stage``)."""
+    return HOST_DTYPES.get(t.dtype) if t.is_cpu and t.is_contiguous() else None
+
+
+# --- device policy (decided once per process) ---------------------------------------------
+_cuda_usable: Optional[bool] = None  # the core can use CUDA memory here; None: no CUDA tensor seen yet
+_cuda_why = ""
+_warned: set = set()
 
 
 def capabilities() -> dict:
@@ -47,8 +59,21 @@ def capabilities() -> dict:
     return engine.capabilities()
 
 
-_warned: set = set()
-_allocator_of = None  # weak reference to the runtime that has our device allocator
+def setup() -> None:
+    """``hvd.init``'s part of the device policy: the core takes the CUDA outputs it sizes (NCCL
+    path) from torch's caching allocator, in this and every later runtime of the process. Touches
+    no device: whether the core can use CUDA memory is asked once, at the first CUDA tensor
+    (``_decide_cuda``), so a CPU job never initializes CUDA (slow on a GPU host, and a process
+    that has cannot fork children that use it)."""
+    engine.use_device_allocator(_device_allocator)
+
+
+def _decide_cuda() -> None:
+    global _cuda_usable, _cuda_why
+    setup()  # in case the runtime was started without hvd.init (appliance.runtime.init)
+    caps = capabilities()
+    _cuda_why = caps.get("why") or "no CUDA runtime"
+    _cuda_usable = bool(caps.get("cuda", False))
 
 
 def _warn_once(text: str) -> None:
@@ -69,14 +94,6 @@ def _device_allocator(device: int, nbytes: int, stream: int):
     return t.data_ptr(), t
 
 
-def _give_allocator() -> None:
-    global _allocator_of
-    rt = engine.current()
-    if _allocator_of is None or _allocator_of() is not rt:
-        engine.set_device_allocator(_device_allocator)
-        _allocator_of = weakref.ref(rt)
-
-
 def stage(t: torch.Tensor) -> torch.Tensor:
     """The tensor the core will read/write in place of ``t`` (``t`` itself when possible).
     CUDA tensors stay on their device when the core can use CUDA memory here (it then runs
@@ -86,28 +103,31 @@ def stage(t: torch.Tensor) -> torch.Tensor:
     w = t.detach()
     if w.is_cpu:  # the common case first: is_cpu is far cheaper than building w.device
         return w if w.is_contiguous() else w.contiguous()
-    kind = w.device.type
-    if kind == "cuda":
-        caps = capabilities()
-        if caps.get("cuda", False):
-            _give_allocator()
-        else:
-            _warn_once("CUDA tensors go through host memory: the collective core cannot use CUDA memory here ("
-                       f"{caps.get('why') or 'no CUDA runtime'})")
-            w = w.cpu()
-    else:
+    if w.device.type != "cuda":
         raise ValueError(f"tensors on device {w.device} are not supported (cpu and cuda are)")
+    if _cuda_usable is None:  # the first CUDA tensor of the process
+        _decide_cuda()
+    if not _cuda_usable:
+        _warn_once(f"CUDA tensors go through host memory: the collective core cannot use CUDA memory here ({_cuda_why})")
+        w = w.cpu()
     if not w.is_contiguous():
         w = w.contiguous()
     return w
 
 
-def buffer(w: torch.Tensor) -> Buffer:
-    """Describe a staged tensor (see ``stage``) to the core."""
+def describe(w: torch.Tensor, out: Optional[torch.Tensor] = None) -> tuple:
+    """A staged tensor (see ``stage``), and the tensor receiving the result if any (same dtype,
+    shape and device), as ``engine.submit`` takes them."""
+    o = 0 if out is None else out.data_ptr()
     if w.is_cuda:
         stream = torch.cuda.current_stream(w.device).cuda_stream
-        return Buffer(w.data_ptr(), dtype_code(w), tuple(w.shape), w.device.index, int(stream))
-    return Buffer(w.data_ptr(), dtype_code(w), tuple(w.shape))
+        return (w.data_ptr(), dtype_code(w), w.shape, o, w.device.index, int(stream))
+    return (w.data_ptr(), dtype_code(w), w.shape, o)
+
+
+def cuda_device(w: torch.Tensor) -> Optional[int]:
+    """The CUDA device of a staged tensor (whose stream ``synchronize`` orders), else None."""
+    return None if w.is_cpu else w.device.index
 
 
 def empty_like(w: torch.Tensor) -> torch.Tensor:
@@ -145,73 +165,29 @@ def from_result(r: engine.Result, dtype: torch.dtype, like: torch.Tensor) -> tor
     return to_device(out, like)
 
 
-def _cuda_device(keep) -> Optional[int]:
-    """The CUDA device of the first CUDA tensor among ``keep`` (nested tuples), else None."""
-    for x in keep:
-        if isinstance(x, torch.Tensor):
-            if x.is_cuda:
-                return x.device.index
-        elif isinstance(x, (tuple, list)):
-            d = _cuda_device(x)
-            if d is not None:
-                return d
-    return None
-
-
-class _Entry:
-    __slots__ = ("handles", "keep", "finish", "device")
-
-    def __init__(self, handles: List[int], keep: tuple, finish: Callable[[list], object]):
-        self.handles, self.keep, self.finish = handles, keep, finish
-        self.device = _cuda_device(keep)  # CUDA work: synchronize orders the caller's stream
-
-
-def _wait_all(wait, handles) -> list:
-    """``wait`` for every handle, even after one fails (no memory may be released while the core
-    still uses it); then raise the first failure. Returns the results."""
-    results, error = [], None
-    for h in handles:
-        try:
-            results.append(wait(h))
-        except Exception as e:  # re-raised below, once the others have finished
-            results.append(None)
-            error = error or e
-    if error is not None:
-        raise error
-    return results
-
-
 class HandleTable:
-    """Integer handles as Horovod has them. One handle may stand for several engine
-    operations (grouped ops); ``keep`` holds every tensor the core may still touch. Host
-    allreduces (``add_host``) are kept as a bare ``(engine handle(s), result, input)`` tuple:
-    they are most of a training step's handles, and their result is the tensor(s) they write."""
+    """Integer handles as Horovod has them. Every entry is one tuple, ``(core handle(s), result,
+    keep, finish, device)``: the engine handle, or a group's list of them; what ``synchronize``
+    returns when ``finish`` is None (the tensor(s) the operation wrote: host allreduces, most of
+    a training step's handles); the tensors the core may still touch; ``finish(results)``
+    building the output otherwise; the CUDA device whose current stream ``synchronize`` orders
+    after the work (None: host work, waited for)."""
 
     def __init__(self):
         self._entries: dict = {}  # dict operations are atomic under the GIL: no lock needed
         self._ids = itertools.count(1)  # next() on it is atomic too
 
-    def add(self, handles: Sequence[int], keep: tuple, finish: Callable[[list], object]) -> int:
+    def add(self, handles, result=None, keep=None, finish: Optional[Callable] = None,
+            device: Optional[int] = None) -> int:
         hid = next(self._ids)
-        self._entries[hid] = _Entry(list(handles), keep, finish)
-        return hid
-
-    def add_host(self, handles, result, keep=None) -> int:
-        """``add`` for host operations (``allreduce_host``) whose result is the memory they
-        write: one handle and its tensor, or a group's handles and the tuple of its tensors;
-        ``keep``: the input, when it is not the result."""
-        hid = next(self._ids)
-        self._entries[hid] = (handles, result, keep)
+        self._entries[hid] = (handles, result, keep, finish, device)
         return hid
 
     def poll(self, handle: int) -> bool:
         entry = self._entries.get(handle)
         if entry is None:
             raise ValueError(f"handle {handle!r} is not an operation in flight (already synchronized?)")
-        if entry.__class__ is tuple:
-            hs = entry[0]
-            return engine.poll(hs) if hs.__class__ is int else all(engine.poll(h) for h in hs)
-        return all(engine.poll(h) for h in entry.handles)
+        return engine.current().poll(entry[0])
 
     def synchronize(self, handle: int):
         """Wait for every engine operation of ``handle``; return its output. An unknown
@@ -219,24 +195,15 @@ class HandleTable:
         entry = self._entries.get(handle)
         if entry is None:
             return None
-        if entry.__class__ is tuple:
-            hs, result = entry[0], entry[1]
-            try:
-                if hs.__class__ is int:
-                    engine.current().wait_host(hs)
-                else:
-                    engine.current().wait_host_all(hs)
-            finally:
-                self._entries.pop(handle, None)
-            return result
+        handles, result, _, finish, device = entry
         # On CUDA, the caller's current stream waits for the device work (torch's semantics);
         # the host only waits for it to be queued. Host work is waited for.
-        stream = None if entry.device is None else torch.cuda.current_stream(entry.device).cuda_stream
+        stream = -1 if device is None else torch.cuda.current_stream(device).cuda_stream
         try:
-            results = _wait_all(lambda h: engine.wait(h, stream), entry.handles)
+            r = engine.current().wait(handles, stream)
         finally:
             self._entries.pop(handle, None)
-        return entry.finish(results)
+        return result if finish is None else finish(r)
 
     def clear(self) -> None:
         self._entries.clear()

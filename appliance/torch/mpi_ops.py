@@ -36,12 +36,12 @@ from appliance.runtime.engine import Adasum, Average, Kind, Max, Min, Product, S
 from appliance.hvdcompat.util import get_average_backwards_compatibility_fun
 from appliance.runtime.errors import HorovodInternalError, MismatchError  # noqa: F401
 from appliance.torch import _tensors
-from appliance.torch._tensors import from_result, stage
+from appliance.torch._tensors import cuda_device, describe, from_result, host_dtype, stage
 
 _handles = _tensors.HandleTable()
 _REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
-_HOST_DTYPES = _tensors.HOST_DTYPES
-_FAST_OPS = frozenset((None, *_REDUCE_OPS))  # op= values allreduce_async_'s short path takes (None: Average)
+# The requests of allreduces over every rank, by (op, prescale, postscale): built once each.
+_ALLREDUCES: dict = {}
 
 
 # --- process sets (appliance.runtime.process_sets; Horovod's names) ----------------------------
@@ -64,6 +64,7 @@ def init(comm=None, process_sets=None) -> None:
     an MPI communicator) is accepted when it names every rank; narrower raises NotImplementedError."""
     fresh = not _api.is_initialized()
     _api.init()
+    _tensors.setup()  # the core takes CUDA outputs from torch's allocator
     if not fresh:
         return
     _handles.clear()
@@ -182,54 +183,38 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
     return None if name is None else f"{name}.{i}"
 
 
-def _host_allreduce_(t, name, op, pre, post, group_id=0, group_size=0, out=None) -> int:
-    """The short path: enqueue an allreduce of ``t`` (contiguous, on the host, of a supported
-    dtype) over every rank into ``out`` (a new contiguous tensor like ``t``; None: in place), in
-    one core call; return its engine handle."""
-    ptr = t.data_ptr()
-    return _engine.current().allreduce_host(name, ptr, ptr if out is None else out.data_ptr(), _HOST_DTYPES[t.dtype],
-                                            t.shape, op, pre, post, group_id, group_size)
-
-
-def _submit(kind, name, work, out=None, **kw) -> int:
-    if out is work and kind is Kind.ALLREDUCE and work.is_cpu and not kw.get("process_set"):  # the short way
-        return _host_allreduce_(work, name, kw["op"], kw["prescale"], kw["postscale"], *kw.get("group", (0, 0)))
-    inp = None if work is None else _tensors.buffer(work)
-    outb = inp if out is work else None if out is None else _tensors.buffer(out)  # in place: one description
-    return _engine.submit(kind, name, inp, outb, **kw)  # kw: op, scales, root, splits, group, process_set
-
-
-def _submit_all(calls) -> list:
-    """Submit several engine operations; if one is refused, keep the already submitted ones
-    (and their tensors) in the table so nothing is freed under the core, then re-raise."""
-    handles = []
-    try:
-        for kind, name, work, out, kw in calls:
-            handles.append(_submit(kind, name, work, out, **kw))
-    except Exception:
-        if handles:
-            _handles.add(handles, tuple(calls), lambda rs: None)
-        raise
-    return handles
+def _allreduce_request(op, prescale, postscale, process_set):
+    """The Request of an allreduce (op checked as ``_core_op`` does; ``process_set`` checked).
+    Those over every rank are kept in ``_ALLREDUCES``, which the per-op path looks up first."""
+    if process_set is not global_process_set:
+        return _engine.request(Kind.ALLREDUCE, _core_op(op), prescale, postscale,
+                               process_set=check_process_set(process_set))
+    req = _engine.request(Kind.ALLREDUCE, _core_op(op), prescale, postscale)
+    if len(_ALLREDUCES) >= 256:  # scale factors that change every step: start over
+        _ALLREDUCES.clear()
+    _ALLREDUCES[(op, prescale, postscale)] = req
+    return req
 
 
 # --- allreduce ---------------------------------------------------------------------------
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    ps = check_process_set(process_set)
-    core_op = _core_op(op)
-    if not ps and tensor.is_cpu and tensor.dtype in _HOST_DTYPES and tensor.is_contiguous():  # the short way
+    req = _ALLREDUCES.get((op, prescale_factor, postscale_factor)) if process_set is global_process_set else None
+    if req is None:
+        req = _allreduce_request(op, prescale_factor, postscale_factor, process_set)
+    dt = host_dtype(tensor)
+    if dt is not None:  # the short path: the core reads (and writes) the tensor as it is
+        ptr = tensor.data_ptr()
         if inplace:
-            return _handles.add_host(_host_allreduce_(tensor, name, core_op, prescale_factor, postscale_factor), tensor)
+            return _handles.add(_engine.current().submit(req, name, (ptr, dt, tensor.shape, ptr)), tensor)
         out = torch.empty(tensor.shape, dtype=tensor.dtype)
-        h = _host_allreduce_(tensor, name, core_op, prescale_factor, postscale_factor, out=out)
-        return _handles.add_host(h, out, keep=tensor)
+        h = _engine.current().submit(req, name, (ptr, dt, tensor.shape, out.data_ptr()))
+        return _handles.add(h, out, tensor)
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
-    h = _submit(Kind.ALLREDUCE, name, work, out, op=core_op, prescale=float(prescale_factor),
-                postscale=float(postscale_factor), process_set=ps)
+    h = _engine.current().submit(req, name, describe(work, out))
     if inplace:
-        return _handles.add([h], (tensor, work), lambda rs: _tensors.copy_back(tensor, work))
-    return _handles.add([h], (tensor, work, out), lambda rs: _tensors.to_device(out, tensor))
+        return _handles.add(h, None, (tensor, work), lambda r: _tensors.copy_back(tensor, work), cuda_device(work))
+    return _handles.add(h, None, (tensor, work, out), lambda r: _tensors.to_device(out, tensor), cuda_device(work))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -243,13 +228,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> int:
     """In-place ``allreduce_async``: ``synchronize`` returns ``tensor`` holding the result."""
-    if average is None and process_set is global_process_set and tensor.is_cpu:
-        # The call a backward pass makes per gradient, in few steps: a contiguous host tensor of a
-        # supported dtype over every rank. Anything else takes the general path below.
-        if tensor.dtype in _HOST_DTYPES and op in _FAST_OPS and tensor.is_contiguous():
-            h = _host_allreduce_(tensor, name, Average if op is None else op, prescale_factor, postscale_factor)
-            return _handles.add_host(h, tensor)
-    op = resolve_op(op, average)
+    op = (Average if op is None else op) if average is None else resolve_op(op, average)
     return _allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor, process_set)
 
 
@@ -266,41 +245,40 @@ def _one_device_kind(tensors, what: str) -> None:
                             "put them on one device (or use separate calls)")
 
 
+def _submit_group(req, name, descs, keep) -> list:
+    """Submit the members of one group (member i named ``name.i``) in one core call; return their
+    handles. When a member is refused, the members enqueued before it keep ``keep`` in the table
+    (nothing is freed under the core), and the ValueError goes on."""
+    names = [_member_name(name, i) for i in range(len(descs))]
+    try:
+        return _engine.current().submit(req, names, descs)
+    except ValueError as e:
+        if getattr(e, "handles", None):
+            _handles.add(e.handles, None, keep)
+        raise
+
+
 def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    ps = check_process_set(process_set)
-    core_op = _core_op(op)
+    req = _allreduce_request(op, prescale_factor, postscale_factor, process_set)
     tensors = list(tensors)
-    if inplace and ps == 0 and tensors and all(t.is_cpu and t.is_contiguous() and t.dtype in _HOST_DTYPES
-                                               for t in tensors):
-        return _grouped_host_allreduce_(tensors, name, core_op, float(prescale_factor), float(postscale_factor))
+    if not tensors:
+        return _handles.add([], ())
+    dts = [host_dtype(t) for t in tensors]
+    if inplace and None not in dts:  # the short path: the core reads and writes the tensors as they are
+        ptrs = [t.data_ptr() for t in tensors]
+        keep = tuple(tensors)
+        return _handles.add(_submit_group(req, name, [(p, dt, t.shape, p) for p, dt, t in zip(ptrs, dts, tensors)],
+                                          keep), keep)
     _one_device_kind(tensors, "grouped allreduce")
     works = [stage(t) for t in tensors]
     outs = works if inplace else [_tensors.empty_like(w) for w in works]
-    group = (_engine.new_group_id(ps), len(tensors)) if tensors else (0, 0)
-    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor), group=group,
-              process_set=ps)
-    handles = _submit_all([(Kind.ALLREDUCE, _member_name(name, i), w, o, kw)
-                           for i, (w, o) in enumerate(zip(works, outs))])
+    keep = (tuple(tensors), tuple(works), tuple(outs))
+    handles = _submit_group(req, name, [describe(w, o) for w, o in zip(works, outs)], keep)
     if inplace:
-        finish = lambda rs: tuple(_tensors.copy_back(t, w) for t, w in zip(tensors, works))  # noqa: E731
+        finish = lambda r: tuple(_tensors.copy_back(t, w) for t, w in zip(tensors, works))  # noqa: E731
     else:
-        finish = lambda rs: tuple(_tensors.to_device(o, t) for t, o in zip(tensors, outs))  # noqa: E731
-    return _handles.add(handles, (tuple(tensors), tuple(works), tuple(outs)), finish)
-
-
-def _grouped_host_allreduce_(tensors, name, core_op, pre, post) -> int:
-    """The grouped in-place allreduce of contiguous host tensors over every rank, on the short
-    path of ``allreduce_async_``: one core call for all the members, a bare handle-table entry."""
-    names = [_member_name(name, i) or "" for i in range(len(tensors))]  # "": an automatic name
-    try:
-        handles = _engine.current().allreduce_host_group(
-            names, [t.data_ptr() for t in tensors], [_HOST_DTYPES[t.dtype] for t in tensors],
-            [t.shape for t in tensors], core_op, pre, post, _engine.new_group_id(0))
-    except ValueError as e:
-        if getattr(e, "handles", None):  # keep the enqueued members' tensors alive until the core is done
-            _handles.add_host(e.handles, tuple(tensors))
-        raise
-    return _handles.add_host(handles, tuple(tensors))
+        finish = lambda r: tuple(_tensors.to_device(o, t) for t, o in zip(tensors, outs))  # noqa: E731
+    return _handles.add(handles, None, keep, finish, cuda_device(works[0]))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -351,35 +329,37 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     ps = check_process_set(process_set)
     work = stage(tensor)
     _first_dim(work, "allgather")
-    h = _submit(Kind.ALLGATHER, name, work, process_set=ps)
-    return _handles.add([h], (tensor, work), lambda rs: from_result(rs[0], tensor.dtype, tensor))
+    h = _engine.current().submit(_engine.request(Kind.ALLGATHER, process_set=ps), name, describe(work))
+    return _handles.add(h, None, (tensor, work), lambda r: from_result(r, tensor.dtype, tensor), cuda_device(work))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     ps = check_process_set(process_set)
     tensors = list(tensors)
+    if not tensors:
+        return _handles.add([], ())
     _one_device_kind(tensors, "grouped allgather")
     works = [stage(t) for t in tensors]
     for w in works:
         _first_dim(w, "allgather")
-    group = (_engine.new_group_id(ps), len(works)) if works else (0, 0)
-    handles = _submit_all([(Kind.ALLGATHER, _member_name(name, i), w, None, dict(process_set=ps, group=group))
-                           for i, w in enumerate(works)])
+    keep = (tuple(tensors), tuple(works))
+    handles = _submit_group(_engine.request(Kind.ALLGATHER, process_set=ps), name, [describe(w) for w in works], keep)
     finish = lambda rs: tuple(from_result(r, t.dtype, t) for r, t in zip(rs, tensors))  # noqa: E731
-    return _handles.add(handles, (tuple(tensors), tuple(works)), finish)
+    return _handles.add(handles, None, keep, finish, cuda_device(works[0]))
 
 
 # --- broadcast ---------------------------------------------------------------------------
 def _broadcast_async(tensor, inplace, root_rank, name, process_set) -> int:
     ps = check_process_set(process_set)
     root = _ps.root_of(process_set, root_rank)  # a job rank, as in Horovod; the core wants its index in the set
+    req = _engine.request(Kind.BROADCAST, root=root, process_set=ps)
     work = stage(tensor)
     if inplace:
-        h = _submit(Kind.BROADCAST, name, work, work, root=root, process_set=ps)
-        return _handles.add([h], (tensor, work), lambda rs: _tensors.copy_back(tensor, work))
+        h = _engine.current().submit(req, name, describe(work, work))
+        return _handles.add(h, None, (tensor, work), lambda r: _tensors.copy_back(tensor, work), cuda_device(work))
     out = _tensors.empty_like(work)
-    h = _submit(Kind.BROADCAST, name, work, out, root=root, process_set=ps)
-    return _handles.add([h], (tensor, work, out), lambda rs: _tensors.to_device(out, tensor))
+    h = _engine.current().submit(req, name, describe(work, out))
+    return _handles.add(h, None, (tensor, work, out), lambda r: _tensors.to_device(out, tensor), cuda_device(work))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
@@ -425,12 +405,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if len(counts) != n or any(c < 0 for c in counts) or sum(counts) != rows:
             raise ValueError(f"alltoall splits {counts} must be {n} non-negative row counts summing to the "
                              f"first dimension of the tensor ({rows})")
-    h = _submit(Kind.ALLTOALL, name, work, splits=counts, process_set=ps)
+    h = _engine.current().submit(_engine.request(Kind.ALLTOALL, process_set=ps, splits=counts), name, describe(work))
 
-    def finish(rs):
-        out = from_result(rs[0], tensor.dtype, tensor)
-        return out, torch.tensor(list(rs[0].splits), dtype=rdtype, device=rdevice)
-    return _handles.add([h], (tensor, work), finish)
+    def finish(r):
+        out = from_result(r, tensor.dtype, tensor)
+        return out, torch.tensor(list(r.splits), dtype=rdtype, device=rdevice)
+    return _handles.add(h, None, (tensor, work), finish, cuda_device(work))
 
 
 # --- reducescatter -------------------------------------------------------------------------
@@ -439,29 +419,30 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Start reducing ``tensor`` (same shape on every rank) and keep this rank's block of the
     first dimension: rank r gets ``dim0 // size`` rows, one more when ``r < dim0 % size``."""
     ps = check_process_set(process_set)
-    core_op = _core_op(op, allreduce=False)
+    req = _engine.request(Kind.REDUCESCATTER, _core_op(op, allreduce=False), prescale_factor, postscale_factor,
+                          process_set=ps)
     work = stage(tensor)
     _first_dim(work, "reducescatter")
-    h = _submit(Kind.REDUCESCATTER, name, work, op=core_op, prescale=float(prescale_factor),
-                postscale=float(postscale_factor), process_set=ps)
-    return _handles.add([h], (tensor, work), lambda rs: from_result(rs[0], tensor.dtype, tensor))
+    h = _engine.current().submit(req, name, describe(work))
+    return _handles.add(h, None, (tensor, work), lambda r: from_result(r, tensor.dtype, tensor), cuda_device(work))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     ps = check_process_set(process_set)
-    core_op = _core_op(op, allreduce=False)
+    req = _engine.request(Kind.REDUCESCATTER, _core_op(op, allreduce=False), prescale_factor, postscale_factor,
+                          process_set=ps)
     tensors = list(tensors)
+    if not tensors:
+        return _handles.add([], ())
     _one_device_kind(tensors, "grouped reducescatter")
     works = [stage(t) for t in tensors]
     for w in works:
         _first_dim(w, "reducescatter")
-    group = (_engine.new_group_id(ps), len(works)) if works else (0, 0)
-    kw = dict(op=core_op, prescale=float(prescale_factor), postscale=float(postscale_factor), group=group,
-              process_set=ps)
-    handles = _submit_all([(Kind.REDUCESCATTER, _member_name(name, i), w, None, kw) for i, w in enumerate(works)])
+    keep = (tuple(tensors), tuple(works))
+    handles = _submit_group(req, name, [describe(w) for w in works], keep)
     finish = lambda rs: tuple(from_result(r, t.dtype, t) for r, t in zip(rs, tensors))  # noqa: E731
-    return _handles.add(handles, (tuple(tensors), tuple(works)), finish)
+    return _handles.add(handles, None, keep, finish, cuda_device(works[0]))
 
 
 # --- completion, join, barrier -------------------------------------------------------------
@@ -483,14 +464,14 @@ def join(device=-1) -> int:
     device = int(device)
     if device < 0 and torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
-    desc = _engine.Buffer(0, _engine.DType.UINT8, (), device) if device >= 0 else None
-    return int(_engine.wait(_engine.submit(Kind.JOIN, None, desc)).value)
+    desc = _engine.TensorDesc(0, _engine.DType.UINT8, (), device=device) if device >= 0 else None
+    return int(_engine.wait(_engine.submit(_engine.request(Kind.JOIN), None, desc)).value)
 
 
 def barrier(process_set=global_process_set) -> None:
     """Return once every rank of ``process_set`` has entered the barrier."""
     ps = check_process_set(process_set)
-    _engine.wait(_engine.submit(Kind.BARRIER, None, process_set=ps))
+    _engine.wait(_engine.submit(_engine.request(Kind.BARRIER, process_set=ps), None))
 
 
 # The out-of-place, autograd-aware collectives (they build on the functions above), their

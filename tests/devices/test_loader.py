@@ -116,3 +116,26 @@ def test_this_process_reports_what_it_found():
     assert c["nccl"] == (c["cuda"] and c["nccl_version"] > 0 and c["why"] == "")
     if not c["nccl"]:
         assert c["why"]  # never silent about why CUDA collectives do not run through NCCL
+
+
+def test_a_cpu_job_never_asks_for_cuda():
+    # hvd.init gives the core torch's allocator but touches no device: whether CUDA memory is
+    # usable is asked at the first CUDA tensor, so host collectives never load the CUDA runtime.
+    code = (
+        "import json, torch\n"
+        "from appliance.runtime import devices\n"
+        "asked = []\n"
+        "devices.capabilities = lambda *a, **k: asked.append(1) or {}\n"
+        "import appliance.torch as hvd\n"
+        "hvd.init()\n"
+        "x = hvd.allreduce(torch.ones(3), op=hvd.Sum)\n"
+        "hvd.grouped_allreduce_([torch.ones(2), torch.ones(2)])\n"
+        "hvd.allgather(torch.ones(2, 1)); hvd.broadcast_(torch.ones(2), 0); hvd.barrier()\n"
+        "hvd.shutdown(); hvd.init(); hvd.shutdown()\n"
+        "print(json.dumps(len(asked)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_"))}
+    p = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == 0

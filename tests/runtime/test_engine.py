@@ -103,7 +103,9 @@ def test_fusion_and_response_cache(run_ranks):
 @pytest.mark.parametrize("drives", ["1", "0"])
 def test_waiting_callers_drive_the_engine_unless_turned_off(run_ranks, drives):
     n = 200
-    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives})
+    # A long spin budget (20 ms) keeps a peer that the scheduler delays (a loaded machine)
+    # from ending a drive early: what is tested is who runs the plans, not the budget.
+    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives, "APPLIANCE_SPIN_US": "20000"})
     for r in range(2):
         rep = ranks[r]
         assert rep["ok"], rep
@@ -146,3 +148,15 @@ def test_killed_rank_is_named_on_every_survivor(run_ranks, tmp_path, when):
         assert f"rank {victim}" in rep["error"], rep["error"]
         assert rep["at"] - died_at < 5.0, f"rank {r} took {rep['at'] - died_at:.1f}s to notice"
     assert ranks.result.returncode != 0
+
+
+def test_one_submit_and_one_wait(run_ranks):
+    ranks = run_ranks(2, "engine", "submit_api")
+    for r in range(2):
+        got = ranks[r]
+        assert got["allreduce"] is None and got["allgather"] == ["Result", [3, 2]]
+        assert got["group_handles"] == 3 and got["group_wait"] is None
+        assert got["gathered_group"] == [[4, 1], [2, 3]] and got["empty_group"] == [[], None]
+        assert "(data, dtype, shape" in got["malformed"]
+        why, handles, done = got["refused"]
+        assert "api.r.1" in why and "negative dimension" in why and len(handles) == 1 and not done

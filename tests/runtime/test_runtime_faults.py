@@ -23,9 +23,9 @@ def test_stall_shutdown_is_on_by_default():
     from appliance.runtime import _core
 
     assert KNOBS["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"].default > 0
-    assert RuntimeConfig.from_env({}).stall_shutdown_s == 300.0
+    assert RuntimeConfig.from_env({}).options["stall_shutdown_s"] == 300.0
     assert _core.RuntimeConfig().stall_shutdown_s == 300.0
-    assert RuntimeConfig.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"}).stall_shutdown_s == 0.0
+    assert RuntimeConfig.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"}).options["stall_shutdown_s"] == 0.0
 
 
 def test_deadlock_is_reported_on_every_rank_and_fails_every_rank(tmp_path):

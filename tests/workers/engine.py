@@ -123,9 +123,8 @@ def case_ops():
     vals = data(r, np.float32, 65)
     bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
     out = np.empty_like(bits)
-    h = engine.current().submit(engine.Kind.ALLREDUCE, "bf16", engine.Buffer(bits.ctypes.data, engine.DType.BFLOAT16, bits.shape),
-                                 engine.Buffer(out.ctypes.data, engine.DType.BFLOAT16, out.shape), op=rt.Sum, prescale=1.0,
-                                 postscale=1.0, root=0, splits=None, group=(0, 0))
+    h = engine.current().submit(engine.request(engine.Kind.ALLREDUCE, rt.Sum), "bf16",
+                                engine.TensorDesc(bits.ctypes.data, engine.DType.BFLOAT16, bits.shape, out.ctypes.data))
     engine.current().wait(h)
     got = (out.astype(np.uint32) << 16).view(np.float32)
     check("bfloat16 allreduce", got, sum(data(k, np.float32, 65) for k in range(P)), np.float32)
@@ -400,6 +399,50 @@ def case_outputs():
     check("broadcast in place", b, data(1 % P, np.float32, n, 99), np.float32)
     report({"reused": stats["outputs_reused"] - reused_before, "idle": stats["outputs_idle_bytes"],
             "in_place": got is b, "ok": True})
+
+
+def case_submit_api():
+    """The core's one way in and out (engine.submit / engine.wait), as adapters use it: what wait
+    hands back per kind, groups in one call, and a refused group member naming the members
+    enqueued before it."""
+    rt.init()
+    r, P = rt.rank(), rt.size()
+    e = engine.current()
+    out = {"ok": True}
+    total = engine.request(engine.Kind.ALLREDUCE, rt.Sum)
+    assert engine.request(engine.Kind.ALLREDUCE, rt.Sum) is total  # one Request per combination
+    a = np.full(5, r + 1, np.float32)
+    out["allreduce"] = e.wait(e.submit(total, "api.ar", engine.describe(a, a)))
+    check("api.ar", a, np.full(5, P * (P + 1) / 2), np.float32)
+    g = np.full((r + 1, 2), r, np.int32)
+    res = e.wait(e.submit(engine.request(engine.Kind.ALLGATHER), "api.ag", engine.describe(g)))
+    out["allgather"] = [type(res).__name__, list(res.shape)]
+    # a group: one call in, one call out (None: nothing to hand back)
+    xs = [np.full(n, r + 1.0, np.float64) for n in (3, 0, 7)]
+    hs = e.submit(total, ["api.g.0", None, "api.g.2"], [engine.describe(x, x) for x in xs])
+    out["group_handles"] = len(hs)
+    out["group_wait"] = e.wait(hs)
+    for x in xs:
+        check("api.g", x, np.full(x.shape, P * (P + 1) / 2), np.float64)
+    gs = [np.full((2, 1), r, np.int64), np.full((1, 3), r, np.float32)]
+    res = e.wait(e.submit(engine.request(engine.Kind.ALLGATHER), ["api.gg.0", "api.gg.1"],
+                          [engine.describe(x) for x in gs]))
+    out["gathered_group"] = [list(x.shape) for x in res]
+    out["empty_group"] = [e.submit(total, [], []), e.wait([])]
+    try:
+        e.submit(total, "api.bad", (a.ctypes.data, engine.DType.FLOAT32))
+        out["malformed"] = None
+    except TypeError as exc:
+        out["malformed"] = str(exc)
+    # a refused member: the members before it are enqueued (their memory must outlive them)
+    b = np.ones(4, np.float32)
+    try:
+        e.submit(total, ["api.r.0", "api.r.1"], [engine.describe(b, b), (b.ctypes.data, engine.DType.FLOAT32, (-1,), 0)])
+        out["refused"] = None
+    except ValueError as exc:
+        out["refused"] = [str(exc), exc.handles, e.poll(exc.handles)]
+    report(out)
+    rt.shutdown()
 
 
 def case_join():

@@ -24,13 +24,20 @@ if os.environ.get("FAKE_DISTINCT_GPUS") == "1":
 
 import appliance.runtime as rt  # noqa: E402
 from appliance.runtime import engine  # noqa: E402
-from appliance.runtime.engine import Buffer, Kind, numpy_dtype_code  # noqa: E402
+from appliance.runtime.engine import Kind, TensorDesc, numpy_dtype  # noqa: E402
 from appliance.runtime.errors import HorovodInternalError  # noqa: E402
 
 
-def dev(a):
-    """Describe a numpy array as memory of CUDA device 0 (the stand-in's device memory)."""
-    return Buffer(a.ctypes.data, numpy_dtype_code(a.dtype), tuple(a.shape), device=0)
+def dev(a, out=None):
+    """Describe a numpy array (and the one receiving the result) as memory of CUDA device 0 (the
+    stand-in's device memory)."""
+    return TensorDesc(a.ctypes.data, numpy_dtype(a.dtype), tuple(a.shape), 0 if out is None else out.ctypes.data,
+                      device=0)
+
+
+def submit_dev(kind, name, inp, out=None, **kw):
+    """``engine.submit`` of device memory; ``kw``: ``engine.request``'s (op, scales, root, splits)."""
+    return engine.submit(engine.request(kind, **kw), name, dev(inp, out))
 
 
 def staging(P):
@@ -39,7 +46,7 @@ def staging(P):
 
     def submit(kind, name, inp, out=None, **kw):
         keep.append((inp, out))
-        return engine.submit(kind, name, dev(inp), None if out is None else dev(out), **kw)
+        return submit_dev(kind, name, inp, out, **kw)
 
     # A lone allreduce, then a batch of small ones (fused) with Average and scale factors.
     x = np.arange(1000, dtype=np.float32) + RANK
@@ -102,14 +109,14 @@ def staging(P):
 
 def solo():
     """One rank through the NCCL backend; outputs the core sizes come from a numpy allocator."""
-    engine.set_device_allocator(lambda device, nbytes, stream: (lambda a: (a.ctypes.data, a))(np.empty(nbytes, np.uint8)))
+    engine.use_device_allocator(lambda device, nbytes, stream: (lambda a: (a.ctypes.data, a))(np.empty(nbytes, np.uint8)))
     checked = 0
     keep = []
 
     def run(kind, name, inp, out=None, **kw):
         keep.append((inp, out))
         # stream 0: returns once queued on the (stand-in) device, the default stream ordered after it
-        return engine.wait(engine.submit(kind, name, dev(inp), None if out is None else dev(out), **kw), 0)
+        return engine.wait(submit_dev(kind, name, inp, out, **kw), 0)
 
     x = np.arange(10, dtype=np.float32)
     o = np.zeros_like(x)
@@ -130,7 +137,7 @@ def solo():
         keep.append((a, b))
         outs.append((i, b))
         # unscaled: a one-rank job scales sums on the host, and this batch is to fuse on the device
-        hs.append(engine.submit(Kind.ALLREDUCE, f"f.{i}", dev(a), dev(b), op=rt.Average))
+        hs.append(submit_dev(Kind.ALLREDUCE, f"f.{i}", a, b, op=rt.Average))
     for h in hs:
         engine.wait(h)
     for i, b in outs:
@@ -176,12 +183,12 @@ def main():
             out["fused_entries"] = engine.current().core.stats()["fused_entries"]
             # the last op returns as soon as it is queued; shutdown must let it finish first
             x = np.ones(10, dtype=np.float32)
-            engine.wait(engine.submit(Kind.ALLREDUCE, "last", dev(x), dev(x), op=rt.Sum), 0)
+            engine.wait(submit_dev(Kind.ALLREDUCE, "last", x, x, op=rt.Sum), 0)
             rt.shutdown()
             out["events_outstanding"] = fake.fake_events_outstanding()
         elif case == "nccl_fails":
             x = np.ones(10, dtype=np.float32)
-            engine.wait(engine.submit(Kind.ALLREDUCE, "x", dev(x), dev(x), op=rt.Sum))
+            engine.wait(submit_dev(Kind.ALLREDUCE, "x", x, x, op=rt.Sum))
         out["ok"] = True
     except HorovodInternalError as e:
         out["error"] = str(e)

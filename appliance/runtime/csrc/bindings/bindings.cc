@@ -1,9 +1,13 @@
 // Python bindings of the core: appliance.runtime._core. Bindings only; every blocking call
 // releases the GIL. Test hooks are not here: they are a separate, test-only extension
 // (tests/cpp/hooks, appliance.runtime._core_testing).
+#include <pybind11/native_enum.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <cctype>
+#include <optional>
 
 #include "backends/cuda/cuda_api.h"
 #include "backends/nccl/nccl_api.h"
@@ -15,9 +19,6 @@ namespace appliance {
 
 namespace {
 
-// (ptr, dtype code, shape, device, stream) as built by appliance/runtime/api.py.
-using DescTuple = std::tuple<uint64_t, int, std::vector<int64_t>, int, uint64_t>;
-
 // Deletes a Python object from any thread (the background thread drops outputs too).
 void gil_deleter(py::object* o) {
   if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
@@ -25,45 +26,55 @@ void gil_deleter(py::object* o) {
   delete o;
 }
 
-// The request of one operation, its arguments checked as enqueue() expects them.
-Request make_request(int kind, const std::string& name, int op, double prescale, double postscale, int root,
-                     uint32_t group_id, uint32_t group_size, int32_t process_set) {
-  if (!op_kind_valid(static_cast<uint8_t>(kind))) throw std::invalid_argument("unknown operation kind");
-  if (!reduce_op_valid(static_cast<uint8_t>(op))) throw std::invalid_argument("unknown reduce op " + std::to_string(op));
-  Request q;
-  q.name = name;
-  q.sig.kind = static_cast<OpKind>(kind);
-  q.sig.op = static_cast<ReduceOp>(op);
-  q.sig.prescale = prescale;
-  q.sig.postscale = postscale;
-  q.sig.root = root;
-  q.sig.group_id = group_id;
-  q.sig.group_size = group_size;
-  q.sig.process_set = process_set;
-  return q;
+// Python's enum member names for the core's codes: "float32" -> "FLOAT32".
+std::string upper(const char* name) {
+  std::string s(name);
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
 }
 
-TensorDesc to_desc(const DescTuple& t) {
-  TensorDesc d;
-  d.ptr = std::get<0>(t);
-  int dt = std::get<1>(t);
-  if (!dtype_valid(static_cast<uint8_t>(dt))) throw std::invalid_argument("unknown dtype code " + std::to_string(dt));
-  d.dtype = static_cast<DataType>(dt);
-  d.shape = std::get<2>(t);
-  d.device = std::get<3>(t);
-  d.stream = std::get<4>(t);
-  return d;
+int64_t to_int(PyObject* o) {
+  const long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
 }
 
-// enqueue() of an allreduce of host memory over every rank (out_ptr may be ptr).
-int enqueue_host_allreduce(Runtime& rt, const std::string& name, uint64_t ptr, uint64_t out_ptr, int dtype,
-                           std::vector<int64_t> shape, int op, double prescale, double postscale, uint32_t group_id,
-                           uint32_t group_size) {
-  Request q = make_request(static_cast<int>(OpKind::kAllreduce), name, op, prescale, postscale, 0, group_id, group_size, 0);
-  TensorDesc in = to_desc(DescTuple{ptr, dtype, std::move(shape), -1, 0});
-  TensorDesc out = in;
-  out.ptr = out_ptr;
-  return rt.enqueue(std::move(q), std::move(in), std::move(out));
+// The per-op arguments (a name and a tuple of ints) are read with the C API rather than through
+// pybind11's generic casters: every gradient of a backward pass crosses here.
+std::string name_of(py::handle name) {
+  if (name.is_none()) return std::string();  // the core names it "<kind>.noname.<n>"
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(name.ptr(), &n);
+  if (!p) throw py::error_already_set();
+  return std::string(p, static_cast<size_t>(n));
+}
+
+// A tensor as Python describes it: (data, dtype, shape[, out[, device[, stream]]]), or None
+// for an operation without data (barrier, join). `out` is where the result goes (0: none, or
+// the core allocates it); it has the input's dtype, shape, device and stream.
+void read_tensor(py::handle t, TensorDesc* in, TensorDesc* out) {
+  if (t.is_none()) return;
+  PyObject* o = t.ptr();
+  const Py_ssize_t n = PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 0;
+  if (n < 3 || n > 6)
+    throw py::type_error("a tensor is described as (data, dtype, shape[, out[, device[, stream]]]), got " +
+                         std::string(py::str(t)));
+  in->ptr = static_cast<uint64_t>(to_int(PyTuple_GET_ITEM(o, 0)));
+  const int64_t dt = to_int(PyTuple_GET_ITEM(o, 1));
+  if (dt < 0 || !dtype_valid(static_cast<uint8_t>(dt))) throw std::invalid_argument("unknown dtype code " + std::to_string(dt));
+  in->dtype = static_cast<DataType>(dt);
+  PyObject* shape = PyTuple_GET_ITEM(o, 2);  // torch.Size and numpy shapes are tuples
+  if (PyTuple_Check(shape)) {
+    const Py_ssize_t dims = PyTuple_GET_SIZE(shape);
+    in->shape.resize(static_cast<size_t>(dims));
+    for (Py_ssize_t i = 0; i < dims; ++i) in->shape[i] = to_int(PyTuple_GET_ITEM(shape, i));
+  } else {
+    in->shape = py::reinterpret_borrow<py::object>(shape).cast<std::vector<int64_t>>();
+  }
+  if (n > 4) in->device = static_cast<int32_t>(to_int(PyTuple_GET_ITEM(o, 4)));
+  if (n > 5) in->stream = static_cast<uint64_t>(to_int(PyTuple_GET_ITEM(o, 5)));
+  *out = *in;
+  out->ptr = n > 3 ? static_cast<uint64_t>(to_int(PyTuple_GET_ITEM(o, 3))) : 0;
 }
 
 struct CoreResult {
@@ -71,13 +82,24 @@ struct CoreResult {
   std::string code, origin_host, message;
   int origin_rank = -1;
   py::object output = py::none();
-  std::vector<int64_t> shape, splits;
-  bool has_splits = false, has_value = false;
-  int64_t value = -1;
+  std::vector<int64_t> shape;
+  std::optional<std::vector<int64_t>> splits;
+  std::optional<int64_t> value;
 };
 
+// Whether a successful op hands something back beyond the caller's own memory.
+bool hands_back(const OpState& op) {
+  switch (op.req.sig.kind) {
+    case OpKind::kAllgather:
+    case OpKind::kAlltoall:
+    case OpKind::kReducescatter:
+    case OpKind::kJoin: return true;
+    default: return false;
+  }
+}
+
 // `finished` false: the op's device work may still run (wait_on_stream); it has not failed.
-CoreResult to_result(OpState& op, bool finished = true) {
+CoreResult to_result(OpState& op, bool finished) {
   CoreResult r;
   r.ok = !finished || op.status.ok();
   if (!r.ok) {
@@ -96,15 +118,104 @@ CoreResult to_result(OpState& op, bool finished = true) {
     r.output = py::array_t<uint8_t>({static_cast<py::ssize_t>(op.output_bytes)}, {1}, b->data(), owner);
     r.shape = op.out_shape;
   }
-  if (op.req.sig.kind == OpKind::kAlltoall) {
-    r.has_splits = true;
-    r.splits = op.recv_splits;
-  }
-  if (op.req.sig.kind == OpKind::kJoin) {
-    r.has_value = true;
-    r.value = op.value;
-  }
+  if (op.req.sig.kind == OpKind::kAlltoall) r.splits = op.recv_splits;
+  if (op.req.sig.kind == OpKind::kJoin) r.value = op.value;
   return r;
+}
+
+// What wait() gives back for one op: None (done, nothing to hand back), or a Result (its
+// outputs, or its failure).
+py::object result_of(OpState& op, bool finished) {
+  if ((finished && !op.status.ok()) || hands_back(op)) return py::cast(to_result(op, finished));
+  return py::none();
+}
+
+// One operation, or (names a list) the members of a new group: see Runtime.submit in _core.pyi.
+py::object submit(Runtime& rt, const Request& req, py::handle name, py::handle tensor) {
+  if (!PyList_Check(name.ptr())) {
+    Request q = req;
+    q.name = name_of(name);
+    TensorDesc in, out;
+    read_tensor(tensor, &in, &out);
+    return py::int_(rt.enqueue(std::move(q), std::move(in), std::move(out)));
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(name.ptr());
+  if (!PyList_Check(tensor.ptr()) || PyList_GET_SIZE(tensor.ptr()) != n)
+    throw py::type_error("a group is submitted as a list of names and a list of as many tensors");
+  std::vector<std::string> names(static_cast<size_t>(n));
+  std::vector<TensorDesc> ins(static_cast<size_t>(n)), outs(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {  // every member is read before any is enqueued
+    names[i] = name_of(PyList_GET_ITEM(name.ptr(), i));
+    read_tensor(PyList_GET_ITEM(tensor.ptr(), i), &ins[i], &outs[i]);
+  }
+  std::vector<int> handles;
+  if (n == 0) return py::cast(handles);
+  handles.reserve(static_cast<size_t>(n));
+  const uint32_t group = rt.new_group(req.sig.process_set);
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      Request q = req;
+      q.name = std::move(names[i]);
+      q.sig.group_id = group;
+      q.sig.group_size = static_cast<uint32_t>(n);
+      handles.push_back(rt.enqueue(std::move(q), std::move(ins[i]), std::move(outs[i])));
+    }
+  } catch (const std::invalid_argument& e) {
+    // ValueError naming the refused member, carrying the members enqueued before it: their
+    // memory must stay alive until the core is done with them.
+    py::object err = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_ValueError, "s", e.what()));
+    if (!err) throw py::error_already_set();
+    err.attr("handles") = py::cast(handles);
+    PyErr_SetObject(PyExc_ValueError, err.ptr());
+    throw py::error_already_set();
+  }
+  return py::cast(handles);
+}
+
+// Waits for one handle, or for every handle of a list (the GIL released once): see
+// Runtime.wait in _core.pyi.
+py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
+  if (PyLong_Check(handles.ptr())) {
+    const int h = static_cast<int>(to_int(handles.ptr()));
+    OpPtr op;
+    bool finished = true;
+    {
+      py::gil_scoped_release nogil;
+      op = stream < 0 ? rt.wait(h) : rt.wait_on_stream(h, static_cast<uint64_t>(stream), &finished);
+    }
+    return result_of(*op, finished);
+  }
+  const std::vector<int> hs = handles.cast<std::vector<int>>();
+  std::vector<OpPtr> ops(hs.size());
+  std::vector<char> finished(hs.size(), 1);
+  std::string refused;
+  size_t first_bad = hs.size();  // the first op that failed or was refused
+  {
+    py::gil_scoped_release nogil;
+    for (size_t i = 0; i < hs.size(); ++i) {  // every one, even after one failed: their memory is in use until then
+      try {
+        bool fin = true;
+        ops[i] = stream < 0 ? rt.wait(hs[i]) : rt.wait_on_stream(hs[i], static_cast<uint64_t>(stream), &fin);
+        finished[i] = fin;
+        if (fin && !ops[i]->status.ok() && first_bad == hs.size()) first_bad = i;
+      } catch (const std::invalid_argument& e) {
+        if (first_bad == hs.size()) {
+          first_bad = i;
+          refused = e.what();
+        }
+      }
+    }
+  }
+  if (first_bad < hs.size()) {
+    if (!ops[first_bad]) throw std::invalid_argument(refused);
+    return py::cast(to_result(*ops[first_bad], true));
+  }
+  bool any = false;
+  for (const OpPtr& op : ops) any = any || hands_back(*op);
+  if (!any) return py::none();
+  py::list out;
+  for (size_t i = 0; i < ops.size(); ++i) out.append(result_of(*ops[i], finished[i]));
+  return std::move(out);
 }
 
 }  // namespace
@@ -112,12 +223,26 @@ CoreResult to_result(OpState& op, bool finished = true) {
 
 PYBIND11_MODULE(_core, m) {
   using namespace appliance;
-  m.doc() = "Collective core of the appliance (C++17).";
+  m.doc() = "Collective core of the appliance (C++17). Its API is described in _core.pyi.";
   m.attr("WIRE_VERSION") = kWireVersion;
   py::register_exception<Error>(m, "CoreError", PyExc_RuntimeError);
 
-  py::class_<RuntimeConfig>(m, "RuntimeConfig")
-      .def(py::init<>())
+  // The core's codes as Python IntEnums, named after common/types.h's names (the values are
+  // the core's: nothing is written twice).
+  py::native_enum<DataType> dtypes(m, "DataType", "enum.IntEnum", "Element types of tensors.");
+  for (int i = 0; i < kNumDataTypes; ++i) dtypes.value(upper(dtype_name(static_cast<DataType>(i))).c_str(), static_cast<DataType>(i));
+  dtypes.finalize();
+  py::native_enum<ReduceOp> ops(m, "ReduceOp", "enum.IntEnum", "Reductions, with Horovod's values (hvd.Average == 0...).");
+  for (int i = 0; reduce_op_valid(static_cast<uint8_t>(i)); ++i)
+    ops.value(upper(reduce_op_name(static_cast<ReduceOp>(i))).c_str(), static_cast<ReduceOp>(i));
+  ops.finalize();
+  py::native_enum<OpKind> kinds(m, "OpKind", "enum.IntEnum", "Kinds of collective operation.");
+  for (int i = 0; op_kind_valid(static_cast<uint8_t>(i)); ++i)
+    kinds.value(upper(op_kind_name(static_cast<OpKind>(i))).c_str(), static_cast<OpKind>(i));
+  kinds.finalize();
+
+  py::class_<RuntimeConfig> cfg(m, "RuntimeConfig");
+  cfg.def(py::init<>())
       .def_readwrite("rank", &RuntimeConfig::rank)
       .def_readwrite("size", &RuntimeConfig::size)
       .def_readwrite("host", &RuntimeConfig::host)
@@ -127,24 +252,45 @@ PYBIND11_MODULE(_core, m) {
                     [](RuntimeConfig& c, py::bytes b) { c.secret = std::string(b); })
       .def_readwrite("job_id", &RuntimeConfig::job_id)
       .def_readwrite("data_addr", &RuntimeConfig::data_addr)
-      .def_readwrite("start_timeout_s", &RuntimeConfig::start_timeout_s)
-      .def_readwrite("fusion_threshold", &RuntimeConfig::fusion_threshold)
-      .def_readwrite("cycle_time_ms", &RuntimeConfig::cycle_time_ms)
-      .def_readwrite("cache_capacity", &RuntimeConfig::cache_capacity)
-      .def_readwrite("stall_check_s", &RuntimeConfig::stall_check_s)
-      .def_readwrite("stall_shutdown_s", &RuntimeConfig::stall_shutdown_s)
-      .def_readwrite("chunk_bytes", &RuntimeConfig::chunk_bytes)
-      .def_readwrite("heartbeat_timeout_s", &RuntimeConfig::heartbeat_timeout_s)
-      .def_readwrite("shm", &RuntimeConfig::shm)
-      .def_readwrite("spin_us", &RuntimeConfig::spin_us)
-      .def_readwrite("caller_drives", &RuntimeConfig::caller_drives)
-      .def_readwrite("verbose", &RuntimeConfig::verbose)
-      .def_readwrite("nccl_library", &RuntimeConfig::nccl_library)
       .def_readwrite("nccl_candidates", &RuntimeConfig::nccl_candidates)
-      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates)
-      .def_readwrite("fault_file", &RuntimeConfig::fault_file)
-      .def_readwrite("timeline", &RuntimeConfig::timeline)
-      .def_readwrite("timeline_mark_cycles", &RuntimeConfig::timeline_mark_cycles);
+      .def_readwrite("cudart_candidates", &RuntimeConfig::cudart_candidates);
+  py::dict options;  // engine option -> its default
+  const EngineOptions defaults;
+#define APPLIANCE_BIND_OPTION(type, name, default_value) \
+  cfg.def_readwrite(#name, &RuntimeConfig::name);        \
+  options[#name] = defaults.name;
+  APPLIANCE_ENGINE_OPTIONS(APPLIANCE_BIND_OPTION)
+#undef APPLIANCE_BIND_OPTION
+  m.attr("ENGINE_OPTIONS") = options;
+
+  py::class_<Request>(m, "Request", "What every rank must agree on for an operation, less its name and tensor.")
+      .def(py::init([](OpKind kind, ReduceOp op, double prescale, double postscale, int32_t root,
+                       std::vector<int64_t> splits, int32_t process_set) {
+             Request q;
+             q.sig.kind = kind;
+             q.sig.op = op;
+             q.sig.prescale = prescale;
+             q.sig.postscale = postscale;
+             q.sig.root = root;
+             q.sig.process_set = process_set;
+             q.splits = std::move(splits);
+             return q;
+           }),
+           py::arg("kind"), py::arg("op") = ReduceOp::kSum, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+           py::arg("root") = 0, py::arg("splits") = std::vector<int64_t>{}, py::arg("process_set") = 0)
+      .def_property_readonly("kind", [](const Request& q) { return q.sig.kind; })
+      .def_property_readonly("op", [](const Request& q) { return q.sig.op; })
+      .def_property_readonly("prescale", [](const Request& q) { return q.sig.prescale; })
+      .def_property_readonly("postscale", [](const Request& q) { return q.sig.postscale; })
+      .def_property_readonly("root", [](const Request& q) { return q.sig.root; })
+      .def_property_readonly("splits", [](const Request& q) { return q.splits; })
+      .def_property_readonly("process_set", [](const Request& q) { return q.sig.process_set; })
+      .def("__repr__", [](const Request& q) {
+        return std::string("Request(") + op_kind_name(q.sig.kind) + ", " + reduce_op_name(q.sig.op) +
+               ", prescale=" + std::to_string(q.sig.prescale) + ", postscale=" + std::to_string(q.sig.postscale) +
+               ", root=" + std::to_string(q.sig.root) + ", splits=" + shape_str(q.splits) +
+               ", process_set=" + std::to_string(q.sig.process_set) + ")";
+      });
 
   py::class_<CoreResult>(m, "Result")
       .def_readonly("ok", &CoreResult::ok)
@@ -153,11 +299,13 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("origin_host", &CoreResult::origin_host)
       .def_readonly("message", &CoreResult::message)
       .def_readonly("output", &CoreResult::output)
-      .def_readonly("shape", &CoreResult::shape)
+      .def_property_readonly("shape", [](const CoreResult& r) {
+        py::tuple t(r.shape.size());
+        for (size_t i = 0; i < r.shape.size(); ++i) t[i] = py::int_(r.shape[i]);
+        return t;
+      })
       .def_readonly("splits", &CoreResult::splits)
-      .def_readonly("has_splits", &CoreResult::has_splits)
-      .def_readonly("value", &CoreResult::value)
-      .def_readonly("has_value", &CoreResult::has_value);
+      .def_readonly("value", &CoreResult::value);
 
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<RuntimeConfig>(), py::call_guard<py::gil_scoped_release>())
@@ -169,49 +317,18 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("cross_size", [](const Runtime& r) { return r.topology().cross_size; })
       .def("host_of", &Runtime::host_of)
       .def("link_kind", &Runtime::link_kind)
-      .def("enqueue",
-           [](Runtime& rt, int kind, const std::string& name, const DescTuple& in, const DescTuple& out, int op,
-              double prescale, double postscale, int root, std::vector<int64_t> splits, uint32_t group_id,
-              uint32_t group_size, int32_t process_set) {
-             Request q = make_request(kind, name, op, prescale, postscale, root, group_id, group_size, process_set);
-             q.splits = std::move(splits);
-             return rt.enqueue(std::move(q), to_desc(in), to_desc(out));
+      .def("submit", &submit, py::arg("request"), py::arg("name"), py::arg("tensor") = py::none())
+      .def("wait", &wait, py::arg("handle"), py::arg("stream") = -1)
+      .def("poll",
+           [](Runtime& rt, py::handle handles) {
+             if (PyLong_Check(handles.ptr())) return rt.poll(static_cast<int>(to_int(handles.ptr())));
+             for (int h : handles.cast<std::vector<int>>())
+               if (!rt.poll(h)) return false;
+             return true;
            },
-           py::arg("kind"), py::arg("name"), py::arg("inp"), py::arg("out"), py::arg("op"), py::arg("prescale"),
-           py::arg("postscale"), py::arg("root"), py::arg("splits"), py::arg("group_id"), py::arg("group_size"),
-           py::arg("process_set") = 0)
-      .def("allreduce_host",
-           // enqueue() of an allreduce of host memory over every rank (out_ptr may be ptr), with
-           // plain arguments: what a backward pass issues per gradient, so its cost counts.
-           [](Runtime& rt, const std::string& name, uint64_t ptr, uint64_t out_ptr, int dtype, std::vector<int64_t> shape,
-              int op, double prescale, double postscale, uint32_t group_id, uint32_t group_size) {
-             return enqueue_host_allreduce(rt, name, ptr, out_ptr, dtype, std::move(shape), op, prescale, postscale,
-                                           group_id, group_size);
-           })
-      .def("allreduce_host_group",
-           // allreduce_host() in place of every member of one group (grouped_allreduce of host
-           // tensors), in one call: (handles, None), or, when a member is refused, the handles of
-           // the members enqueued before it and why (their memory must stay alive until waited).
-           [](Runtime& rt, const std::vector<std::string>& names, const std::vector<uint64_t>& ptrs,
-              const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes, int op, double prescale,
-              double postscale, uint32_t group_id) -> py::tuple {
-             const size_t n = names.size();
-             if (ptrs.size() != n || dtypes.size() != n || shapes.size() != n)
-               throw std::invalid_argument("allreduce_host_group: names, ptrs, dtypes and shapes differ in length");
-             std::vector<int> handles;
-             handles.reserve(n);
-             try {
-               for (size_t i = 0; i < n; ++i)
-                 handles.push_back(enqueue_host_allreduce(rt, names[i], ptrs[i], ptrs[i], dtypes[i], shapes[i], op,
-                                                          prescale, postscale, group_id, static_cast<uint32_t>(n)));
-             } catch (const std::invalid_argument& e) {
-               return py::make_tuple(handles, std::string(e.what()));
-             }
-             return py::make_tuple(handles, py::none());
-           })
+           py::arg("handle"))
       .def("add_process_set", &Runtime::add_process_set, py::arg("id"), py::arg("ranks"))
       .def("remove_process_set", &Runtime::remove_process_set, py::arg("id"))
-      .def("poll", &Runtime::poll)
       .def("stats",
            [](const Runtime& rt) {
              const auto& s = rt.stats();
@@ -226,51 +343,6 @@ PYBIND11_MODULE(_core, m) {
              d["outputs_reused"] = rt.output_pool().reused();
              d["outputs_idle_bytes"] = rt.output_pool().idle_bytes();
              return d;
-           })
-      .def("wait",
-           [](Runtime& rt, int handle, int64_t stream) {
-             // stream >= 0: the caller's CUDA stream may wait for device work instead of the host.
-             OpPtr op;
-             bool finished = true;
-             {
-               py::gil_scoped_release nogil;
-               op = stream < 0 ? rt.wait(handle) : rt.wait_on_stream(handle, static_cast<uint64_t>(stream), &finished);
-             }
-             return to_result(*op, finished);
-           },
-           py::arg("handle"), py::arg("stream") = -1)
-      .def("wait_host",
-           // wait() for an operation with nothing to hand back (allreduce_host's): None when it
-           // succeeded, its failed Result otherwise.
-           [](Runtime& rt, int handle) -> py::object {
-             OpPtr op;
-             {
-               py::gil_scoped_release nogil;
-               op = rt.wait(handle);
-             }
-             if (op->status.ok()) return py::none();
-             return py::cast(to_result(*op));
-           })
-      .def("wait_host_all",
-           // wait_host() of several operations in one call: every one is waited for, even after
-           // one failed (their memory stays in use until then); None, or the first failed Result.
-           [](Runtime& rt, const std::vector<int>& handles) -> py::object {
-             OpPtr failed;
-             std::string refused;
-             {
-               py::gil_scoped_release nogil;
-               for (int h : handles) {
-                 try {
-                   OpPtr op = rt.wait(h);
-                   if (!op->status.ok() && !failed && refused.empty()) failed = op;
-                 } catch (const std::invalid_argument& e) {
-                   if (!failed && refused.empty()) refused = e.what();
-                 }
-               }
-             }
-             if (!refused.empty()) throw std::invalid_argument(refused);
-             if (failed) return py::cast(to_result(*failed));
-             return py::none();
            })
       .def("set_device_allocator",
            [](Runtime& rt, py::object fn) {

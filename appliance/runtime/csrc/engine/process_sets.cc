@@ -29,7 +29,8 @@ void Runtime::add_process_set(int32_t id, std::vector<int> members) {
     std::lock_guard<std::mutex> g(qmu_);
     if (known_sets_.count(id)) throw std::invalid_argument("process set " + std::to_string(id) + " exists already");
     known_sets_[id] = members;
-    auto_names_.erase(id);  // a reused id starts its automatic names afresh on its new members
+    auto_names_.erase(id);  // a reused id starts its automatic names and groups afresh on its new members
+    groups_.erase(id);
     set_changes_.push_back(SetChange{true, id, std::move(members)});
     ++posted_;
   }

@@ -84,7 +84,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     throw;
   }
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
-  copts_.chunk_bytes = cfg_.chunk_bytes;
+  copts_.chunk_bytes = std::max<size_t>(1, cfg_.chunk_bytes);
   handles_.set_spin_us(cfg_.spin_us);
   BackendOptions bo;
   bo.rank = cfg_.rank;
@@ -103,7 +103,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     co.size = cfg_.size;
     co.fusion_threshold = cfg_.fusion_threshold;
     co.cycle_time_ms = cfg_.cycle_time_ms;
-    co.stall_check_s = cfg_.stall_check_s;
+    co.stall_check_s = cfg_.effective_stall_check_s();
     co.stall_shutdown_s = cfg_.stall_shutdown_s;
     coord_ = std::make_unique<Coordinator>(co);
   }
@@ -122,7 +122,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ctrl_[r].ch->link().wait_handle(), &ev);
   }
   comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }, [this] { return arm_control(); }});
-  if (!cfg_.timeline.empty()) try {
+  if (cfg_.timeline_at_init()) try {
     timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
   } catch (const std::invalid_argument& e) {
     log_line(cfg_.rank, std::string("HOROVOD_TIMELINE: ") + e.what() + "; the job runs without a timeline");
@@ -157,6 +157,11 @@ void Runtime::shutdown() {
   store_.reset();
   store_server_.reset();  // a re-init (new generation) may bind the same port at once
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
+}
+
+uint32_t Runtime::new_group(int32_t process_set) {
+  std::lock_guard<std::mutex> g(qmu_);
+  return ++groups_[process_set];
 }
 
 int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {

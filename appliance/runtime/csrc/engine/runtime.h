@@ -34,43 +34,24 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
 #include "engine/messages.h"
+#include "engine/options.h"
 #include "engine/timeline.h"
 #include "ops/ops.h"
 #include "store/store.h"
 
 namespace appliance {
 
-struct RuntimeConfig {
+// The job's layout and bootstrap, set explicitly by the caller, and the engine's options
+// (engine/options.h: each knob that feeds the core is one of those).
+struct RuntimeConfig : EngineOptions {
   int rank = 0, size = 1;
   std::string host;  // this rank's host name (HOROVOD_HOSTNAME or gethostname)
   std::string store_host;
   int store_port = 0;
   std::string secret, job_id, data_addr;
-  double start_timeout_s = 60.0;
-  size_t fusion_threshold = 128u << 20;
-  double cycle_time_ms = 1.0;
-  size_t cache_capacity = 1024;
-  double stall_check_s = 60.0, stall_shutdown_s = 300.0;
-  size_t chunk_bytes = 1u << 20;
-  double heartbeat_timeout_s = 10.0;
-  bool shm = true;
-  // Microseconds the background thread keeps polling after work, and a waiting caller polls
-  // before blocking, so back-to-back small operations do not pay thread wake-ups (0 = never).
-  int spin_us = 100;
-  // A caller waiting for a host operation runs the engine itself for up to spin_us
-  // (APPLIANCE_CALLER_DRIVES; engine/drive.cc) instead of handing the work to the background thread.
-  bool caller_drives = true;
-  bool verbose = false;
   // CUDA tensors (engine/devices.cc): where the CUDA runtime and NCCL may be found, in order
   // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
-  std::string nccl_library;
   std::vector<std::string> nccl_candidates, cudart_candidates;
-  // APPLIANCE_FAULT_FILE: where the fault report goes when the job first fails ("" = nowhere).
-  std::string fault_file;
-  // HOROVOD_TIMELINE(_MARK_CYCLES): rank 0 records from before the background thread starts;
-  // a path it cannot write is one log line (the job runs without a timeline).
-  std::string timeline;
-  bool timeline_mark_cycles = false;
 };
 
 class Runtime {
@@ -89,6 +70,10 @@ class Runtime {
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
+  // The id of a new group of operations on `process_set` (the members' Signature carries it
+  // with their number): 1, 2, 3... per set, so ranks that make the same calls agree on it; a
+  // set added again counts afresh.
+  uint32_t new_group(int32_t process_set);
   bool poll(int handle);  // engine/drive.cc
 
   // Counters for tests and diagnostics (read from any thread).
@@ -260,6 +245,7 @@ class Runtime {
   std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
   std::map<int32_t, uint64_t> auto_names_;           // process set -> automatic names given
+  std::map<int32_t, uint32_t> groups_;                // process set -> groups given (new_group)
   std::atomic<bool> stopping_{false};  // set under qmu_ (enqueue checks it there)
   Status terminal_;          // set once the runtime can run nothing more
   bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)

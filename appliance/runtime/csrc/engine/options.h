@@ -1,0 +1,77 @@
+// EngineOptions: the engine's tunable options, declared once in APPLIANCE_ENGINE_OPTIONS.
+//
+// Each X(type, name, default) row becomes a field of EngineOptions with its default, a
+// read-write property of _core.RuntimeConfig and an entry of _core.ENGINE_OPTIONS (both made
+// by bindings/bindings.cc from this list). A knob of appliance/common/knobs.py feeds an option
+// by naming it (`Knob(..., core="name")`); appliance/runtime/config.py and engine.py copy every
+// such knob without naming it, and tests/unit check that each knob's default is the option's.
+// So a new engine knob is one row here, one row in the knob table, and its use.
+//
+// The job's layout and bootstrap (rank, size, hosts, store, secret, job id, library search
+// lists) are not options: RuntimeConfig declares them, and the caller sets them explicitly.
+#pragma once
+
+#include <cctype>
+#include <cstddef>
+#include <string>
+
+// X(type, name, default): one option. Keep the comment beside each row: it is the option's
+// meaning inside the core (the user-facing text is the knob's doc in knobs.py).
+#define APPLIANCE_ENGINE_OPTIONS(X)                                                                     \
+  /* seconds every rank waits for the others at init (rendezvous, links, CUDA setup) */                  \
+  X(double, start_timeout_s, 60.0)                                                                     \
+  /* bytes of small allreduces fused into one entry (0: no fusion) */                                   \
+  X(size_t, fusion_threshold, size_t{128} << 20)                                                       \
+  /* milliseconds the coordinator waits for more tensors to fuse while some are still coming */         \
+  X(double, cycle_time_ms, 1.0)                                                                        \
+  /* response cache entries (0: every readiness travels in full) */                                     \
+  X(size_t, cache_capacity, 1024)                                                                      \
+  /* no stall warnings at all (HOROVOD_STALL_CHECK_DISABLE) */                                          \
+  X(bool, stall_check_disable, false)                                                                  \
+  /* seconds a tensor may wait for some ranks before a warning */                                       \
+  X(double, stall_check_s, 60.0)                                                                       \
+  /* seconds a tensor may wait for some ranks before the job fails (0: never) */                        \
+  X(double, stall_shutdown_s, 300.0)                                                                   \
+  /* pipelining grain of the ring algorithms, in bytes (0 counts as 1) */                              \
+  X(size_t, chunk_bytes, size_t{1} << 20)                                                              \
+  /* seconds of silence after which a peer is declared lost (0: no heartbeats) */                       \
+  X(double, heartbeat_timeout_s, 10.0)                                                                 \
+  /* shared memory links between ranks of one machine (false: TCP for every pair) */                    \
+  X(bool, shm, true)                                                                                   \
+  /* microseconds the background thread keeps polling after work, and a waiting caller polls before */ \
+  /* blocking, so back-to-back small operations do not pay thread wake-ups (0 = never) */               \
+  X(int, spin_us, 100)                                                                                 \
+  /* a caller waiting for a host operation runs the engine itself for up to spin_us (drive.cc) */       \
+  X(bool, caller_drives, true)                                                                         \
+  /* rank 0 logs the layout and links at init, and the CUDA decision */                                 \
+  X(bool, verbose, false)                                                                              \
+  /* explicit path of libnccl.so.2 ("" = search nccl_candidates) */                                    \
+  X(std::string, nccl_library, "")                                                                     \
+  /* where the fault report goes when the job first fails ("" = nowhere; fault_report.h) */            \
+  X(std::string, fault_file, "")                                                                       \
+  /* rank 0 records a timeline into this file from init ("" or "DYNAMIC": not from init) */            \
+  X(std::string, timeline, "")                                                                         \
+  /* the timeline started at init marks each wake of rank 0's background thread */                      \
+  X(bool, timeline_mark_cycles, false)
+
+namespace appliance {
+
+struct EngineOptions {
+#define APPLIANCE_OPTION_FIELD(type, name, default_value) type name = default_value;
+  APPLIANCE_ENGINE_OPTIONS(APPLIANCE_OPTION_FIELD)
+#undef APPLIANCE_OPTION_FIELD
+
+  // The stall warning's period as the coordinator takes it (0: no warnings).
+  double effective_stall_check_s() const { return stall_check_disable ? 0.0 : stall_check_s; }
+  // Whether `timeline` names a file to record into from init ("DYNAMIC", any case, is Horovod's
+  // word for "only between start_timeline and stop_timeline").
+  bool timeline_at_init() const {
+    static const char kDynamic[] = "dynamic";
+    if (timeline.size() != sizeof(kDynamic) - 1) return !timeline.empty();
+    for (size_t i = 0; i < timeline.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(timeline[i])) != kDynamic[i]) return true;
+    return false;
+  }
+};
+
+}  // namespace appliance
