@@ -277,6 +277,10 @@ class Executors:
             self.group.stop()
         finally:
             self._stack.close()
+            with self._lock:
+                executors, self.executors = list(self.executors.values()), {}
+            for ex in executors:  # those an elastic job opened (a static job's are closed already)
+                ex.close()
 
 
 def plan_job(slots: Sequence[Slot], executors: Mapping[str, Executor], config: LaunchConfig,

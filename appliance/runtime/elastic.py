@@ -61,19 +61,15 @@ class Session:
             raise ConfigError("APPLIANCE_JOB_SECRET must be hexadecimal") from None
         self.data_addr = read("APPLIANCE_DATA_ADDR", env) or ""
         self.round: dict = {}
-        self.reason, self.lost = "start", []
+        self.reason = "start"
         self._listeners: list[Callable[[int, int], None]] = []
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
 
     # -- rounds -------------------------------------------------------------------------------
     def failed(self, error: BaseException) -> None:
-        """The runtime failed (``HorovodInternalError``): the next round must sync; a lost peer is
-        named so the driver need not wait for SSH to notice a silent host."""
+        """The runtime failed (``HorovodInternalError``): the next round must sync."""
         self.reason = "error"
-        origin = getattr(error, "origin_rank", -1)
-        if getattr(error, "code", "") == "peer lost" and isinstance(origin, int) and origin >= 0:
-            self.lost = [origin]
 
     def hosts_updated(self) -> None:
         """Every rank raised ``HostsUpdatedInterrupt`` at a commit: a planned change."""
@@ -84,7 +80,7 @@ class Session:
         """Block until the driver releases this worker's next round; returns it."""
         port = _free_port(self.data_addr or "0.0.0.0")
         message = {"op": "join", "last": int(self.round.get("round", 0)), "reason": self.reason or "error",
-                   "lost": self.lost, "port": port, "addr": self.data_addr}
+                   "port": port, "addr": self.data_addr}
         try:
             chan = rdv.connect(self.addr, self.secret, self.job, self.worker)
             try:
@@ -101,7 +97,6 @@ class Session:
             raise HorovodInternalError(f"worker {self.worker}: the elastic driver ended the job: "
                                        f"{answer.get('error', answer)}")
         self.round = answer["round"]
-        self.lost = []
         for key in LAYOUT:
             os.environ[_ENV_OF[key]] = str(self.round[key])
         return self.round

@@ -34,8 +34,9 @@ it may come back later), whose other workers are stopped; any worker exiting 0 e
 others finish; pending workers are stopped); every rank of the round failing fails the job naming
 them; fewer than ``--min-np`` slots for ``--elastic-timeout`` seconds, the reset limit, or no
 worker of the last round surviving (nobody holds the training state) fail it with one line saying
-so. A silent host: a survivor's runtime names the lost rank in its join, and that worker is taken
-as failed at once (before SSH notices the silence).
+so. A silent host (a network cut): once the round has ended (the survivors' runtimes noticed the
+missing heartbeats), a member whose host has sent nothing over SSH for ``SILENT_S`` seconds is
+taken as failed, without waiting for the SSH timeout.
 
 Env vars: none read here (``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
 APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER and HOROVOD_RANK... of the round they start
@@ -70,6 +71,7 @@ from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .rendezvous import RendezvousServer, Stream, Ticket
 
 POLL_S = 0.02
+SILENT_S = 2.5  # in a round that ended, a member whose host has said nothing over SSH for this long is gone
 
 
 @dataclasses.dataclass
@@ -246,17 +248,6 @@ class ElasticDriver:
             self._break(cur, f"{w.name()} asked for a new round ({message.get('reason', '?')})")
             if message.get("reason") != "hosts":
                 cur.failed = True
-            for rank in message.get("lost") or []:
-                self._lost_rank(cur, rank, w)
-
-    def _lost_rank(self, cur: Round, rank: Any, reporter: WorkerRec) -> None:
-        """A survivor's runtime reported ``rank`` of ``cur`` lost: if that worker has not come back
-        itself, it is gone for the job (a silent host: SSH would notice only later)."""
-        for wid in cur.members:
-            w = self.workers[wid]
-            if w.rank == rank and w.alive and w.in_round and not w.leaving:
-                self._failure(w, f"was reported lost by {reporter.name()}")
-                self._remove(w, "reported lost")
 
     def _on_watch(self, wid: int, stream: Stream) -> None:
         w = self.workers.get(wid)
@@ -396,6 +387,12 @@ class ElasticDriver:
         if cur is not None and cur.broken:
             back = [self.workers[m] for m in cur.members
                     if self.workers[m].in_round and self.workers[m].alive and not self.workers[m].leaving]
+            for m in back:  # a silent host: its SSH heartbeats stopped (sooner than the SSH timeout)
+                silent = getattr(m.handle, "silent_s", None)
+                if silent is not None and silent() > SILENT_S:
+                    self._failure(m, f"stopped answering: nothing from {m.host} over SSH for {SILENT_S:g} s")
+                    self._remove(m, "its host stopped answering")
+            back = [m for m in back if not m.leaving and m.alive]
             if back:
                 if now - cur.broken_at > self.e.timeout_s:
                     for m in back:
@@ -620,8 +617,6 @@ def run_elastic(config: LaunchConfig, *, echo: bool = True, capture: bool = Fals
         fault_dir = mech.open_elastic()
         sink = stack.enter_context(OutputSink(config.elastic.max_np, echo=echo, capture=capture,
                                               output_dir=config.output_dir, stdout=stdout, stderr=stderr))
-        for line in mech.notes():
-            sink.message(line)
         reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[fault_dir]))
         if reaper.error:
             sink.message(f"appliance launch: warning: {reaper.error}")
