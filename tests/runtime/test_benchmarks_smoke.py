@@ -129,8 +129,18 @@ def test_train_rounds_report_the_median_run(tmp_path):
         assert " ".join(f"{x:.1f}" for x in r["rounds"]) in proc.stdout
 
 
+def test_elastic_quick(tmp_path):
+    """One run of the local cases: a killed rank and an added host, with the new worker's own start."""
+    out = tmp_path / "e.json"
+    proc = run("elastic.py", "--json", out)
+    samples = json.loads(out.read_text())["samples"]
+    assert sorted(samples) == ["local: host added", "local: kill of a rank", "local: new worker's own start"]
+    assert all(len(v) == 1 and 0 < v[0] < 30 for v in samples.values())
+    assert "local: kill of a rank" in proc.stdout
+
+
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
-                                    "launch_ssh.py"])
+                                    "launch_ssh.py", "elastic.py"])
 def test_every_script_answers_help(script):
     """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
     SSH ones cannot run here, but must not rot."""

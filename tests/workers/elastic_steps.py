@@ -10,8 +10,10 @@ Usage: elastic_steps.py OUT STEPS [COMMIT] [STEP_S]. Behaviour switches, as file
 test can aim them at one worker while the job runs):
 - ``fail.W`` (content: a step number): worker W raises RuntimeError at that step (exits 1);
 - ``kill.W``: worker W SIGKILLs itself at that step;
-- ``hang.W``: worker W stops stepping there (sleeps) without failing.
-Evidence, per worker number W (APPLIANCE_ELASTIC_WORKER): ``pid.W`` (its pid), ``up.W`` (its
+- ``hang.W``: worker W stops stepping there (sleeps) without failing;
+- ``stop`` (for every worker): the job finishes after that step instead of STEPS.
+Evidence, per worker number W (APPLIANCE_ELASTIC_WORKER): ``pid.W`` (its pid), ``born.W`` (when
+its process started until its imports were done: its own start), ``up.W`` (its
 rank and size after each round), ``step.W`` (rank, size, step after every step; rewritten) and,
 at the end, ``done.W`` (JSON: worker, rank, size, step, w, sizes, resets, syncs).
 """
@@ -34,11 +36,30 @@ STEP_S = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
 WID = int(os.environ.get("APPLIANCE_ELASTIC_WORKER", os.environ.get("HOROVOD_RANK", "0")))
 
 
+def own_start() -> float:
+    """Seconds from this process's start (the kernel's start time) to now."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+
+
+OWN_START = own_start()
+
+
 def write(name: str, data: str) -> None:
     tmp = os.path.join(OUT, f".{name}.{WID}.tmp")
     with open(tmp, "w") as f:
         f.write(data)
     os.replace(tmp, os.path.join(OUT, f"{name}.{WID}"))
+
+
+def switch_at(name: str):
+    """The step number in ``OUT/name`` (the same file for every worker), or None."""
+    try:
+        with open(os.path.join(OUT, name)) as f:
+            return int(f.read().strip() or "0")
+    except (OSError, ValueError):
+        return None
 
 
 def switch(name: str):
@@ -58,6 +79,7 @@ def bcast_object(obj):
 
 
 write("pid", str(os.getpid()))
+write("born", json.dumps({"own_start": OWN_START}))
 rt.init()
 counters = {"resets": 0, "syncs": 0}
 
@@ -79,7 +101,7 @@ def reset():
 
 def train(state):
     write("up", json.dumps({"rank": rt.rank(), "size": rt.size(), "step": state.step}))
-    while state.step < STEPS:
+    while state.step < min(STEPS, switch_at("stop") or STEPS):
         step = state.step + 1
         if switch("fail") == step:
             raise SystemExit(f"worker {WID}: failing at step {step} as asked")
