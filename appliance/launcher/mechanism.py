@@ -81,8 +81,9 @@ class Mechanism(Protocol):
         """Start more ranks on ``host`` (after ``start``); ``SpawnError``."""
 
     def remove(self, workers: Sequence) -> None:
-        """Stop these ranks (SIGTERM to their process groups; the grace and SIGKILL follow in
-        ``reap_removed``/``stop``); their exits are still reported by ``next_exit``."""
+        """SIGTERM to these ranks (their process groups; the caller sends SIGKILL after the grace,
+        through the worker's ``signal``, or ``stop`` does); their exits are still reported by
+        ``next_exit``."""
 
     def next_exit(self, timeout: float):
         """The next rank to exit and its code (negative: a signal), or None after ``timeout``."""

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from appliance.runtime.config import RuntimeConfig
-from appliance.common.knobs import describe
+from appliance.common import knobs
 from appliance.runtime import elastic, engine
 from appliance.runtime.engine import Average, Kind, Result, Sum, describe, request
 from appliance.runtime.errors import HorovodInternalError
@@ -50,7 +50,7 @@ def init(*args, **kwargs) -> None:
         return
     cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
     if cfg.options["verbose"] and cfg.rank == 0:
-        print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
+        print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
     try:
         engine.start(cfg)
     except HorovodInternalError:
@@ -68,8 +68,9 @@ def _init_elastic() -> None:
     while True:
         r = s.next_round()
         cfg = dataclasses.replace(RuntimeConfig.from_env(s.round_env(os.environ)), elastic_round=int(r["round"]))
-        if cfg.options["verbose"] and cfg.rank == 0:
-            print("appliance runtime knobs:\n" + describe(), file=sys.stderr, flush=True)
+        if cfg.options["verbose"] and cfg.rank == 0 and not s.printed_knobs:
+            s.printed_knobs = True
+            print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
         try:
             engine.start(cfg)
         except HorovodInternalError as e:

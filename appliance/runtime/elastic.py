@@ -62,6 +62,7 @@ class Session:
         self.data_addr = read("APPLIANCE_DATA_ADDR", env) or ""
         self.round: dict = {}
         self.reason = "start"
+        self.printed_knobs = False  # --verbose: rank 0's knob table once per process, not every round
         self._listeners: list[Callable[[int, int], None]] = []
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None

@@ -73,3 +73,14 @@ def test_launch_flags_with_elastic_ones_survive_the_cluster_planes_json():
     assert flags.elastic and not parse_launch_flags(["-np", "2", "python"])[0].elastic
     again = LaunchFlags.from_json(flags.to_json())
     assert again == flags and again.blacklist_cooldown_range == (2.0, 8.0)
+
+
+def test_inside_an_allocation_a_discovery_script_means_ssh_and_min_np_alone_means_srun():
+    from appliance.launcher.slurm.step import launcher_of
+
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    assert launcher_of(config(["-np", "2", "--min-np", "1", "python"], environ=slurm)) == "srun"
+    assert launcher_of(config(["-np", "2", "--host-discovery-script", "d.sh", "python"], environ=slurm)) == "ssh"
+    with pytest.raises(ConfigError, match="--host-discovery-script"):
+        launcher_of(config(["-np", "2", "--host-discovery-script", "d.sh", "--launcher", "srun", "python"],
+                           environ=slurm))

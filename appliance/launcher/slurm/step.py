@@ -5,7 +5,8 @@ What it owns:
   ``ssh`` or ``local``; ``auto`` (the default) is ``srun`` inside an allocation (SLURM_JOB_ID set)
   when neither -H nor --hostfile is given, else ``ssh`` (the executors: this machine's ranks as
   subprocesses, the others over SSH). ``local`` ignores the allocation and runs every rank on this
-  machine. ``srun`` outside an allocation, or with -H/--hostfile, is a ``ConfigError``.
+  machine. ``srun`` outside an allocation, or with -H/--hostfile (or an elastic job's discovery
+  script: its hosts need not be the allocation's), is a ``ConfigError``; ``auto`` uses ``ssh`` then.
 - ``step_dir(config)``: the step's private directory (mode 0700) next to the job's default secret
   file, ``~/.appliance/slurm/launch-JOB-ID/`` (``default_secret_file``: the home is the
   mount every node shares), removed at the end (and by the reaper if the launcher dies).
@@ -74,7 +75,8 @@ def launcher_of(config: LaunchConfig) -> str:
     """``srun``, ``ssh`` or ``local`` (see the module docstring)."""
     choice = config.launcher
     in_allocation = bool(config.slurm.job_id and config.slurm.nodelist)
-    given = config.hosts is not None or config.hostfile is not None
+    given = (config.hosts is not None or config.hostfile is not None
+             or (config.elastic is not None and config.elastic.discovery_script is not None))
     if choice == "auto":
         return "srun" if in_allocation and not given else "ssh"
     if choice == "srun":
@@ -82,7 +84,8 @@ def launcher_of(config: LaunchConfig) -> str:
             raise ConfigError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are "
                               "not set): run it under salloc or in an sbatch script")
         if given:
-            raise ConfigError("--launcher srun takes its hosts from the Slurm allocation: leave out -H/--hostfile")
+            raise ConfigError("--launcher srun takes its hosts from the Slurm allocation: leave out -H/--hostfile "
+                              "and --host-discovery-script")
     return choice
 
 
