@@ -144,6 +144,30 @@ class ElasticJob:
                     pass
 
 
+def listening_ports(pid: int | None = None) -> set[int]:
+    """TCP ports a process (default: this one, the launcher of ``launch()``) listens on."""
+    fd_dir = Path(f"/proc/{pid or os.getpid()}/fd")
+    inodes = set()
+    for fd in fd_dir.iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def check_consistent(done: dict[int, dict], steps: int) -> list[int]:
     """Every finished worker agrees on the state; ``w`` is exactly the sum of the sizes the
     committed steps ran at (no committed step lost or counted twice). Returns the sizes."""

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from _elastic import ElasticJob, check_consistent
+from _elastic import ElasticJob, check_consistent, listening_ports
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -25,8 +25,11 @@ def test_hosts_added_then_removed_grow_and_shrink_the_job_without_restarting_any
     """Discovery adds a host with 2 slots (the job grows from 1 to 3 ranks at a commit), then
     removes the first host (it shrinks to 2 with no rollback; the leaving worker exits 0); the
     survivors keep their processes and every committed step is kept."""
+    before = listening_ports()
     with ElasticJob(tmp_path, steps=60, commit=2, hosts=f"{A}:1") as job:
         job.start(1, max_np=4)
+        job.wait_for(lambda: job.max_step() >= 1, what="a first step")
+        assert listening_ports() - before, "the driver's rendezvous port"
         job.wait_for(lambda: job.max_step() >= 4, what="the first steps")
         job.set_hosts(f"{A}:1,{B}:2")
         added = time.monotonic()
@@ -46,6 +49,7 @@ def test_hosts_added_then_removed_grow_and_shrink_the_job_without_restarting_any
         assert all(d["syncs"] == 1 and d["resets"] == 1 for d in job.done().values()), job.done()
         assert grew < 8.0, grew
         assert job.leftovers() == []
+    assert listening_ports() == before  # the driver's port is closed too
 
 
 @pytest.mark.parametrize("how", ["fail", "kill"])
@@ -60,6 +64,19 @@ def test_one_rank_failing_blacklists_its_host_and_the_others_go_on_from_the_last
         sizes = check_consistent(job.done(), 20)
         assert sizes == [3] * 6 + [2] * 14               # steps 1-6 committed at 3 ranks, then 2
         assert sorted(job.done()) == [0, 2] and sorted(job.pids()) == [0, 1, 2]
+        assert job.leftovers() == []
+
+
+def test_rank_0_dying_is_survived_and_the_next_oldest_worker_becomes_rank_0(tmp_path):
+    """Rank 0 hosts the round's store and holds the reference state: losing it loses neither (the
+    driver, not rank 0, keeps the job; the new rank 0 is the oldest surviving worker)."""
+    with ElasticJob(tmp_path, steps=20, commit=3) as job:
+        job.switch("kill", 0, 7)
+        job.start(3, min_np=2, hosts=f"{A}:1,{B}:1,{C}:1")
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 20) == [3] * 6 + [2] * 14
+        assert sorted(job.done()) == [1, 2] and job.done()[1]["rank"] == 0
         assert job.leftovers() == []
 
 
