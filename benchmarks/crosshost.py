@@ -5,7 +5,7 @@
     sudo python benchmarks/crosshost.py --ops allreduce,allgather --sizes 4K,64M --json out.json
 
 Measures issue 10's cross-host target (64 MiB allreduce busbw of ours >= 1.2 x OpenMPI tcp's). Builds
-the same cluster as the SSH tests (tests/launcher/_netns.py: network namespaces on a bridge, each
+the same cluster as the SSH tests (tests/fixtures/netns.py: network namespaces on a bridge, each
 with its own hostname, NIC name and sshd on port 12345, keys from `appliance keys`), then:
 - ours and gloo: `python -m appliance launch -np 2 -H H1:1,H2:1 -p 12345`, each rank running
   collectives.py's worker (both timed in the same ranks, interleaved). The simulated hosts share
@@ -38,8 +38,8 @@ import benchlib as bl
 import collectives as coll
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "launcher"))
-import _netns  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+from fixtures import netns  # noqa: E402  (the SSH tests' simulated hosts)
 
 BACKENDS = ("ours", "gloo", "mpi-tcp")
 TARGET_SIZE, TARGET_RATIO = 64 << 20, 1.2  # issue 10: 64 MiB allreduce busbw >= 1.2 x OpenMPI tcp's
@@ -71,7 +71,7 @@ def worker_argv(script: str, kind: str, ops, sizes, iters, out) -> list:
 def run_ours_and_gloo(hosts: str, env: dict, ops, sizes, iters, out: Path) -> tuple[list, list]:
     """(rows, what each rank saw) of the ours/gloo job across the hosts."""
     argv = worker_argv(os.path.abspath(__file__), "ours", ops, sizes, iters, str(out / "ours.json"))
-    cmd = [sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(_netns.PORT), "--", *argv]
+    cmd = [sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(netns.PORT), "--", *argv]
     # its own session: on a timeout the launcher goes with its ssh clients (cluster.close() gets the ranks)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -92,7 +92,7 @@ def run_ours_and_gloo(hosts: str, env: dict, ops, sizes, iters, out: Path) -> tu
 def run_mpi_tcp(cluster, key: str, env: dict, ops, sizes, iters, out: Path) -> list:
     """Rows of OpenMPI tcp across the hosts; [] (after a few lines on stderr) when mpirun failed."""
     h1, h2 = cluster.hosts
-    ssh = ["ssh", "-p", str(_netns.PORT), "-i", key, "-o", "StrictHostKeyChecking=no", "-o",
+    ssh = ["ssh", "-p", str(netns.PORT), "-i", key, "-o", "StrictHostKeyChecking=no", "-o",
            "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
     forward = ["-x", "PATH", "-x", "PYTHONPATH"]
     argv = worker_argv(str(Path(__file__).with_name("collectives.py")), "mpi-tcp", ops, sizes, iters,
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     if a.worker:
         worker(ops, sizes, iters, a.out)
         return 0
-    why = _netns.available()
+    why = netns.available()
     if why:
         raise SystemExit(f"cannot build the simulated hosts: {why}")
     skipped = {}
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
 
     machine = bl.machine_line()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still tears the hosts down (finally)
-    with _netns.keyed_cluster(2, "appliance-crosshost-") as (cluster, base, shared, out):
+    with netns.keyed_cluster(2, "appliance-crosshost-") as (cluster, base, shared, out):
         h1, h2 = cluster.hosts
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMIX_"))}
         env.update({"APPLIANCE_SHARED": str(shared), "APPLIANCE_STOP_GRACE": "1", "HOME": str(base),

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/elastic.py --quick                          # CI smoke: local hosts, 1 run
 
 Every case runs a real elastic job (``appliance.launcher.launch`` with the driver) of
-``tests/workers/elastic_steps.py`` (a numpy "training": one allreduce per step, a commit every 2
+``tests/ranks/elastic_steps.py`` (a numpy "training": one allreduce per step, a commit every 2
 steps, 20 ms between steps) and measures, per run:
 - kill: from SIGKILL of one rank (a visible death) to the survivors' first completed step at the
   new size;
@@ -14,7 +14,7 @@ steps, 20 ms between steps) and measures, per run:
   completed step, and the new worker's own start (its process start to its imports done: Python,
   numpy and the appliance), which the target excludes.
 Hosts: ``local`` = loopback addresses of this machine (127.0.0.x, kept apart by the elastic
-driver); ``ssh`` = the SSH tier's network-namespace hosts with real sshd (tests/launcher/_netns.py)
+driver); ``ssh`` = the SSH tier's network-namespace hosts with real sshd (tests/fixtures/netns.py)
 plus this machine. Prints the median and the range of each; ``--json`` writes every sample.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 import tempfile
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "launcher"))
-from _elastic import ElasticJob  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+from fixtures.elastic import ElasticJob  # noqa: E402
 
 STEP_S = 0.02
 
@@ -80,7 +80,7 @@ def add_case(out: Path, first: str, added: str, **kw) -> tuple[float, float]:
 
 
 def cut_case(out: Path, cluster, heartbeat: float, **kw) -> float:
-    from _netns import sh
+    from fixtures.netns import sh
 
     h1, h2 = cluster.hosts
     with ElasticJob(out, steps=100000, commit=2, step_s=STEP_S) as job:
@@ -129,19 +129,19 @@ def main() -> int:
         if os.geteuid() != 0:
             print("SSH hosts need root (network namespaces): only the local cases ran", file=sys.stderr)
         else:
-            import _netns
+            from fixtures import netns
 
-            with _netns.keyed_cluster(2, "appliance-elastic-bench-") as (cluster, home, shared, _):
+            with netns.keyed_cluster(2, "appliance-elastic-bench-") as (cluster, home, shared, _):
                 os.environ.update(APPLIANCE_SHARED=str(shared), HOME=str(home))
                 h1, h2 = cluster.hosts
                 for _ in range(runs):
                     results.setdefault("ssh: kill of a remote rank", []).append(
-                        kill_case(out(), f"localhost:1,{h1.address}:1,{h2.address}:1", victim=2, ssh_port=_netns.PORT))
-                    took, own = add_case(out(), f"localhost:1", f"{h1.address}:1", ssh_port=_netns.PORT)
+                        kill_case(out(), f"localhost:1,{h1.address}:1,{h2.address}:1", victim=2, ssh_port=netns.PORT))
+                    took, own = add_case(out(), f"localhost:1", f"{h1.address}:1", ssh_port=netns.PORT)
                     results.setdefault("ssh: host added", []).append(took)
                     results.setdefault("ssh: new worker's own start", []).append(own)
                     results.setdefault("ssh: network cut (heartbeat 2 s)", []).append(
-                        cut_case(out(), cluster, 2.0, ssh_port=_netns.PORT))
+                        cut_case(out(), cluster, 2.0, ssh_port=netns.PORT))
     for name, samples in results.items():
         print(summary(name, samples))
     if args.json:

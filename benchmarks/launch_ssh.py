@@ -3,7 +3,7 @@
     sudo python benchmarks/launch_ssh.py [--runs 7] [--torch]
 
 Builds the same simulated cluster as the SSH tests (network namespaces, one real sshd per host on
-port 12345, keys from `appliance keys`; tests/launcher/_netns.py), then for two layouts with two
+port 12345, keys from `appliance keys`; tests/fixtures/netns.py), then for two layouts with two
 hosts (`-H localhost:1,HOST1:1` and `-H HOST1:1,HOST2:1`) measures, over several runs:
 - start: wall time from starting `python -m appliance launch` to the last rank returning from
   `appliance.runtime.init()` (includes the launcher's interpreter start, the preflight, SSH
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "launcher"))
-import _netns  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+from fixtures import netns  # noqa: E402  (the SSH tests' simulated hosts)
 
-WORKER = ROOT / "tests" / "workers" / "ssh_runtime.py"
+WORKER = ROOT / "tests" / "ranks" / "ssh_runtime.py"
 SLEEPER = "import os, sys, time; open(os.path.join(sys.argv[1], 'pid.' + os.environ['HOROVOD_RANK']), 'w').write(str(os.getpid())); time.sleep(60)"
 
 
@@ -36,7 +36,7 @@ def start_time(hosts: str, env: dict, out: Path, case: str = "init") -> float:
     for f in out.glob("rank*.json"):
         f.unlink()
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(_netns.PORT),
+    r = subprocess.run([sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(netns.PORT),
                         "--", sys.executable, str(WORKER), case], env=env, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise SystemExit(f"launch failed: {r.stderr[-2000:]}")
@@ -46,7 +46,7 @@ def start_time(hosts: str, env: dict, out: Path, case: str = "init") -> float:
 def stop_time(hosts: str, env: dict, out: Path, cluster) -> float:
     for f in out.glob("pid.*"):
         f.unlink()
-    p = subprocess.Popen([sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(_netns.PORT),
+    p = subprocess.Popen([sys.executable, "-m", "appliance", "launch", "-np", "2", "-H", hosts, "-p", str(netns.PORT),
                           "--", sys.executable, "-c", SLEEPER, str(out)], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -72,10 +72,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--torch", action="store_true", help="also time `import appliance.torch as hvd; hvd.init()`")
     args = ap.parse_args()
-    why = _netns.available()
+    why = netns.available()
     if why:
         raise SystemExit(f"cannot build the cluster: {why}")
-    with _netns.keyed_cluster(2, "appliance-ssh-bench-") as (cluster, base, shared, out):
+    with netns.keyed_cluster(2, "appliance-ssh-bench-") as (cluster, base, shared, out):
         h1, h2 = cluster.hosts
         env = {**os.environ, "APPLIANCE_SHARED": str(shared), "APPLIANCE_STOP_GRACE": "1", "HOME": str(base),
                "APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}

@@ -8,7 +8,7 @@ The page lists every knob in the table's order, with its variable, type, default
 The table's section comments (``# Engine.``) become the page's sections; they are read from the
 source of the imported ``knobs.py`` with ``ast`` (a knob under no comment lands in "Other"). Nothing but the
 pure-Python knob module is imported, so no build of the project is needed.
-``tests/unit/test_docs.py`` checks that the committed page is what this script makes.
+``tests/project/test_docs.py`` checks that the committed page is what this script makes.
 """
 from __future__ import annotations
 

@@ -2,12 +2,15 @@
 
 ``run_ranks(np, worker, *args)`` starts ``np`` processes through the real launcher API
 (``appliance.launcher.launch``: real processes, rendezvous over real sockets), each running
-``tests/workers/<worker>.py`` with ``args``; every rank writes a JSON report into a temporary
+``tests/ranks/<worker>.py`` with ``args``; every rank writes a JSON report into a temporary
 directory (``APPLIANCE_TEST_OUT``) and the fixture returns them in rank order together with the
 launch result. Time is bounded by ``timeout``; the launcher kills everything it started.
 
 Prerequisite tools (sshd, mpirun, docker) are checked by ``require_tool``: a missing one skips
 the test locally but fails it under ``--strict-prereqs`` (CI), so a tier cannot silently vanish.
+
+The fixtures of the infrastructure tiers (pytest markers ``ssh``, ``docker``, ``slurm``, ``gpu``) and
+the stand-in device libraries are plugins in ``tests/fixtures``, loaded below for every folder.
 """
 from __future__ import annotations
 
@@ -15,26 +18,26 @@ import json
 import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKERS = Path(__file__).resolve().parent / "workers"
+from fixtures import RANKS, ROOT
+
+# The tiers' fixtures, usable from every folder of tests/ (see tests/fixtures/__init__.py).
+pytest_plugins = [
+    "fixtures.jobs",     # job: launchers and python -c workers that leave evidence in files
+    "fixtures.ssh",      # ssh_cluster: simulated hosts with real sshd (marker ssh)
+    "fixtures.docker",   # engine, image, gpu_image, cluster, shared_cluster (marker docker)
+    "fixtures.slurm",    # slurm_cluster, slurm: a real two-node Slurm (marker slurm)
+    "fixtures.devices",  # fake_libs: stand-in CUDA and NCCL libraries
+    "fixtures.gpu",      # modules marked gpu are collected only where torch sees a GPU
+    "fixtures.tiers",    # a test using a tier's fixtures or helpers must carry the tier's marker
+]
 
 
 def pytest_addoption(parser):
     parser.addoption("--strict-prereqs", action="store_true",
                      help="fail (instead of skip) tests whose prerequisite tools are missing")
-
-
-def pytest_report_header(config):
-    """One line when the GPU tier (tests/gpu) cannot run here."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "tests/gpu: not run: no CUDA device here (torch.cuda.is_available() is False)"
-    return f"tests/gpu: {torch.cuda.device_count()} CUDA device(s): {torch.cuda.get_device_name(0)}"
 
 
 @pytest.fixture
@@ -75,7 +78,7 @@ def run_ranks(tmp_path):
         out.mkdir(exist_ok=True)
         full_env = {"APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
         full_env.update(env or {})
-        command = [sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)]
+        command = [sys.executable, str(RANKS / f"{worker}.py"), *map(str, args)]
         result = launch(command, np=np, hosts=hosts or f"localhost:{np}", env=full_env, timeout=timeout)
         reports = []
         for r in range(np):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command. Makes what the tests need, then runs pytest with the given arguments.
 #
-#   bash tests/run.sh                 # everything
-#   bash tests/run.sh tests/unit -x   # a part
+#   bash tests/run.sh                     # everything
+#   bash tests/run.sh tests/launcher -x   # a part: tests/ mirrors the packages
+#   bash tests/run.sh -m "not docker"     # by tier: the markers ssh, docker, slurm, gpu
 #
 # It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
 # project into it in editable mode with the test and bench extras (bench: matplotlib, and mpi4py,
@@ -11,13 +12,14 @@
 # test-only extension appliance.runtime._core_testing and the C++ unit tests (tests/cpp, with
 # GoogleTest from Debian's libgtest-dev), which the product never has. As root on Debian it also
 # installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2, and munge and
-# slurm-wlm for the Slurm tier, tests/slurm, which starts its own two-node Slurm), makes sure a
+# slurm-wlm for the Slurm tier, marker slurm, which starts its own two-node Slurm), makes sure a
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
-# skipping them. The Docker tier (tests/appliance) builds its CPU image (build.sh --cpu, first time
+# skipping them. The Docker tier (marker docker) builds its CPU image (build.sh --cpu, first time
 # ~4 min) and its GPU image (build.sh, ~6 min) once per run, then cached;
-# APPLIANCE_TEST_IMAGE / APPLIANCE_TEST_GPU_IMAGE=NAME use given images. tests/devices compiles
-# stand-in CUDA/NCCL libraries with cc; tests/gpu runs only where torch sees a GPU.
+# APPLIANCE_TEST_IMAGE / APPLIANCE_TEST_GPU_IMAGE=NAME use given images. The device tests
+# (tests/runtime) compile stand-in CUDA/NCCL libraries with cc; the GPU tier (marker gpu) runs only
+# where torch sees a GPU. The tiers' fixtures are in tests/fixtures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +35,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v cmake >/dev/null || need+=(cmake)
   command -v g++ >/dev/null || need+=(g++)
   [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)  # the C++ unit tests (tests/cpp)
-  # the Slurm tier (tests/slurm) starts a real two-node Slurm: munged, slurmctld, two slurmd
+  # the Slurm tier (marker slurm) starts a real two-node Slurm: munged, slurmctld, two slurmd
   [ -x /usr/sbin/munged ] || need+=(munge)
   { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null; } || need+=(slurm-wlm)
   if [ ${#need[@]} -gt 0 ]; then
@@ -43,7 +45,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
   strict=(--strict-prereqs)
   if ! bash .ci/docker-up.sh; then
-    say "WARNING: no Docker engine: the Docker tier (tests/appliance) will fail"
+    say "WARNING: no Docker engine: the Docker tier (marker docker) will fail"
   fi
 fi
 

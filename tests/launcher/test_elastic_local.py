@@ -2,11 +2,11 @@
 real launcher, real driver, real worker processes and sockets; "hosts" are loopback addresses
 (127.0.0.x), which an elastic job keeps apart as Horovod does (no merging of one machine's names).
 
-Each test runs ``tests/workers/elastic_steps.py`` (a deterministic numpy "training": ``w`` grows by
+Each test runs ``tests/ranks/elastic_steps.py`` (a deterministic numpy "training": ``w`` grows by
 the job's size at every step, so the final ``w`` says exactly which sizes the committed steps ran
 at) and asserts effects: the exit code, the state every finished worker reports, which workers
 were started (survivors are never restarted), the time bounds, and that no process is left.
-The same scenarios over real sshd hosts are in ``test_elastic_ssh.py``.
+The same scenarios over real sshd hosts are in ``ssh/test_elastic_ssh.py``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from _elastic import ElasticJob, check_consistent, listening_ports
+from fixtures.elastic import ElasticJob, check_consistent, listening_ports
 
 pytestmark = pytest.mark.timeout(150)
 

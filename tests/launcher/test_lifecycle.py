@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from appliance.launcher import launch
+from fixtures import RANKS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-GRACE_WORKER = str(ROOT / "tests" / "workers" / "failure_grace.py")
+GRACE_WORKER = str(RANKS / "failure_grace.py")
 DUMP_ENV = 'mark("env", json.dumps(dict(os.environ)))\n'
 
 
@@ -269,7 +269,7 @@ def test_real_runtime_report_blames_the_stopped_rank(tmp_path):
 @pytest.mark.timeout(90)
 def test_two_names_of_one_remote_host_are_one_host(ssh_cluster, job):
     """``ADDR`` and the same IPv4 address written as one number (inet_aton's form) are one host."""
-    from _netns import PORT
+    from fixtures.netns import PORT
 
     h1, _ = ssh_cluster.hosts
     alias = str(int.from_bytes(socket.inet_aton(h1.address), "big"))

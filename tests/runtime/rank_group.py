@@ -4,7 +4,7 @@ can stop, kill or hammer one of them and watch what every other rank does.
 ``RankGroup`` is a context manager. It gives every rank the contract environment the launcher
 would (HOROVOD_RANK/SIZE, APPLIANCE_STORE_ADDR on 127.0.0.1, APPLIANCE_JOB_SECRET,
 APPLIANCE_DATA_ADDR, APPLIANCE_FAULT_FILE) plus the test's extra variables, runs
-``tests/runtime/fault_worker.py CASE ARGS...`` in its own session with stderr in a file, and
+``tests/ranks/fault_worker.py CASE ARGS...`` in its own session with stderr in a file, and
 on exit kills every process group it started (continuing stopped ones first), pass or fail.
 ``wait()`` bounds the time; ``report(r)``, ``fault(r)`` and ``stderr(r)`` read what rank r left;
 ``listening(r)`` lists the addresses rank r's process listens on.
@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).resolve().parent / "fault_worker.py"
+from fixtures import RANKS, ROOT
+
+WORKER = RANKS / "fault_worker.py"
 
 
 def free_port() -> int:

@@ -2,13 +2,13 @@
 knob of ``appliance.common.knobs`` feeds an engine option (csrc/engine/options.h) with the same
 default, so a knob is copied into the core by name and declared in two places only."""
 import ast
-from pathlib import Path
 
 from appliance.common.knobs import KNOBS
 from appliance.runtime import _core
 from appliance.runtime.config import RuntimeConfig
+from fixtures import ROOT
 
-STUB = ast.parse((Path(__file__).resolve().parents[2] / "appliance" / "runtime" / "_core.pyi").read_text())
+STUB = ast.parse((ROOT / "appliance" / "runtime" / "_core.pyi").read_text())
 
 
 def _stub_class(name):

@@ -12,12 +12,9 @@ import subprocess
 import sys
 import time
 
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKERS = ROOT / "tests" / "workers"
+from fixtures import RANKS, ROOT
 
 SMALL_CHUNKS = {"APPLIANCE_CHUNK_BYTES": "4096"}
 
@@ -77,7 +74,7 @@ def test_init_shutdown_init(run_ranks):
 def test_single_rank_without_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_", "OMPI_"))}
     env.update(APPLIANCE_TEST_OUT=str(tmp_path), PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, str(WORKERS / "engine.py"), "single"], env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, str(RANKS / "engine.py"), "single"], env=env, check=True, timeout=60)
     assert (tmp_path / "rank0.json").exists()
 
 

@@ -6,9 +6,8 @@ import secrets
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures import RANKS, ROOT
 
 
 def free_port():
@@ -24,7 +23,7 @@ def test_runtime_under_mpirun(tmp_path, require_tool):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "3",
            "--mca", "btl", "self,tcp", "-x", f"APPLIANCE_STORE_ADDR=127.0.0.1:{free_port()}",
            "-x", "APPLIANCE_JOB_SECRET", "-x", "APPLIANCE_TEST_OUT", "-x", "PYTHONPATH",
-           sys.executable, str(ROOT / "tests" / "workers" / "engine.py"), "order"]
+           sys.executable, str(RANKS / "engine.py"), "order"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]

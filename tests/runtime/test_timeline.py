@@ -1,4 +1,4 @@
-"""Horovod's timeline on 2 real ranks: the file rank 0 writes (tests/workers/timeline.py).
+"""Horovod's timeline on 2 real ranks: the file rank 0 writes (tests/ranks/timeline.py).
 
 Checks effects only: the file is complete JSON (json.load) after stop_timeline() and after a clean
 shutdown, has one "process" per tensor name, NEGOTIATE_<KIND> phases with a readiness mark per

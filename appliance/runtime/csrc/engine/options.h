@@ -4,7 +4,8 @@
 // read-write property of _core.RuntimeConfig and an entry of _core.ENGINE_OPTIONS (both made
 // by bindings/bindings.cc from this list). A knob of appliance/common/knobs.py feeds an option
 // by naming it (`Knob(..., core="name")`); appliance/runtime/config.py and engine.py copy every
-// such knob without naming it, and tests/unit check that each knob's default is the option's.
+// such knob without naming it, and tests/runtime/test_core_api.py checks that each knob's default
+// is the option's.
 // So a new engine knob is one row here, one row in the knob table, and its use.
 //
 // The job's layout and bootstrap (rank, size, hosts, store, secret, job id, library search

@@ -1,6 +1,6 @@
 // Which backend runs a CUDA plan entry: pure decisions, the same on every rank from the same
 // inputs, so ranks never disagree on how a collective moves (no I/O; unit-tested in
-// tests/cpp/units and, through appliance.runtime._core_testing, tests/devices).
+// tests/cpp/units and, through appliance.runtime._core_testing, tests/runtime/test_decisions.py).
 //
 // 1. decide_cuda_path (once per job, at its first CUDA entry, from every rank's DeviceReport
 //    exchanged through the store): NCCL when every rank can run it, the versions agree in

@@ -1,0 +1,150 @@
+"""The benchmarks run end to end: each script's --quick mode exits 0, prints its table and writes
+its JSON (and collectives.py/plot.py a PNG) with a number for every backend. No timed assertions.
+
+The OpenMPI legs (mpirun + mpi4py, installed by tests/run.sh) are expected wherever both are
+present; a missing one skips them here and fails the tests under --strict-prereqs (CI).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fixtures import ROOT
+
+BENCH = ROOT / "benchmarks"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+sys.path.insert(0, str(BENCH))
+import benchlib  # noqa: E402  (benchmarks/ is scripts, not a package)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture
+def with_mpi(request) -> bool:
+    """True when the OpenMPI legs must run; fails under --strict-prereqs when they cannot."""
+    why = benchlib.mpi_missing()
+    if why and request.config.getoption("--strict-prereqs"):
+        pytest.fail(f"benchmarks' OpenMPI legs: {why}; tests/run.sh installs it")
+    return why is None
+
+
+@pytest.fixture
+def with_matplotlib(request) -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if request.config.getoption("--strict-prereqs"):
+            pytest.fail("matplotlib not installed (pip install '.[bench]'); tests/run.sh installs it")
+        return False
+    return True
+
+
+def run(script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_", "OMPI_", "PMIX_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", *map(str, args)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_collectives_quick(tmp_path, with_mpi, with_matplotlib):
+    out, png = tmp_path / "c.json", tmp_path / "busbw.png"
+    args = ["--json", out] + (["--plot", png] if with_matplotlib else [])
+    proc = run("collectives.py", *args)
+    result = json.loads(out.read_text())
+    want = {"ours", "ours-tcp", "gloo", "memcpy"} | ({"mpi-shm", "mpi-tcp"} if with_mpi else set())
+    assert want <= set(result["backends"]), (result["backends"], result["skipped"], proc.stderr[-2000:])
+    ops = ("allreduce", "allgather", "broadcast", "alltoall")
+    for op in ops:
+        assert f"\n{op}, float32, 2 ranks" in proc.stdout
+        for backend in want - {"memcpy"}:
+            rows = [r for r in result["rows"] if r["op"] == op and r["backend"] == backend]
+            assert len(rows) == 2, (op, backend, rows)  # 4K and 64K
+            assert all(r["time_s"] > 0 and r["busbw_GBps"] > 0 for r in rows)
+    assert "gloo/ours" in proc.stdout and (not with_mpi or "shm/ours" in proc.stdout)
+    if with_matplotlib:
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        png2 = tmp_path / "again.png"
+        subprocess.run([sys.executable, str(BENCH / "plot.py"), str(out), str(png2), "--op", "alltoall"],
+                       check=True, timeout=120, capture_output=True)
+        assert png2.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_collectives_quick_float16(tmp_path):
+    out = tmp_path / "c16.json"
+    proc = run("collectives.py", "--dtype", "float16", "--ops", "allreduce", "--json", out)
+    result = json.loads(out.read_text())
+    assert result["dtype"] == "float16" and "\nallreduce, float16, 2 ranks" in proc.stdout
+    assert {"ours", "ours-tcp", "gloo"} <= set(result["backends"])
+    assert not {"mpi-shm", "mpi-tcp"} & set(result["backends"]), result["backends"]
+    assert "no float16 reduction" in proc.stderr
+    rows = {(r["backend"], r["bytes"]) for r in result["rows"]}
+    assert {("ours", 4096), ("ours", 65536), ("gloo", 65536)} <= rows, rows
+
+
+def test_fusion_quick(tmp_path, with_mpi):
+    out = tmp_path / "f.json"
+    proc = run("fusion.py", "--json", out)
+    result = json.loads(out.read_text())
+    want = {"ours", "ours-grouped", "gloo"} | ({"mpi-shm"} if with_mpi else set())
+    assert want <= set(result["backends"])
+    got = {(r["case"], r["backend"]): r for r in result["rows"]}
+    for case, tensors in (("100x4K", 100), ("1x400K", 1), ("resnet18", 62), ("transformer", None)):
+        for backend in want:
+            r = got[(case, backend)]
+            assert r["time_s"] > 0
+            assert tensors is None or r["tensors"] == tensors
+    assert "fusion ratio (100 x 4K time / 1 x 400K time): ours" in proc.stdout
+
+
+def test_train_quick(tmp_path):
+    out = tmp_path / "t.json"
+    proc = run("train.py", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["impl"], r["ranks"]) for r in rows) == [("ddp-gloo", 1), ("ddp-gloo", 2), ("ours", 1), ("ours", 2)]
+    for r in rows:
+        assert r["samples_per_s"] > 0 and math.isfinite(r["last_loss"])
+        assert r["rounds"] == [r["samples_per_s"]]  # --quick: one round
+    # the same seed, data and model: both implementations compute the same losses at each size
+    for n in (1, 2):
+        ours, ddp = (next(r for r in rows if r["impl"] == i and r["ranks"] == n) for i in ("ours", "ddp-gloo"))
+        assert ours["last_loss"] == pytest.approx(ddp["last_loss"], rel=1e-3)
+    assert "ours / ddp-gloo samples/s at 2 ranks" in proc.stdout and "torch threads per rank" in proc.stdout
+
+
+def test_train_rounds_report_the_median_run(tmp_path):
+    out = tmp_path / "t.json"
+    proc = run("train.py", "--ranks", "1", "--rounds", "3", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["impl"] for r in rows) == ["ddp-gloo", "ours"]
+    for r in rows:
+        assert len(r["rounds"]) == 3 and r["samples_per_s"] == sorted(r["rounds"])[1]
+        assert " ".join(f"{x:.1f}" for x in r["rounds"]) in proc.stdout
+
+
+def test_elastic_quick(tmp_path):
+    """One run of the local cases: a killed rank and an added host, with the new worker's own start."""
+    out = tmp_path / "e.json"
+    proc = run("elastic.py", "--json", out)
+    samples = json.loads(out.read_text())["samples"]
+    assert sorted(samples) == ["local: host added", "local: kill of a rank", "local: new worker's own start"]
+    assert all(len(v) == 1 and 0 < v[0] < 30 for v in samples.values())
+    assert "local: kill of a rank" in proc.stdout
+
+
+@pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
+                                    "launch_ssh.py", "elastic.py"])
+def test_every_script_answers_help(script):
+    """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
+    SSH ones cannot run here, but must not rot."""
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout
