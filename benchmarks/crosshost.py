@@ -4,7 +4,7 @@
     sudo python benchmarks/crosshost.py --quick                # seconds: 4K and 64K, few samples
     sudo python benchmarks/crosshost.py --ops allreduce,allgather --sizes 4K,64M --json out.json
 
-Measures issue 10's cross-host target (64 MiB allreduce busbw of ours >= 1.2 x OpenMPI tcp's). Builds
+Measures the cross-host target (64 MiB allreduce busbw of ours >= 1.2 x OpenMPI tcp's). Builds
 the same cluster as the SSH tests (tests/fixtures/netns.py: network namespaces on a bridge, each
 with its own hostname, NIC name and sshd on port 12345, keys from `appliance keys`), then:
 - ours and gloo: `python -m appliance launch -np 2 -H H1:1,H2:1 -p 12345`, each rank running
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fixtures import netns  # noqa: E402  (the SSH tests' simulated hosts)
 
 BACKENDS = ("ours", "gloo", "mpi-tcp")
-TARGET_SIZE, TARGET_RATIO = 64 << 20, 1.2  # issue 10: 64 MiB allreduce busbw >= 1.2 x OpenMPI tcp's
+TARGET_SIZE, TARGET_RATIO = 64 << 20, 1.2  # 64 MiB allreduce busbw >= 1.2 x OpenMPI tcp's
 LINK = "a veth pair through a bridge between network namespaces of this machine (loopback-class, no NIC)"
 
 
@@ -108,7 +108,7 @@ def target_line(rows) -> str | None:
     if "ours" not in by or "mpi-tcp" not in by:
         return None
     ratio = by["ours"]["busbw_GBps"] / by["mpi-tcp"]["busbw_GBps"]
-    return (f"issue 10 target, 64M allreduce across two hosts: busbw ours {by['ours']['busbw_GBps']:.2f} GB/s / "
+    return (f"cross-host target, 64M allreduce across two hosts: busbw ours {by['ours']['busbw_GBps']:.2f} GB/s / "
             f"OpenMPI tcp {by['mpi-tcp']['busbw_GBps']:.2f} GB/s = {ratio:.2f} (target >= {TARGET_RATIO}): "
             + ("met" if ratio >= TARGET_RATIO else "NOT met"))
 

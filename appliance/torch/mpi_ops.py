@@ -15,8 +15,8 @@ Environment: none read here; ``init`` reads the job layout through ``appliance.r
 
 Failure modes: every call before ``init`` raises ``ValueError`` (as Horovod); unsupported
 dtypes/devices and bad arguments raise ``ValueError`` (Adasum on integer tensors too); reducescatter
-with Adasum raises ``HorovodInternalError`` (as Horovod); process sets other than the global one
-raise ``NotImplementedError`` naming issue 9; ``synchronize`` raises
+with Adasum raises ``HorovodInternalError`` (as Horovod); an operation on a process set this rank
+is not in (or an unregistered one) raises ``ValueError`` naming the set; ``synchronize`` raises
 ``HorovodInternalError`` when the job failed (names the origin rank and host) and
 ``MismatchError`` when ranks disagree on a tensor (the runtime stays usable).
 """

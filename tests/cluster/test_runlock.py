@@ -1,5 +1,5 @@
 """A killed primary container leaves its run lock behind; the next ``appliance primary`` takes it
-over at once (issue 8, fault 4).
+over at once.
 
 Effects asserted: the first rerun's exit code, who holds the lock file and when, the checkpoint
 and metrics.json it writes. Prints the time from ``docker kill`` until a rerun's rank 0 holds the

@@ -1,4 +1,4 @@
-"""The launcher's lifecycle faults (issue 8, faults 1-3 and the culprit): real launchers, real ranks.
+"""The launcher's lifecycle faults (a rank's failure, a killed launcher, a signal, and the culprit): real launchers, real ranks.
 
 - a killed launcher takes its local ranks (whole process groups) with it within 2 s;
 - one machine named twice is one host;

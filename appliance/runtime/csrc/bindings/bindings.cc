@@ -368,8 +368,8 @@ PYBIND11_MODULE(_core, m) {
       .def("stop_timeline", &Runtime::stop_timeline, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Runtime::shutdown, py::call_guard<py::gil_scoped_release>());
 
-  // Address of a contiguous buffer (a numpy array): ~10x cheaper than numpy's .ctypes.data,
-  // which the per-op path would otherwise pay twice per operation.
+  // Address of a contiguous buffer (a numpy array), cheaper than numpy's .ctypes.data, which
+  // the per-op path would otherwise pay twice per operation.
   m.def("address", [](py::handle obj) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_ANY_CONTIGUOUS) != 0) throw py::error_already_set();
