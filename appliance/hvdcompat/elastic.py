@@ -4,34 +4,30 @@ What it is: ``State`` (commit = save + ``check_host_updates``; ``on_reset`` runs
 registered callbacks), ``ObjectState`` (plain attributes given as keyword arguments; ``save`` and
 ``restore`` deep-copy them, ``sync`` takes rank 0's through the ``bcast_object`` it was given),
 ``HostUpdateResult`` (what a host-set notification says), and ``run_fn(func, reset)``, the loop
-behind ``hvd.elastic.run``: sync the state, call ``func(state, ...)``; on ``HostsUpdatedInterrupt``
-reset the runtime (``reset()``), call ``state.on_reset()`` and go round again (syncing unless
-the interrupt says ``skip_sync``); on ``HorovodInternalError`` restore the last commit and
-**re-raise**. That last point is where this runtime differs from Horovod, which re-initialises
-and carries on with the surviving workers: here the set of hosts is fixed for the whole job, so a
-lost rank cannot be replaced and the job ends loudly, with the state rolled back so that a
+behind ``hvd.elastic.run``: sync the state, call ``func(state, ...)``; on ``HorovodInternalError``
+(a peer lost) restore the last commit; on ``HostsUpdatedInterrupt`` keep the state as it is; then
+reset the runtime (``reset()``: ``shutdown()`` + ``init()``, which in an elastic job takes the next
+round from the driver, ``appliance.runtime.elastic``), call ``state.on_reset()`` and go round
+again, syncing from the new rank 0 when the round says so. The surviving processes are never
+restarted; new workers start in the first ``sync``.
+
+Outside an elastic job (no driver: the hosts are fixed) a lost peer cannot be replaced:
+``run_fn`` restores the last commit and re-raises ``HorovodInternalError``, so a
 ``finally``/``except`` in the script can checkpoint the last committed state.
 
-Host-set notifications: ``State.on_hosts_updated(timestamp, result)`` queues one (Horovod's
-worker notification service calls it; nothing in this runtime does yet). ``check_host_updates``
-(called by every ``commit``) broadcasts rank 0's view of the newest notification with the
-state's ``bcast_object`` so that every rank raises ``HostsUpdatedInterrupt`` at the same commit,
-or none does. It is a collective: every rank must commit the same number of times.
+Host-set notifications: ``State.on_hosts_updated(timestamp, result)`` queues one; in an elastic
+job ``run_fn`` registers the state with the runtime's notification thread on entry (and removes
+it on exit), as Horovod's worker notification service does. ``check_host_updates`` (called by
+every ``commit``) broadcasts rank 0's view of the newest notification with the state's
+``bcast_object`` so that every rank raises ``HostsUpdatedInterrupt`` at the same commit, or none
+does. It is a collective: every rank must commit the same number of times.
 
-What the launcher side (discovery, respawn, grow/shrink: not there yet) will need from the
-runtime: (1) a way to deliver ``on_hosts_updated`` to the states of every worker (Horovod runs a
-small notification service per worker, registered with the driver; ``run_fn`` would register
-the state with it on entry and remove it on exit); (2) ``shutdown()`` followed by ``init()`` that
-re-reads a *new* job layout (rank, size, store address, secret: a fresh rendezvous round per
-reset, with the surviving ranks renumbered) instead of the fixed one the environment gives now;
-(3) a lost peer that fails the pending collectives with ``HorovodInternalError`` on every
-surviving rank without tearing the process down (this runtime already does that), and a launcher
-that, in elastic mode, does not stop the whole job when one rank exits; (4) new workers that
-start in ``run_fn``'s ``sync`` and receive rank 0's state there (the state objects already do
-this). Until then ``run_fn`` re-raises ``HorovodInternalError``.
+Whether to sync after a reset is the round's decision (every member gets the same answer from the
+driver: any new worker, or a failure, means everyone syncs), not each rank's own: a rank that
+skipped the sync while another broadcast would deadlock.
 
-Owns nothing beyond each state's saved copy and notification queue; reads no environment;
-does not import torch.
+Owns nothing beyond each state's saved copy and notification queue; reads no environment itself
+(``appliance.runtime.elastic`` does); does not import torch.
 """
 from __future__ import annotations
 
@@ -41,6 +37,7 @@ import functools
 import queue
 
 from appliance.hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from appliance.runtime import elastic as _runtime_elastic
 
 
 class HostUpdateResult(enum.IntFlag):
@@ -147,22 +144,36 @@ class ObjectState(State):
 
 def run_fn(func, reset):
     """Wrap ``func(state, *args, **kwargs)`` in the elastic loop described in the module
-    docstring; ``reset()`` re-initialises the runtime after a host-set change."""
+    docstring; ``reset()`` re-initialises the runtime after a failure or a host-set change."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        session = _runtime_elastic.session() if _runtime_elastic.enabled() else None
+        if session is not None:
+            session.add_listener(state.on_hosts_updated)
         skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                raise
-            except HostsUpdatedInterrupt as e:
-                skip_sync = e.skip_sync
-            reset()
-            state.on_reset()
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError as e:
+                    state.restore()
+                    if session is None:
+                        raise
+                    session.failed(e)
+                    skip_sync = False
+                except HostsUpdatedInterrupt as e:
+                    skip_sync = e.skip_sync
+                    if session is not None:
+                        session.hosts_updated()
+                reset()
+                if session is not None:
+                    skip_sync = not session.sync_needed()
+                state.on_reset()
+        finally:
+            if session is not None:
+                session.remove_listener(state.on_hosts_updated)
     return wrapper
 
 

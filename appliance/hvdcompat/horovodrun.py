@@ -25,7 +25,11 @@ that the launcher has no use for. Each of those is, by name, one of:
   to (``KNOB_WHEN_DECLARED``: ``--log-level`` -> HOROVOD_LOG_LEVEL, ``--autotune`` ->
   HOROVOD_AUTOTUNE...) is declared in ``appliance/common/knobs.py``'s table: from then on it is
   honoured like the above, without a warning (``--timeline-filename`` -> HOROVOD_TIMELINE is);
-- rejected (exit 2) with one line saying what to use (``--mpi``, elastic and MPI-only flags).
+- rejected (exit 2) with one line saying what to use (``--mpi`` and MPI-only flags).
+
+Horovod's elastic flags (``--min-np``, ``--max-np``, ``--slots-per-host``,
+``--host-discovery-script``, ``--elastic-timeout``, ``--reset-limit``,
+``--blacklist-cooldown-range``) are the launcher's own (``flags.add_elastic_flags``).
 
 An unknown flag before COMMAND is rejected by argparse, by name. ``--check-build``/``-cb`` prints
 what this build has in Horovod's layout: frameworks (PyTorch when torch imports), controllers
@@ -64,7 +68,6 @@ KNOB_FLAGS: dict[str, tuple[str, Callable[[object], str]]] = {
     "stall_check_shutdown_time_seconds": ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", lambda v: str(v)),
 }
 _AUTOTUNE = "there is no autotuner; set --fusion-threshold-mb / --cycle-time-ms instead"
-_ELASTIC = "elastic launching is not supported by this launcher yet; use -np and -H/--hostfile"
 _NO_MPIRUN = "this launcher does not use mpirun (run mpirun yourself to pass it arguments)"
 # (flag and aliases, number of values) -> why it is ignored (the job runs the same without it)
 IGNORED: dict[tuple[tuple[str, ...], int], str] = {
@@ -127,13 +130,6 @@ REJECTED: dict[tuple[tuple[str, ...], int], str] = {
     (("--binding-args",), 1): _NO_MPIRUN,
     (("--mpi-threads-disable",), 0): _NO_MPIRUN,
     (("--no-mpi-threads-disable",), 0): _NO_MPIRUN,
-    (("--min-np", "--min-num-proc"), 1): _ELASTIC,
-    (("--max-np", "--max-num-proc"), 1): _ELASTIC,
-    (("--slots-per-host",), 1): _ELASTIC,
-    (("--elastic-timeout",), 1): _ELASTIC,
-    (("--host-discovery-script",), 1): _ELASTIC,
-    (("--reset-limit",), 1): _ELASTIC,
-    (("--blacklist-cooldown-range",), 2): _ELASTIC,
     (("--config-file",), 1): "not supported; give the flags on the command line",
 }
 

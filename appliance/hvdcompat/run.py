@@ -11,9 +11,12 @@ Horovod's arguments map onto the launcher's: ``hosts``/``hostfile``, ``start_tim
 ``ssh_port``, ``ssh_identity_file`` (-> ``ssh_key``), ``output_filename`` (-> ``output``),
 ``verbose``, ``network_interface(s)`` (one interface), ``executable`` (the workers' Python),
 ``np`` (deprecated alias of ``num_proc``); ``use_gloo`` and ``disable_cache`` are accepted (this
-runtime is the only controller; there is no cache). Elastic arguments (``min_num_proc``,
-``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range``, ``host_discovery_script``) and
-``use_mpi``/``mpi_args`` raise ``NotImplementedError`` naming the argument.
+runtime is the only controller; there is no cache). The elastic arguments (``min_num_proc``/
+``min_np``, ``max_num_proc``/``max_np``, ``slots``, ``reset_limit``, ``cooldown_range``,
+``host_discovery_script``, ``elastic_timeout``) make an elastic job, as horovodrun's flags do:
+``func`` then runs under the driver (use ``hvd.elastic.run`` inside it), and the results are those
+of the workers that finished, ordered by their final rank. ``use_mpi``/``mpi_args`` raise
+``NotImplementedError`` naming the argument.
 Failure modes: a rank that fails makes ``run`` raise ``RuntimeError`` naming the rank, host and
 reason (the launcher's); launcher argument errors are its ``ValueError``/``LaunchError``.
 Environment: none read here beyond what ``launch`` reads; workers inherit the caller's.
@@ -27,8 +30,7 @@ import sys
 MARKER = "@@appliance-horovod-run-result@@"
 MAX_PAYLOAD = 96 * 1024  # Linux limits one argv string to 128 KiB
 
-_UNSUPPORTED = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
-                "host_discovery_script", "min_np", "max_np", "use_mpi", "mpi_args")
+_UNSUPPORTED = ("use_mpi", "mpi_args")
 
 
 def dumps(obj) -> str:
@@ -48,17 +50,17 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         reset_limit=None, cooldown_range=None, hosts=None, hostfile=None, host_discovery_script=None,
         start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None, output_filename=None,
         verbose=None, use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None,
-        network_interfaces=None, executable=None, np=None, min_np=None, max_np=None) -> list:
+        network_interfaces=None, executable=None, np=None, min_np=None, max_np=None,
+        elastic_timeout=None) -> list:
     """Run ``func(*args, **kwargs)`` on every rank; return the results ordered by rank."""
-    given = dict(min_num_proc=min_num_proc, max_num_proc=max_num_proc, slots=slots, reset_limit=reset_limit,
-                 cooldown_range=cooldown_range, host_discovery_script=host_discovery_script, min_np=min_np,
-                 max_np=max_np, use_mpi=use_mpi or None, mpi_args=mpi_args)
+    given = dict(use_mpi=use_mpi or None, mpi_args=mpi_args)
     for name in _UNSUPPORTED:
         if given[name] is not None:
-            raise NotImplementedError(f"horovod.run({name}=...): elastic runs and mpirun are not implemented by "
-                                      "this launcher yet")
+            raise NotImplementedError(f"horovod.run({name}=...): mpirun is not used by this launcher")
     if np is not None:
         num_proc = np
+    min_num_proc = min_num_proc if min_num_proc is not None else min_np
+    max_num_proc = max_num_proc if max_num_proc is not None else max_np
     iface = network_interface
     if network_interfaces:
         names = [network_interfaces] if isinstance(network_interfaces, str) else list(network_interfaces)
@@ -74,17 +76,24 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     result = launch([python, "-m", "appliance.hvdcompat.runfn", payload], int(num_proc), hosts=hosts,
                     hostfile=hostfile, start_timeout=start_timeout, ssh_port=ssh_port, ssh_key=ssh_identity_file,
                     output=output_filename, verbose=verbose, network_interface=iface,
-                    remote_python=executable, echo=bool(verbose))
+                    remote_python=executable, echo=bool(verbose), min_np=min_num_proc, max_np=max_num_proc,
+                    host_discovery_script=host_discovery_script, slots_per_host=slots,
+                    elastic_timeout=elastic_timeout, reset_limit=reset_limit,
+                    blacklist_cooldown_range=cooldown_range)
     if result.returncode != 0:
         raise RuntimeError(f"horovod.run: rank {result.failed_rank} on {result.failed_host} failed "
                            f"(exit {result.returncode}): {result.reason}")
-    values = []
-    for rank in range(int(num_proc)):
-        lines = [t for r, stream, t in result.lines if r == rank and stream == "stdout" and t.startswith(MARKER)]
-        if not lines:
-            raise RuntimeError(f"horovod.run: rank {rank} exited 0 without returning a result")
-        values.append(loads(lines[-1][len(MARKER):].strip()))
-    return values
+    found: dict[int, object] = {}
+    for _, stream, text in result.lines:
+        if stream == "stdout" and text.startswith(MARKER):
+            rank, _, value = text[len(MARKER):].strip().partition(" ")
+            found[int(rank)] = loads(value)
+    elastic = min_num_proc is not None or max_num_proc is not None or host_discovery_script is not None
+    size = (max(found) + 1 if found else 0) if elastic else int(num_proc)
+    missing = [r for r in range(size) if r not in found]
+    if missing or not found:
+        raise RuntimeError(f"horovod.run: rank {missing[0] if missing else 0} exited 0 without returning a result")
+    return [found[r] for r in range(size)]
 
 
 __all__ = ["run"]

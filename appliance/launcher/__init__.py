@@ -10,7 +10,8 @@ through the same function::
     print(result.output(rank=0))              # captured stdout of rank 0
 
 ``launch(command, np, hosts=None, env=None, timeout=None, output=None, *, hostfile=None,
-forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None, launcher=None) -> LaunchResult``
+forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None, launcher=None,
+min_np=None, max_np=None, host_discovery_script=None, ...) -> LaunchResult``
 
 - ``command``: argv list (never a shell string). ``np``: number of ranks.
 - ``hosts``: ``-H`` syntax (``"localhost:2"``); default ``localhost:np``. ``hostfile``: path.
@@ -29,6 +30,11 @@ forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None
   is given, see ``srun``).
 - ``echo``: also print prefixed lines (``[rank]<stdout>:``) to this process's stdout/stderr;
   ``capture``: keep them in ``result.lines``.
+- Elastic jobs (``docs/elastic.md``): ``min_np``, ``max_np``, ``host_discovery_script`` (any of
+  them makes the job elastic), ``slots_per_host``, ``elastic_timeout``, ``reset_limit``,
+  ``blacklist_cooldown_range=(MIN, MAX)``, with horovodrun's meanings. Output lines and
+  ``result.lines`` then carry the worker's number (its rank when the job started, then counting
+  up as workers join) instead of the rank.
 
 ``LaunchResult(returncode, failed_rank, failed_host, reason, lines, timed_out, interrupted,
 job_id, elapsed_s)``; ``lines`` are ``(rank, "stdout"|"stderr", text)`` in arrival order;
@@ -53,12 +59,13 @@ Modules: ``config`` (``LaunchConfig``, ``CheckConfig``, ``RemoteConfig``), ``fla
 flags -> those configs), ``hosts`` (parsing, the allocation's hosts, rank layout), ``env`` (the
 worker environment contract), ``output`` (where rank output goes, the one line relay),
 ``workers`` (processes, ``WorkerGroup``), ``reaper`` (local ranks die with a killed launcher;
-process-group liveness), ``executors`` (local and SSH hosts, one machine named twice), ``ports``
+process-group liveness), ``mechanism`` (one interface over the ways ranks start: the executors
+or the srun step), ``executors`` (local and SSH hosts, one machine named twice), ``ports``
 (free ports), ``binding`` (CPU binding), ``signals`` (the signal trap), ``failures`` (first
 failure, survivors' grace, blame), ``run`` (orchestration), ``check`` (``appliance check``).
 Rooms: ``ssh/`` (connections, host keys, ``appliance keys``, preflight and probe, address
-choice, the SSH worker and its remote stub) and ``slurm/`` (the srun step and the per-task
-wrapper).
+choice, the SSH worker and its remote stub), ``slurm/`` (the srun step and the per-task
+wrapper) and ``elastic/`` (discovery, membership, the driver and its rendezvous).
 """
 from __future__ import annotations
 
@@ -103,13 +110,19 @@ def launch(command: Sequence[str], np: int, hosts: str | None = None, env: Mappi
            capture: bool = True, cwd: str | os.PathLike | None = None, ssh_port: int | None = None,
            ssh_key: str | os.PathLike | None = None, remote_python: str | None = None,
            network_interface: str | None = None, shared: str | os.PathLike | None = None,
-           launcher: str | None = None) -> LaunchResult:
+           launcher: str | None = None, min_np: int | None = None, max_np: int | None = None,
+           host_discovery_script: str | None = None, slots_per_host: int | None = None,
+           elastic_timeout: float | None = None, reset_limit: int | None = None,
+           blacklist_cooldown_range: Sequence[float] | None = None) -> LaunchResult:
     """Start ``np`` ranks of ``command`` and wait for them; see the module docstring."""
     from .run import run
     config = LaunchConfig.create(command, np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
                                  output_dir=output, verbose=verbose, timeout=timeout, forward=forward,
                                  env=env, cwd=cwd, port=ssh_port, key=ssh_key, remote_python=remote_python,
-                                 network_interface=network_interface, shared=shared, launcher=launcher)
+                                 network_interface=network_interface, shared=shared, launcher=launcher,
+                                 min_np=min_np, max_np=max_np, host_discovery_script=host_discovery_script,
+                                 slots_per_host=slots_per_host, elastic_timeout=elastic_timeout,
+                                 reset_limit=reset_limit, blacklist_cooldown_range=blacklist_cooldown_range)
     result = run(config, echo=echo, capture=capture)
     if result.interrupted == signal.SIGINT:
         raise KeyboardInterrupt(result.reason)

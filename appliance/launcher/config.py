@@ -1,5 +1,6 @@
 """The launcher's configs: one ``appliance launch`` (``LaunchConfig``), one ``appliance check``
-(``CheckConfig``) and how both reach other hosts (``RemoteConfig``).
+(``CheckConfig``), how both reach other hosts (``RemoteConfig``) and an elastic job's membership
+rules (``ElasticConfig``).
 
 What it owns: validating flags and the environment into frozen dataclasses that ``run()``,
 ``check`` and the SSH layer consume, and ``-x NAME[=VALUE]`` forwarding (``parse_forwards``).
@@ -121,6 +122,77 @@ class CheckConfig:
                    remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
 
 
+COOLDOWN_LIMITS_S = (1.0, 3600.0)  # Horovod's bounds of --blacklist-cooldown-range
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """An elastic job's rules, with Horovod's meanings (``docs/elastic.md``).
+
+    The job starts once ``-np`` slots are available, then runs on every available slot up to
+    ``max_np`` and waits (up to ``timeout_s``) whenever fewer than ``min_np`` remain. Hosts come
+    from ``discovery_script`` (``host:slots`` or ``host`` lines; ``slots_per_host`` for the latter)
+    or, without one, from the fixed host list (-H, --hostfile, a Slurm allocation): then it is
+    fault tolerance over those hosts. ``reset_limit``: how many membership changes the job may
+    go through (None: any number). ``cooldown_range``: (min, max) seconds a failed host stays
+    blacklisted, doubling with each failure (None: for good).
+    """
+
+    min_np: int
+    max_np: int
+    discovery_script: str | None = None
+    slots_per_host: int | None = None
+    timeout_s: float = 600.0
+    reset_limit: int | None = None
+    cooldown_range: tuple[float, float] | None = None
+    discovery_interval_s: float = 1.0
+    discovery_timeout_s: float = 10.0
+
+    @classmethod
+    def create(cls, np: int, *, min_np: int | None = None, max_np: int | None = None,
+               discovery_script: str | None = None, slots_per_host: int | None = None,
+               elastic_timeout: float | None = None, reset_limit: int | None = None,
+               cooldown_range: Sequence[float] | None = None, fixed_hosts: bool = False,
+               environ: Mapping[str, str] | None = None) -> "ElasticConfig":
+        """``fixed_hosts``: -H or --hostfile was given (they exclude a discovery script)."""
+        env = os.environ if environ is None else environ
+        if discovery_script is not None and fixed_hosts:
+            raise ConfigError("give hosts either with --host-discovery-script or with -H/--hostfile, not both")
+        if discovery_script is not None and not str(discovery_script).strip():
+            raise ConfigError("--host-discovery-script: empty path")
+        if slots_per_host is not None and discovery_script is None:
+            raise ConfigError("--slots-per-host applies to the lines of --host-discovery-script that give no "
+                              ":slots; with -H/--hostfile give each host's slots there")
+        if slots_per_host is not None and slots_per_host < 1:
+            raise ConfigError(f"--slots-per-host must be at least 1, got {slots_per_host}")
+        lo = np if min_np is None else int(min_np)
+        hi = np if max_np is None else int(max_np)
+        if lo < 1:
+            raise ConfigError(f"--min-np must be at least 1, got {lo}")
+        if not lo <= np <= hi:
+            raise ConfigError(f"expected --min-np <= -np <= --max-np, got {lo} <= {np} <= {hi}")
+        timeout = read("HOROVOD_ELASTIC_TIMEOUT", env) if elastic_timeout is None else float(elastic_timeout)
+        if not timeout > 0:
+            raise ConfigError(f"--elastic-timeout must be positive, got {timeout!r}")
+        if reset_limit is not None and int(reset_limit) < 0:
+            raise ConfigError(f"--reset-limit must not be negative, got {reset_limit}")
+        cooldown = None
+        if cooldown_range is not None:
+            values = [float(v) for v in cooldown_range]
+            if len(values) != 2:
+                raise ConfigError(f"--blacklist-cooldown-range takes MIN MAX, got {cooldown_range!r}")
+            low, high = values
+            if not COOLDOWN_LIMITS_S[0] <= low <= high <= COOLDOWN_LIMITS_S[1]:
+                raise ConfigError(f"--blacklist-cooldown-range {low:g} {high:g}: expected "
+                                  f"{COOLDOWN_LIMITS_S[0]:g} <= MIN <= MAX <= {COOLDOWN_LIMITS_S[1]:g} seconds")
+            cooldown = (low, high)
+        return cls(min_np=lo, max_np=hi, discovery_script=None if discovery_script is None else str(discovery_script),
+                   slots_per_host=slots_per_host, timeout_s=timeout,
+                   reset_limit=None if reset_limit is None else int(reset_limit), cooldown_range=cooldown,
+                   discovery_interval_s=read("APPLIANCE_DISCOVERY_INTERVAL", env),
+                   discovery_timeout_s=read("APPLIANCE_DISCOVERY_TIMEOUT", env))
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """One ``appliance launch``: what to run, where, and how to treat it.
@@ -147,6 +219,7 @@ class LaunchConfig:
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
     ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
     launcher: str = "auto"  # auto, ssh, srun, local (slurm/step.py decides what auto means)
+    elastic: ElasticConfig | None = None  # an elastic job (--min-np, --max-np or a discovery script)
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
@@ -154,10 +227,15 @@ class LaunchConfig:
                verbose: bool | None = None, timeout: float | None = None, forward: Sequence[str] = (),
                env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
                environ: Mapping[str, str] | None = None, launcher: str | None = None,
+               min_np: int | None = None, max_np: int | None = None, host_discovery_script: str | None = None,
+               slots_per_host: int | None = None, elastic_timeout: float | None = None,
+               reset_limit: int | None = None, blacklist_cooldown_range: Sequence[float] | None = None,
                **remote: Any) -> "LaunchConfig":
         """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
         remote_python, network_interface, host_wait_s). ``launcher``: --launcher (else
-        APPLIANCE_LAUNCHER)."""
+        APPLIANCE_LAUNCHER). The elastic arguments (Horovod's flags) make an elastic job as soon
+        as ``min_np``, ``max_np`` or ``host_discovery_script`` is given (``ElasticConfig``); the
+        others without those are a ``ConfigError``."""
         environ = dict(os.environ if environ is None else environ)
         command = tuple(str(c) for c in command)
         if command and command[0] == "--":
@@ -178,6 +256,20 @@ class LaunchConfig:
             raise ConfigError(f"env: {bad[0]!r} is not a variable name")
         explicit.update(parse_forwards(forward, environ))
         merged = {**environ, **explicit}
+        elastic = None
+        if min_np is not None or max_np is not None or host_discovery_script is not None:
+            elastic = ElasticConfig.create(np, min_np=min_np, max_np=max_np, discovery_script=host_discovery_script,
+                                           slots_per_host=slots_per_host, elastic_timeout=elastic_timeout,
+                                           reset_limit=reset_limit, cooldown_range=blacklist_cooldown_range,
+                                           fixed_hosts=hosts is not None or hostfile is not None, environ=merged)
+        else:
+            given = [flag for flag, value in (("--slots-per-host", slots_per_host),
+                                              ("--elastic-timeout", elastic_timeout), ("--reset-limit", reset_limit),
+                                              ("--blacklist-cooldown-range", blacklist_cooldown_range))
+                     if value is not None]
+            if given:
+                raise ConfigError(f"{given[0]} applies to elastic jobs: add --min-np, --max-np or "
+                                  "--host-discovery-script")
         return cls(
             command=command,
             np=np,
@@ -196,6 +288,7 @@ class LaunchConfig:
             slurm=SlurmAllocation.from_env(environ),
             ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
             launcher=read("APPLIANCE_LAUNCHER", merged) if launcher is None else _launcher_flag(launcher),
+            elastic=elastic,
         )
 
 

@@ -212,6 +212,11 @@ class SSHExecutor:
         self._conn, self._config = conn, config
         self.python = config.remote.remote_python or sys.executable
 
+    @property
+    def launcher_address(self) -> str:
+        """This machine's address as that host reaches it (the SSH connection's own end)."""
+        return self._conn.local_address
+
     def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in environ.items() if not host_specific(k)}
         return network_defaults(env, self.iface)

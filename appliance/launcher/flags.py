@@ -2,8 +2,11 @@
 
 What it owns: the syntax and meaning of ``-np``/``--num-proc``, ``-H``/``--hosts``,
 ``--hostfile``, ``--start-timeout``, ``--output-filename``, ``--verbose``, ``-x NAME[=VALUE]``,
-``--launcher {auto,ssh,srun,local}`` (how ranks start: ``slurm/step.py``), and for other hosts ``-p``/``--ssh-port``, ``-i``/``--ssh-identity-file``, ``--remote-python``,
-``--network-interface`` and ``--shared``. ``appliance launch`` and ``appliance check``
+``--launcher {auto,ssh,srun,local}`` (how ranks start: ``slurm/step.py``), for other hosts
+``-p``/``--ssh-port``, ``-i``/``--ssh-identity-file``, ``--remote-python``,
+``--network-interface`` and ``--shared``, and Horovod's elastic flags (``--min-np``/``--min-num-proc``,
+``--max-np``/``--max-num-proc``, ``--slots-per-host``/``--slots``, ``--host-discovery-script``,
+``--elastic-timeout``, ``--reset-limit``, ``--blacklist-cooldown-range MIN MAX``: ``docs/elastic.md``). ``appliance launch`` and ``appliance check``
 (``cli.py``) add them to their subcommand with ``add_launch_flags``; the cluster plane (``appliance
 primary`` and its driver) parses the user's flags with ``parse_launch_flags``. Either way the
 parsed flags become a ``LaunchFlags`` (plain values, JSON-able: the cluster keeps them in its
@@ -46,6 +49,13 @@ class LaunchFlags:
     network_interface: str | None = None
     shared: str | None = None
     launcher: str | None = None
+    min_np: int | None = None
+    max_np: int | None = None
+    slots_per_host: int | None = None
+    host_discovery_script: str | None = None
+    elastic_timeout: float | None = None
+    reset_limit: int | None = None
+    blacklist_cooldown_range: tuple[float, float] | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "LaunchFlags":
@@ -53,10 +63,19 @@ class LaunchFlags:
         values = {f.name: getattr(args, f.name, f.default) for f in dataclasses.fields(cls)}
         values["x"] = tuple(values["x"] or ())
         values["verbose"] = bool(values["verbose"])
+        if values["blacklist_cooldown_range"] is not None:
+            values["blacklist_cooldown_range"] = tuple(values["blacklist_cooldown_range"])
         return cls(**values)
 
+    @property
+    def elastic(self) -> bool:
+        """Whether these flags ask for an elastic job (as Horovod: --min-np, --max-np or a discovery script)."""
+        return self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
+
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "x": list(self.x)}
+        cooldown = self.blacklist_cooldown_range
+        return {**dataclasses.asdict(self), "x": list(self.x),
+                "blacklist_cooldown_range": None if cooldown is None else list(cooldown)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "LaunchFlags":
@@ -66,6 +85,8 @@ class LaunchFlags:
             raise ConfigError(f"launch flags: unknown field(s) {', '.join(unknown)}")
         values = dict(data)
         values["x"] = tuple(values.get("x") or ())
+        if values.get("blacklist_cooldown_range") is not None:
+            values["blacklist_cooldown_range"] = tuple(values["blacklist_cooldown_range"])
         return cls(**values)
 
     def remote(self) -> dict[str, Any]:
@@ -82,7 +103,10 @@ class LaunchFlags:
         return LaunchConfig.create(
             command, self.np, hosts=self.hosts, hostfile=self.hostfile, start_timeout=self.start_timeout,
             output_dir=self.output_filename, verbose=True if self.verbose else None, forward=self.x,
-            launcher=self.launcher, **self.remote(), **extra)
+            launcher=self.launcher, min_np=self.min_np, max_np=self.max_np,
+            host_discovery_script=self.host_discovery_script, slots_per_host=self.slots_per_host,
+            elastic_timeout=self.elastic_timeout, reset_limit=self.reset_limit,
+            blacklist_cooldown_range=self.blacklist_cooldown_range, **self.remote(), **extra)
 
     def check_config(self, **extra: Any) -> CheckConfig:
         """The checks ``appliance check`` runs for these flags (``-np`` optional)."""
@@ -135,7 +159,31 @@ def add_launch_flags(p: argparse.ArgumentParser, *, check: bool = False, np_requ
                    help="the shared directory (env APPLIANCE_SHARED, default /mnt/share)" if check else
                    "the shared directory to verify (env APPLIANCE_SHARED)")
     if not check:
+        add_elastic_flags(p)
         p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the program and its arguments")
+
+
+def add_elastic_flags(p: argparse.ArgumentParser) -> None:
+    """Horovod's elastic flags (``docs/elastic.md``); any of the first three makes the job elastic."""
+    g = p.add_argument_group("elastic (Horovod's flags: any of --min-np, --max-np, --host-discovery-script "
+                             "makes the job elastic)")
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                   help="fewest ranks to train with; below it the job waits for hosts (default: -np)")
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                   help="most ranks to run, however many slots appear (default: -np)")
+    g.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, metavar="N",
+                   help="slots of a host the discovery script prints without :slots (default 1)")
+    g.add_argument("--host-discovery-script", dest="host_discovery_script", metavar="SCRIPT",
+                   help="executable printing the available hosts, one 'host:slots' or 'host' per line; run "
+                        "every second (env APPLIANCE_DISCOVERY_INTERVAL)")
+    g.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, metavar="S",
+                   help="seconds to wait for --min-np slots before failing (env HOROVOD_ELASTIC_TIMEOUT, "
+                        "default 600)")
+    g.add_argument("--reset-limit", dest="reset_limit", type=int, metavar="N",
+                   help="fail the job at its N+1-th membership change (default: no limit)")
+    g.add_argument("--blacklist-cooldown-range", dest="blacklist_cooldown_range", type=float, nargs=2,
+                   metavar=("MIN", "MAX"),
+                   help="a failed host may return after MIN*2^n s plus jitter, at most MAX (default: never)")
 
 
 def launch_parser(prog: str = "appliance launch") -> argparse.ArgumentParser:
@@ -174,5 +222,5 @@ def with_defaults(flags: LaunchFlags, **defaults: Any) -> LaunchFlags:
     return dataclasses.replace(flags, **{k: v for k, v in defaults.items() if getattr(flags, k) in (None, ())})
 
 
-__all__ = ["LaunchFlags", "add_launch_flags", "launch_parser", "parse_launch_flags", "launch_config",
+__all__ = ["LaunchFlags", "add_launch_flags", "add_elastic_flags", "launch_parser", "parse_launch_flags", "launch_config",
            "check_config", "command_of", "with_defaults"]

@@ -30,7 +30,8 @@ from typing import Callable, Iterable, Sequence
 from appliance.common.ranks import Slot, cross_of
 from appliance.common.slurm import SlurmAllocation, SlurmEnvError
 
-__all__ = ["Host", "HostsError", "Slot", "parse_hosts", "parse_hostfile", "read_hostfile", "allocation_hosts",
+__all__ = ["Host", "HostsError", "Slot", "check_host_name", "parse_slots", "parse_hosts", "parse_hostfile",
+           "read_hostfile", "allocation_hosts",
            "hosts_from", "total_slots", "assign_ranks", "merge_hosts", "used_hosts"]
 
 
@@ -47,7 +48,9 @@ class Host:
 _NAME = re.compile(r"^[A-Za-z0-9_.:%\-]+$")  # host names, IPv4, IPv6 (with %scope)
 
 
-def _host_name(raw: str, where: str) -> str:
+def check_host_name(raw: str, where: str) -> str:
+    """``raw`` as a host name (brackets of an IPv6 address removed); ``HostsError`` naming ``where``
+    when it holds anything but letters, digits and ``_ . : % -``."""
     name = raw.strip()
     if name.startswith("[") and name.endswith("]"):
         name = name[1:-1]  # [v6 address]
@@ -56,7 +59,8 @@ def _host_name(raw: str, where: str) -> str:
     return name
 
 
-def _slots(raw: str, where: str) -> int:
+def parse_slots(raw: str, where: str) -> int:
+    """A slot count (a whole number, at least 1); ``HostsError`` naming ``where`` otherwise."""
     try:
         n = int(raw.strip())
     except ValueError:
@@ -93,13 +97,13 @@ def parse_hosts(spec: str) -> list[Host]:
             name, rest = entry[: close + 1], entry[close + 1:]
             if rest and not rest.startswith(":"):
                 raise HostsError(f"{where}: expected ':slots' after ']'")
-            slots = _slots(rest[1:], where) if rest else 1
+            slots = parse_slots(rest[1:], where) if rest else 1
         elif entry.count(":") == 1:
             name, raw = entry.split(":")
-            slots = _slots(raw, where)
+            slots = parse_slots(raw, where)
         else:  # plain name, or a bare IPv6 address (1 slot)
             name, slots = entry, 1
-        hosts.append(Host(_host_name(name, where), slots))
+        hosts.append(Host(check_host_name(name, where), slots))
     return _check_unique(hosts, f"-H {spec!r}")
 
 
@@ -112,13 +116,13 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         if not body:
             continue
         fields = body.split()
-        name = _host_name(fields[0], where)
+        name = check_host_name(fields[0], where)
         slots = 1
         for field in fields[1:]:
             key, eq, value = field.partition("=")
             if key != "slots" or not eq:
                 raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
-            slots = _slots(value, where)
+            slots = parse_slots(value, where)
         if len(fields) > 2:
             raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
         hosts.append(Host(name, slots))
@@ -145,7 +149,7 @@ def allocation_hosts(allocation: SlurmAllocation) -> list[Host]:
         nodes = allocation.nodes()
     except SlurmEnvError as e:
         raise HostsError(str(e)) from None
-    hosts = [Host(_host_name(name, "SLURM_JOB_NODELIST"), tasks) for name, tasks in nodes]
+    hosts = [Host(check_host_name(name, "SLURM_JOB_NODELIST"), tasks) for name, tasks in nodes]
     return _check_unique(hosts, f"SLURM_JOB_NODELIST={allocation.nodelist!r}")
 
 

@@ -146,13 +146,13 @@ class WorkerGroup:
         self.returncodes: dict[int, int] = {}  # rank -> return code, for ranks that exited
         self._exits: queue.Queue[tuple[Worker, int]] = queue.Queue()
         self._stopped = False
-        self._reaper = reaper
+        self.reaper = reaper  # settable until the first add()
         self._watched: set[int] = set()  # process groups of local ranks the reaper still guards
 
     def add(self, worker: Worker) -> None:
         self.workers.append(worker)
-        if self._reaper is not None and isinstance(worker, LocalWorker):
-            self._reaper.watch(worker.pid)
+        if self.reaper is not None and isinstance(worker, LocalWorker):
+            self.reaper.watch(worker.pid)
             self._watched.add(worker.pid)
         threading.Thread(target=self._wait, args=(worker,), name=f"wait-{worker.rank}", daemon=True).start()
 
@@ -160,8 +160,8 @@ class WorkerGroup:
         for w in workers:
             if w.pid in self._watched and isinstance(w, LocalWorker) and not w.group_alive():
                 self._watched.discard(w.pid)
-                if self._reaper is not None:
-                    self._reaper.forget(w.pid)
+                if self.reaper is not None:
+                    self.reaper.forget(w.pid)
 
     def _wait(self, worker: Worker) -> None:
         try:
@@ -182,6 +182,13 @@ class WorkerGroup:
 
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.rank not in self.returncodes]
+
+    def terminate(self, workers: Sequence[Worker]) -> None:
+        """SIGTERM (and SIGCONT) to these workers' process groups; ``reap(workers)`` or ``stop``
+        follow up with SIGKILL. Their exits are reported by ``next_exit`` as any other."""
+        for w in workers:
+            w.signal(signal.SIGTERM)
+            w.signal(signal.SIGCONT)
 
     def _collect(self, deadline: float) -> None:
         while len(self.returncodes) < len(self.workers) and time.monotonic() < deadline:

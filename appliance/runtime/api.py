@@ -5,6 +5,9 @@
 OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.common.slurm``)
 and starts the process's engine (``appliance.runtime.engine`` owns it; init -> shutdown -> init
 works); with none of them the process is a single rank, so a script runs unchanged on a laptop.
+In an elastic job (HOROVOD_ELASTIC=1, set by the launcher's driver) the layout comes from the
+driver instead, one round at a time (``appliance.runtime.elastic``): ``init()`` waits for its
+round, and a round whose rendezvous fails is reported to the driver and the next one taken.
 
 Async ops return a ``_Pending`` handle. The arrays an op reads and writes are held by the
 engine's handle table until the core is done with them, so a caller may drop the handle
@@ -20,7 +23,9 @@ by rank 0 (see README, "Timeline").
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import errno
+import os
 import socket
 import sys
 from typing import Optional, Sequence
@@ -29,7 +34,7 @@ import numpy as np
 
 from appliance.runtime.config import RuntimeConfig
 from appliance.common import knobs
-from appliance.runtime import engine
+from appliance.runtime import elastic, engine
 from appliance.runtime.engine import Average, Kind, Result, Sum, describe, request
 from appliance.runtime.errors import HorovodInternalError
 from appliance.common.slurm import SlurmTask
@@ -39,6 +44,9 @@ from appliance.common.slurm import SlurmTask
 def init(*args, **kwargs) -> None:
     """Join the job described by the environment. A second call is a no-op (as in Horovod)."""
     if engine.is_started():
+        return
+    if elastic.enabled():
+        _init_elastic()
         return
     cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
     if cfg.options["verbose"] and cfg.rank == 0:
@@ -51,6 +59,25 @@ def init(*args, **kwargs) -> None:
                 f"rank 0 of {cfg.size} cannot host the rendezvous store: port {cfg.store_port} on "
                 f"{cfg.store_host} is already in use ({cfg.store_note})", 0, cfg.host) from None
         raise
+
+
+def _init_elastic() -> None:
+    """An elastic worker's init: the driver's next round, until one starts (``runtime/elastic.py``).
+    A round whose rendezvous fails (a member died meanwhile) is reported and the next one asked for."""
+    s = elastic.session()
+    while True:
+        r = s.next_round()
+        cfg = dataclasses.replace(RuntimeConfig.from_env(s.round_env(os.environ)), elastic_round=int(r["round"]))
+        if cfg.options["verbose"] and cfg.rank == 0 and not s.printed_knobs:
+            s.printed_knobs = True
+            print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
+        try:
+            engine.start(cfg)
+        except HorovodInternalError as e:
+            s.failed(e)
+            continue
+        s.started()
+        return
 
 
 def _port_taken(port: int) -> bool:

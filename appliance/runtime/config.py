@@ -36,6 +36,7 @@ class RuntimeConfig:
     job_id: str = ""
     data_addr: str = ""
     options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: engine_options({}))
+    elastic_round: int = 0  # an elastic job's round (runtime/elastic.py): the job id is per round, not per start
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None,

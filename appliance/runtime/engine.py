@@ -133,7 +133,9 @@ class Engine:
         core_cfg = _core.RuntimeConfig()
         for field in ("rank", "size", "host", "store_host", "store_port", "secret", "data_addr"):
             setattr(core_cfg, field, getattr(cfg, field))
-        core_cfg.job_id = f"{cfg.job_id}#{generation}"
+        # A fresh id per start, so a restart never meets an old store; an elastic round's id is
+        # the same on every member, however many starts each has behind it.
+        core_cfg.job_id = cfg.job_id if cfg.elastic_round else f"{cfg.job_id}#{generation}"
         core_cfg.nccl_candidates = devices.nccl_candidates()
         core_cfg.cudart_candidates = devices.cudart_candidates()
         for option, value in cfg.options.items():  # every engine knob, by the core option it feeds

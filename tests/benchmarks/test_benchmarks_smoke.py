@@ -145,8 +145,18 @@ def test_scale_quick(tmp_path, with_matplotlib):
         assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_elastic_quick(tmp_path):
+    """One run of the local cases: a killed rank and an added host, with the new worker's own start."""
+    out = tmp_path / "e.json"
+    proc = run("elastic.py", "--json", out)
+    samples = json.loads(out.read_text())["samples"]
+    assert sorted(samples) == ["local: host added", "local: kill of a rank", "local: new worker's own start"]
+    assert all(len(v) == 1 and 0 < v[0] < 30 for v in samples.values())
+    assert "local: kill of a rank" in proc.stdout
+
+
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
-                                    "launch_ssh.py", "scale.py"])
+                                    "launch_ssh.py", "scale.py", "elastic.py"])
 def test_every_script_answers_help(script):
     """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
     SSH ones cannot run here, but must not rot."""

@@ -54,12 +54,23 @@ def test_horovod_run_returns_each_rank_result():
     assert p.stdout.strip().splitlines()[-1] == "[(0, 3, 12.0), (1, 3, 12.0), (2, 3, 12.0)]"
 
 
-def test_horovod_run_names_the_failed_rank_and_refuses_elastic_arguments():
+def test_horovod_run_names_the_failed_rank_and_refuses_mpi_arguments():
     p = _horovod_run("import horovod, horovod_run_fn as f\n"
                      "try:\n    horovod.run(f.fail_on_rank_1, num_proc=2)\n"
                      "except RuntimeError as e:\n    print('RAISED', e)\n"
-                     "try:\n    horovod.run(f.fail_on_rank_1, num_proc=2, min_num_proc=1)\n"
+                     "try:\n    horovod.run(f.fail_on_rank_1, num_proc=2, use_mpi=True)\n"
                      "except NotImplementedError as e:\n    print('REFUSED', e)\n")
     assert p.returncode == 0, p.stderr[-4000:]
     assert "RAISED horovod.run: rank 1" in p.stdout
-    assert "REFUSED horovod.run(min_num_proc=...): elastic runs and mpirun are not implemented" in p.stdout
+    assert "REFUSED horovod.run(use_mpi=...): mpirun is not used" in p.stdout
+
+
+def test_horovod_run_with_elastic_arguments_runs_an_elastic_job():
+    """``min_num_proc`` makes an elastic job over the fixed hosts (as horovodrun's --min-np): the
+    function runs under the driver, a worker that fails takes its host out, and the results are the
+    survivors', by their final rank."""
+    p = _horovod_run("import horovod, horovod_run_fn as f\n"
+                     "print(horovod.run(f.elastic_sum, num_proc=3, min_num_proc=2, "
+                     "hosts='127.0.0.2:1,127.0.0.3:1,127.0.0.4:1'))", timeout=150)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert p.stdout.strip().splitlines()[-1] == "[(0, 2, 3.0), (1, 2, 3.0)]"

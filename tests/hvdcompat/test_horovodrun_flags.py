@@ -34,10 +34,8 @@ def test_ignored_flags_warn_by_name_and_rejected_ones_say_what_to_use():
     assert [w.split(":")[0] for w in p.warnings] == [
         "--log-level DEBUG", "--autotune", "--autotune-log-file a.csv", "--hierarchical-allreduce"]
     assert p.errors == [] and p.flags.x == ("HOROVOD_TIMELINE=/tmp/t.json",)  # a declared knob: honoured
-    for argv, flag in ((["--mpi"], "--mpi"), (["--min-np", "1"], "--min-np"), (["--max-num-proc", "4"], "--max-np"),
-                       (["--blacklist-cooldown-range", "1", "9"], "--blacklist-cooldown-range"),
-                       (["--network-interfaces", "eth0,eth1"], "--network-interfaces eth0,eth1"),
-                       (["--host-discovery-script", "d.sh"], "--host-discovery-script"), (["--mpi-args=-v"], "--mpi-args")):
+    for argv, flag in ((["--mpi"], "--mpi"), (["--network-interfaces", "eth0,eth1"], "--network-interfaces eth0,eth1"),
+                       (["--mpi-args=-v"], "--mpi-args")):
         p = hr.parse(["-np", "2", *argv, "python", "x.py"])
         assert len(p.errors) == 1 and p.errors[0].startswith(flag + ": "), p.errors
     assert "--gloo" in hr.parse(["-np", "2", "--mpi", "python"]).errors[0]  # says what to use

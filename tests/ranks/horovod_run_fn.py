@@ -20,3 +20,30 @@ def fail_on_rank_1():
         raise RuntimeError("rank 1 fails on purpose")
     hvd.shutdown()
     return "ok"
+
+
+def elastic_sum():
+    """Under an elastic horovod.run: the worker that starts as rank 2 dies at the first step; the
+    others go on at 2 ranks and return (rank, size, the sum of ranks+1) of their last round."""
+    import os
+
+    import torch
+
+    import horovod.torch as hvd
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 3:
+            if os.environ.get("APPLIANCE_ELASTIC_WORKER") == "2":
+                os._exit(1)
+            total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, name="run.elastic")
+            state.step += 1
+            state.commit()
+        return float(total.item())
+
+    total = train(state)
+    out = (hvd.rank(), hvd.size(), total)
+    hvd.shutdown()
+    return out

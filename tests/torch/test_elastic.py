@@ -39,3 +39,44 @@ def test_lost_rank_leaves_run_with_horovod_internal_error_and_restored_state(run
         assert rep["ok"] and rep["cases"] == ["lost_rank"], rep
         assert rep["error"] and rep["origin_rank"] == victim, rep
         assert rep["batch"] == 3, rep  # the state is back at the commit, not at step 5
+
+
+@pytest.mark.timeout(180)
+def test_an_elastic_run_that_loses_and_regains_a_host_matches_a_replay_of_its_sizes(tmp_path):
+    """A real elastic job (launcher, driver, torch workers): the second host's worker is SIGKILLed
+    at step 7 (commits every 3 steps), the host is blacklisted for about a second, discovery brings
+    it back and a new worker joins. The final model equals, within float tolerance, a one-process
+    replay of the same sequence of sizes from the same commits: no committed step lost or doubled."""
+    import json
+    import sys
+    import torch
+
+    from appliance.launcher import launch
+
+    from fixtures import RANKS as workers
+
+    sys.path.insert(0, str(workers))
+    import elastic_torch
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "hosts").write_text("127.0.0.2:1\n127.0.0.3:1\n")
+    script = out / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
+    script.chmod(0o755)
+    (out / "kill.1").write_text("7")
+    result = launch([sys.executable, str(workers / "elastic_torch.py"), str(out), "60", "3", "0.15"], 2,
+                    min_np=1, host_discovery_script=str(script), blacklist_cooldown_range=(1, 1), timeout=150,
+                    env={"OMP_NUM_THREADS": "1", "APPLIANCE_DISCOVERY_INTERVAL": "0.2"})
+    assert result.returncode == 0, result.reason + "\n" + result.output(stream="stderr")[-3000:]
+    got = json.loads((out / "result.json").read_text())
+    sizes = got["sizes"]
+    assert len(sizes) == 60 and sizes[:6] == [2] * 6 and 1 in sizes and sizes[-1] == 2, sizes
+    assert (out / "pid.2").exists()  # the returned host got a new worker; worker 0 was never restarted
+    reference = elastic_torch.replay(sizes)
+    for p, ref in zip(got["params"], reference.parameters()):
+        assert torch.allclose(torch.tensor(p), ref.detach().flatten(), rtol=1e-4, atol=1e-5), (p[:4], ref.flatten()[:4])
+    # and the sizes matter: a replay at a constant size gives another model
+    other = elastic_torch.replay([2] * 60)
+    assert not all(torch.allclose(torch.tensor(p), o.detach().flatten(), atol=1e-5)
+                   for p, o in zip(got["params"], other.parameters()))

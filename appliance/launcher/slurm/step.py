@@ -5,7 +5,8 @@ What it owns:
   ``ssh`` or ``local``; ``auto`` (the default) is ``srun`` inside an allocation (SLURM_JOB_ID set)
   when neither -H nor --hostfile is given, else ``ssh`` (the executors: this machine's ranks as
   subprocesses, the others over SSH). ``local`` ignores the allocation and runs every rank on this
-  machine. ``srun`` outside an allocation, or with -H/--hostfile, is a ``ConfigError``.
+  machine. ``srun`` outside an allocation, or with -H/--hostfile (or an elastic job's discovery
+  script: its hosts need not be the allocation's), is a ``ConfigError``; ``auto`` uses ``ssh`` then.
 - ``step_dir(config)``: the step's private directory (mode 0700) next to the job's default secret
   file, ``~/.appliance/slurm/launch-JOB-ID/`` (``default_secret_file``: the home is the
   mount every node shares), removed at the end (and by the reaper if the launcher dies).
@@ -36,12 +37,14 @@ its last error line, blamed on rank 0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -58,7 +61,7 @@ from ..hosts import Slot, used_hosts
 from ..output import OutputSink, relay
 from ..reaper import Reaper
 from ..workers import read_fault, read_json
-from .task import exit_file, start_file
+from .task import exit_file, start_file, write_json
 
 LABEL = re.compile(rb"^\s*(\d+): ?")
 CANCELLED = re.compile(rb"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (?P<why>[A-Z ]+?))? \*\*\*")
@@ -72,7 +75,8 @@ def launcher_of(config: LaunchConfig) -> str:
     """``srun``, ``ssh`` or ``local`` (see the module docstring)."""
     choice = config.launcher
     in_allocation = bool(config.slurm.job_id and config.slurm.nodelist)
-    given = config.hosts is not None or config.hostfile is not None
+    given = (config.hosts is not None or config.hostfile is not None
+             or (config.elastic is not None and config.elastic.discovery_script is not None))
     if choice == "auto":
         return "srun" if in_allocation and not given else "ssh"
     if choice == "srun":
@@ -80,7 +84,8 @@ def launcher_of(config: LaunchConfig) -> str:
             raise ConfigError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are "
                               "not set): run it under salloc or in an sbatch script")
         if given:
-            raise ConfigError("--launcher srun takes its hosts from the Slurm allocation: leave out -H/--hostfile")
+            raise ConfigError("--launcher srun takes its hosts from the Slurm allocation: leave out -H/--hostfile "
+                              "and --host-discovery-script")
     return choice
 
 
@@ -140,13 +145,15 @@ def srun_env(config: LaunchConfig, plan: envmod.JobPlan, hostfile: str) -> dict[
     return env
 
 
-def srun_argv(config: LaunchConfig, slots: Sequence[Slot], d: str, srun: str = "srun") -> list[str]:
+def srun_argv(config: LaunchConfig, slots: Sequence[Slot], d: str, srun: str = "srun",
+              grace_s: float | None = None) -> list[str]:
     hosts = used_hosts(slots)
     python = config.remote.remote_python or sys.executable
+    grace = config.failure_grace_s if grace_s is None else grace_s
     return [srun, "--kill-on-bad-exit=1", "--label", "--input=none", f"--ntasks={len(slots)}",
             f"--nodes={len(hosts)}", "--distribution=arbitrary",
             f"--job-name=appliance-{os.path.basename(d)}",
-            python, "-m", "appliance.launcher.slurm.task", d, repr(float(config.failure_grace_s)), "--",
+            python, "-m", "appliance.launcher.slurm.task", d, repr(float(grace)), "--",
             *config.command]
 
 
@@ -155,8 +162,9 @@ class SrunTask:
 
     pid = 0
 
-    def __init__(self, slot: Slot, d: str, step: "SrunStep"):
-        self.rank, self.host, self._dir, self._step = slot.rank, slot.host, d, step
+    def __init__(self, slot: Slot, d: str, step: "SrunStep", index: int, wid: int):
+        self.rank, self.host, self._dir, self._step = wid, slot.host, d, step
+        self.index = index  # the task's number in its step (SLURM_PROCID); == rank in a static job
         self.returncode: int | None = None
         self._cause: str | None = None
 
@@ -179,22 +187,34 @@ class SrunTask:
 
     @property
     def fault(self) -> dict | None:
-        return read_fault(envmod.fault_file(self._dir, self.rank))
+        return read_fault(envmod.fault_file(self._dir, self.index))
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to every task of this rank's step (an elastic job runs one rank per step)."""
+        self._step.signal(sig)
 
 
 class SrunStep:
     """The ranks of one job under one srun step; ``with SrunStep(...) as step: step.start()``."""
 
     def __init__(self, config: LaunchConfig, slots: Sequence[Slot], plan: envmod.JobPlan, sink: OutputSink,
-                 reaper: Reaper | None = None):
+                 reaper: Reaper | None = None, *, wids: Sequence[int] | None = None,
+                 extra_env: dict[str, str] | None = None, exits: queue.Queue | None = None,
+                 grace_s: float | None = None):
+        """``wids``: each task's worker number (default: its rank); ``extra_env``: more variables for
+        every task; ``exits``: a queue shared by several steps (an elastic job's); ``grace_s``: how
+        long a failed task holds its step (default APPLIANCE_FAILURE_GRACE)."""
         self.config, self.slots, self.plan, self.sink, self.reaper = config, list(slots), plan, sink, reaper
         self.dir = plan.fault_dir
-        self.workers = [SrunTask(s, self.dir, self) for s in slots]
+        wids = list(wids) if wids is not None else [s.rank for s in slots]
+        self.workers = [SrunTask(s, self.dir, self, i, wids[i]) for i, s in enumerate(slots)]
+        self.extra_env = dict(extra_env or {})
+        self.grace_s = config.failure_grace_s if grace_s is None else grace_s
         self.cancelled = ""  # "the step (scancel)", "the job (time limit)": Slurm's cancel, not the launcher's
         self.returncodes: dict[int, int] = {}
         self.step: str | None = None  # JOB.STEP once a task reported it
         self.proc: subprocess.Popen | None = None
-        self._exits: queue.Queue = queue.Queue()
+        self._exits: queue.Queue = exits if exits is not None else queue.Queue()
         self._seen: set[int] = set()
         self._srun_status: dict[int, tuple[str, str]] = {}  # rank -> (node, srun's words), from its stderr
         self._errors: list[str] = []
@@ -211,12 +231,13 @@ class SrunStep:
         hostfile = os.path.join(self.dir, "hostfile")
         with open(hostfile, "w", encoding="utf-8") as f:
             f.write("".join(s.host + "\n" for s in self.slots))
-        for s in self.slots:
-            self.sink.open_rank(s.rank)
-        argv = srun_argv(self.config, self.slots, self.dir, srun)
+        for w in self.workers:
+            self.sink.open_rank(w.rank)
+        argv = srun_argv(self.config, self.slots, self.dir, srun, self.grace_s)
         if self.config.verbose:
             self.sink.message(f"appliance launch: srun: {' '.join(argv)}")
-        self.proc = subprocess.Popen(argv, env=srun_env(self.config, self.plan, hostfile), cwd=self.config.cwd,
+        env = {**srun_env(self.config, self.plan, hostfile), **self.extra_env}
+        self.proc = subprocess.Popen(argv, env=env, cwd=self.config.cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, close_fds=True)
         if self.reaper is not None:
@@ -240,7 +261,7 @@ class SrunStep:
             if self.config.verbose:
                 self.sink.message(data.rstrip(b"\n").decode("utf-8", errors="replace"))
         elif m and int(m.group(1)) < len(self.slots):
-            self.sink.line(int(m.group(1)), name, data[m.end():])
+            self.sink.line(self.workers[int(m.group(1))].rank, name, data[m.end():])
         else:
             self._own_line(data.rstrip(b"\n").decode("utf-8", errors="replace"))
 
@@ -258,16 +279,16 @@ class SrunStep:
         found = []
         for w in self.workers:
             if self.step is None:
-                started = read_json(start_file(self.dir, w.rank))
+                started = read_json(start_file(self.dir, w.index))
                 if started and started.get("step"):
                     self.step = str(started["step"])
-            if w.rank in self._seen:
+            if w.index in self._seen:
                 continue
-            record = read_json(exit_file(self.dir, w.rank))
+            record = read_json(exit_file(self.dir, w.index))
             if record is not None:
-                found.append((float(record.get("at") or 0.0), w, record))
-        for _, w, record in sorted(found, key=lambda f: f[0]):  # exits found together: in the order they happened
-            self._seen.add(w.rank)
+                found.append((float(record.get("at") or 0.0), w.index, w, record))
+        for _, _, w, record in sorted(found, key=lambda f: f[:2]):  # exits found together: in the order they happened
+            self._seen.add(w.index)
             if record.get("error"):
                 w.cause = f"could not start: {record['error']}"
             self._exits.put((w, int(record.get("returncode", 255))))
@@ -281,13 +302,13 @@ class SrunStep:
             t.join(2.0)  # srun's last lines name the tasks that left no record
         self._scan()
         rc = self.proc.returncode
-        started = any(os.path.exists(start_file(self.dir, w.rank)) for w in self.workers)
+        started = any(os.path.exists(start_file(self.dir, w.index)) for w in self.workers)
         for w in self.workers:
-            if w.rank in self._seen:
+            if w.index in self._seen:
                 continue
-            self._seen.add(w.rank)
-            if w.rank in self._srun_status:
-                node, words = self._srun_status[w.rank]
+            self._seen.add(w.index)
+            if w.index in self._srun_status:
+                node, words = self._srun_status[w.index]
                 code = _status_code(words)
                 w.cause = f"{words[:1].lower()}{words[1:]} (srun, no exit status from the task)"
             elif not started and rc != 0:
@@ -309,8 +330,18 @@ class SrunStep:
             worker, code = self._exits.get(timeout=timeout)
         except queue.Empty:
             return None
-        self.returncodes[worker.rank] = worker.returncode = code
+        worker._step.record(worker, code)
         return worker, code
+
+    def record(self, worker: SrunTask, code: int) -> None:
+        self.returncodes[worker.rank] = worker.returncode = code
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to every task of the step (``scancel --signal``), or to srun before the step is known."""
+        if self.step is not None:
+            self._scancel(f"--signal={signal.Signals(sig).name.removeprefix('SIG')}")
+        elif self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
 
     def wait_ended(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until srun has ended and its output is read."""
@@ -355,3 +386,145 @@ class SrunStep:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Srun:
+    """The srun mechanism (``mechanism.Mechanism``): the ranks as tasks of ``srun`` steps. A static
+    job is one step for every rank (``--kill-on-bad-exit``: a failed rank ends them all); an elastic
+    job runs each rank as a step of its own on its node (a lost node's ranks end alone, and new
+    ranks start as new steps in the allocation)."""
+
+    name = "srun"
+
+    def __init__(self, config: LaunchConfig):
+        self.config = config
+        self.step: SrunStep | None = None   # the static job's one step
+        self.steps: list[SrunStep] = []     # an elastic job's steps, one per rank
+        self._stack = contextlib.ExitStack()
+        self._dir = ""
+        self._exits: queue.Queue = queue.Queue()
+        self._sink: OutputSink | None = None
+        self._reaper: Reaper | None = None
+        self._toward: dict[str, str] = {}
+
+    def arrange(self, hosts):
+        return list(hosts), []  # Slurm node names are distinct nodes: no merging, no preflight
+
+    def open(self, slots: Sequence[Slot]) -> envmod.JobPlan:
+        job_id = envmod.new_job_id()
+        d = self._stack.enter_context(step_dir(self.config, job_id))
+        return plan_step(self.config, d, job_id)
+
+    def notes(self) -> list[str]:
+        if self.config.ssh_flags:
+            return [f"appliance launch: {' and '.join(self.config.ssh_flags)} unused: ranks start with srun"]
+        return []
+
+    def describe(self, slots: Sequence[Slot], plan: envmod.JobPlan) -> list[str]:
+        hosts = used_hosts(slots)
+        lines = [f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} Slurm node(s) "
+                 f"with srun; store at rank 0's node ({hosts[0]})"]
+        for s in slots:
+            lines.append(f"  rank {s.rank}: node {s.host} local_rank {s.local_rank}/{s.local_size} "
+                         f"cross_rank {s.cross_rank}/{s.cross_size}")
+        return lines
+
+    def start(self, specs, plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
+              cancelled=lambda: False) -> None:
+        if self._dir:  # elastic
+            self._sink, self._reaper = sink, reaper
+            for spec in specs:
+                if cancelled():
+                    return
+                self.add(spec.slot.host, [spec], plan)
+            return
+        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper)
+        if not cancelled():
+            self.step.start()
+
+    # -- elastic ------------------------------------------------------------------------------
+    def open_elastic(self) -> str:
+        job_id = envmod.new_job_id()
+        self._dir = self._stack.enter_context(step_dir(self.config, job_id))
+        return self._dir
+
+    def open_hosts(self, hosts) -> dict[str, str | None]:
+        return {h: None for h in hosts}  # the allocation's nodes: slurmd runs there
+
+    def round_addresses(self, hosts) -> dict[str, str]:
+        return {h: "" for h in hosts}  # each task's wrapper picks its node's address
+
+    def launcher_address(self, host: str) -> str:
+        """This machine's source address towards the node (cached)."""
+        if host not in self._toward:
+            from ..ssh.probe import route_get
+
+            try:
+                address = socket.gethostbyname(host)
+            except OSError:
+                address = ""
+            src = route_get(address).get("src", "") if address else ""
+            self._toward[host] = src or socket.gethostbyname(socket.gethostname())
+        return self._toward[host]
+
+    def add(self, host: str, specs, plan: envmod.JobPlan) -> None:
+        """One more step on ``host`` for ``specs`` (an elastic job's ranks; their worker numbers
+        and places go to the tasks in ``elastic.json`` of the step's own directory)."""
+        if not self._dir or self._sink is None:
+            raise LaunchError("the srun launcher adds ranks to an elastic job only, after start()")
+        sub = os.path.join(self._dir, f"step{len(self.steps)}")
+        os.mkdir(sub, 0o700)
+        write_json(os.path.join(sub, "elastic.json"),
+                   {str(i): {"wid": spec.wid, "slot": dataclasses.asdict(spec.slot)} for i, spec in enumerate(specs)})
+        extra = {k: v for k, v in specs[0].env.items() if k != "APPLIANCE_ELASTIC_WORKER"}
+        step = SrunStep(self.config, [spec.slot for spec in specs], dataclasses.replace(plan, fault_dir=sub),
+                        self._sink, self._reaper, wids=[spec.wid for spec in specs], extra_env=extra,
+                        exits=self._exits, grace_s=0.0)
+        self.steps.append(step)
+        step.start()
+
+    def remove(self, workers) -> None:
+        for w in workers:
+            w.signal(signal.SIGTERM)
+
+    # -- the WorkerGroup side -------------------------------------------------------------------
+    def _all(self) -> list[SrunStep]:
+        return [self.step] if self.step is not None else list(self.steps)
+
+    @property
+    def workers(self) -> list:
+        return [w for st in self._all() for w in st.workers]
+
+    @property
+    def returncodes(self) -> dict:
+        return {k: v for st in self._all() for k, v in st.returncodes.items()}
+
+    def next_exit(self, timeout: float):
+        if self.step is not None:
+            return self.step.next_exit(timeout)
+        try:
+            worker, code = self._exits.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        worker._step.record(worker, code)
+        return worker, code
+
+    def running(self) -> list:
+        return [w for st in self._all() for w in st.running()]
+
+    def stop(self) -> None:
+        steps = self._all()
+        threads = [threading.Thread(target=st.stop, name="srun-stop", daemon=True) for st in steps]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.config.stop_grace_s + KILL_WAIT_S + 5.0)
+
+    def __enter__(self) -> "Srun":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self._stack.close()

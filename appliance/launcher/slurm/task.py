@@ -14,6 +14,9 @@ What it owns, in DIR (the launcher's per-step directory on a mount every node sh
 - ``rendezvous.json``: written by rank 0's wrapper: the store address (its node's address and a
   port free there) and torch's MASTER_ADDR/MASTER_PORT; every other wrapper waits for it (within
   HOROVOD_START_TIMEOUT) before starting its rank.
+- ``elastic.json`` (an elastic job's step, HOROVOD_ELASTIC=1; the launcher's): per task, the
+  worker number (APPLIANCE_ELASTIC_WORKER) and the place the driver planned for it; no
+  ``rendezvous.json`` then: every round's store comes from the driver.
 - ``hostfile`` (the launcher's): the node of each rank, one per line (srun's SLURM_HOSTFILE); a
   task that Slurm placed elsewhere fails at once, naming both nodes.
 - ``start.N.json``: rank N started (node, child pid, ``JOB.STEP``: the launcher signals the step by it).
@@ -50,7 +53,8 @@ from appliance.common.knobs import ConfigError
 from appliance.common.netif import interface_address
 from appliance.common.slurm import SlurmEnvError, SlurmTask
 from .. import binding
-from ..env import JobPlan, network_defaults, worker_env
+from appliance.common.ranks import Slot
+from ..env import JobPlan, fault_file, network_defaults, worker_env
 from ..workers import read_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -75,6 +79,11 @@ def start_file(d: str, rank: int) -> str:
 
 def rendezvous_file(d: str) -> str:
     return os.path.join(d, "rendezvous.json")
+
+
+def elastic_file(d: str) -> str:
+    """An elastic job's step: each task's worker number and planned place (the launcher's)."""
+    return os.path.join(d, "elastic.json")
 
 
 def planned_node(d: str, rank: int) -> str | None:
@@ -148,6 +157,18 @@ def rank_env(task: SlurmTask, d: str, environ: dict[str, str]) -> dict[str, str]
     """COMMAND's environment: the launcher's contract for this task's rank (``env.worker_env``)."""
     timeout_s = float(environ.get("HOROVOD_START_TIMEOUT") or 60.0)
     address = data_address(task.node)
+    elastic = read_json(elastic_file(d)) if environ.get("HOROVOD_ELASTIC") == "1" else None
+    if elastic is not None:  # an elastic job's step: the place the driver planned; the store comes from it
+        spec = elastic[str(task.rank)]
+        slot = Slot(**spec["slot"])
+        plan = JobPlan(job_id=environ.get("APPLIANCE_JOB_ID", ""), secret=environ.get("APPLIANCE_JOB_SECRET", ""),
+                       store_addr="", master_addr=address, master_port=0, data_addrs={slot.host: address},
+                       start_timeout_s=timeout_s, verbose=environ.get("APPLIANCE_VERBOSE") == "1", fault_dir=d)
+        base = {k: v for k, v in environ.items() if k not in PRIVATE}
+        network_defaults(base, interface_of(address))
+        env = worker_env(slot, plan, base, {})
+        env.update(APPLIANCE_ELASTIC_WORKER=str(spec["wid"]), APPLIANCE_FAULT_FILE=fault_file(d, task.rank))
+        return env
     meet = rendezvous(d, task, address, timeout_s)
     plan = JobPlan(job_id=environ.get("APPLIANCE_JOB_ID", ""), secret=environ.get("APPLIANCE_JOB_SECRET", ""),
                    store_addr=meet["store_addr"], master_addr=meet["master_addr"],

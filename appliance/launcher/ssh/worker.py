@@ -156,6 +156,15 @@ class SSHWorker:
             except Exception:  # noqa: BLE001 - a closed channel: the stub stops the group by itself
                 return False
 
+    def silent_s(self) -> float:
+        """Seconds since anything came from the stub (which sends a heartbeat every HEARTBEAT_S)."""
+        try:
+            if self._chan.recv_ready() or self._chan.recv_stderr_ready():
+                return 0.0
+        except Exception:  # noqa: BLE001 - a closed channel: the reader thread reports that
+            pass
+        return time.monotonic() - self._heard
+
     def _check_silence(self) -> None:
         try:  # bytes waiting in the channel: the stub is there, only our reader is slow (a blocked stdout)
             if self._chan.recv_ready() or self._chan.recv_stderr_ready():

@@ -1,4 +1,4 @@
-"""``horovod.torch.elastic``: Horovod's elastic training API on a fixed set of hosts.
+"""``horovod.torch.elastic``: Horovod's elastic training API.
 
 What it is: ``run`` (the decorator), ``State``, ``ObjectState``, ``TorchState``,
 ``ElasticSampler`` and ``HostUpdateResult``, so that Horovod elastic scripts run unchanged::
@@ -12,18 +12,20 @@ What it is: ``run`` (the decorator), ``State``, ``ObjectState``, ``TorchState``,
     train(state)
 
 ``run(func)`` returns ``wrapper(state, *args, **kwargs)``: it syncs ``state`` from rank 0, calls
-``func``; on ``HostsUpdatedInterrupt`` (a host-set change seen by a ``commit``, or raised by the
-script on every rank) it re-initialises the runtime (``shutdown()`` + ``init()``), calls
-``state.on_reset()`` (``reset`` + the registered callbacks), syncs unless the interrupt says
-``skip_sync`` and calls ``func`` again; on ``HorovodInternalError`` (a lost rank, an aborted
-job) it restores the last commit and re-raises. Horovod would instead re-form the job from the
-surviving workers; this runtime's hosts are fixed, so the job ends loudly. What a future elastic
-launcher needs from the runtime is written in ``appliance.hvdcompat.elastic``'s docstring.
+``func``; on ``HorovodInternalError`` (a lost rank) it restores the last commit, on
+``HostsUpdatedInterrupt`` (a host-set change seen by a ``commit`` on every rank) it keeps the
+state; either way it re-initialises the runtime (``shutdown()`` + ``init()``: in an elastic job
+launched with ``--min-np``/``--max-np``/``--host-discovery-script`` the next round of the
+driver), calls ``state.on_reset()`` (``reset`` + the registered callbacks), syncs from the new
+rank 0 when the round says so and calls ``func`` again. Without an elastic launcher the hosts
+are fixed: ``HorovodInternalError`` is re-raised after the restore. The loop itself is
+``appliance.hvdcompat.elastic.run_fn`` (``horovod.common.elastic``).
 
 Layout (as Horovod's): ``sampler`` (``ElasticSampler``), ``state`` (``TorchState`` and its
 handlers); the framework-free ``State``/``ObjectState``/``run_fn`` are in
-``appliance.hvdcompat.elastic`` (``horovod.common.elastic``). Reads no environment.
-Failure modes: those of the collectives; ``HorovodInternalError`` always leaves ``run``.
+``appliance.hvdcompat.elastic``. Reads no environment.
+Failure modes: those of the collectives; ``HorovodInternalError`` leaves ``run`` only without
+an elastic launcher, or when the driver ends the job.
 """
 from __future__ import annotations
 

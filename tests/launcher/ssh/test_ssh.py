@@ -159,6 +159,7 @@ time.sleep(60)
     p = job.cli("-np", str(np_), "-H", hosts, "-p", str(PORT), "--", *job.argv(body),
                 env=ssh_cluster.env(APPLIANCE_JOB_DIR=str(jobs)))
     job.wait_files("pid", np_)
+    job.wait_files("env", np_)  # written after pid: on a loaded machine it may trail the other marks
     job.wait_files("grandchild", 1)
     job.wait_files("ignoring", 1)
     job_id = json.loads(job.read("env", 0))["APPLIANCE_JOB_ID"]

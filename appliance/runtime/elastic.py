@@ -1,0 +1,188 @@
+"""A worker's side of an elastic job: its round from the driver, and the driver's host notices.
+
+What it is: in an elastic job (HOROVOD_ELASTIC=1 and APPLIANCE_ELASTIC_ADDR set by the
+launcher's driver) ``init()`` does not read its layout from the environment once: it asks the
+driver for its round (``next_round_env``: rank, size, local and cross ranks, where the round's
+store is, a per-round job id so a stale peer of an older round is refused by every handshake)
+and is answered when every member of that round has asked too. A worker that could become the
+round's rank 0 sends a port free on its data address with the request: rank 0 hosts the round's
+store there. ``failed(error)`` (a ``HorovodInternalError`` of this runtime, from a collective or
+from the round's rendezvous) and ``hosts_updated()`` say why the next request is made, so the
+driver knows whether state must be synced; the answer's ``sync`` is what every member of the
+round uses (``sync_needed()``), so old and new workers never disagree about it. After each round
+the layout variables of ``os.environ`` (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK...) are
+the round's, as Horovod sets them.
+
+Notifications: after the first round a daemon thread keeps a ``watch`` connection to the driver
+and calls every listener (``add_listener``: ``hvd.elastic.run`` registers its ``State``) with
+``(timestamp, HostUpdateResult flags)`` when hosts change while this worker's round runs; a
+notice for an earlier round is dropped.
+
+The wire protocol is ``appliance.common.rendezvous``. Env vars: HOROVOD_ELASTIC,
+APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER, APPLIANCE_JOB_ID, APPLIANCE_JOB_SECRET,
+APPLIANCE_DATA_ADDR. Failure modes: the driver refusing the job or unreachable raises
+``HorovodInternalError`` (the job is ending); a worker the driver removed from the job (its
+host left) prints one line and exits with status 0 (``SystemExit``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from typing import Callable, Mapping
+
+from appliance.common import rendezvous as rdv
+from appliance.common.knobs import ConfigError, read
+from appliance.runtime.errors import HorovodInternalError
+
+LAYOUT = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+_ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return bool(read("HOROVOD_ELASTIC", env)) and bool(read("APPLIANCE_ELASTIC_ADDR", env))
+
+
+class Session:
+    """This process's membership of an elastic job (one per process: ``session()``)."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self.addr = read("APPLIANCE_ELASTIC_ADDR", env)
+        worker = read("APPLIANCE_ELASTIC_WORKER", env)
+        if worker is None:
+            raise ConfigError("HOROVOD_ELASTIC=1 needs APPLIANCE_ELASTIC_WORKER (set by the launcher's driver)")
+        self.worker = int(worker)
+        self.job = read("APPLIANCE_JOB_ID", env)
+        try:
+            self.secret = bytes.fromhex(read("APPLIANCE_JOB_SECRET", env) or "")
+        except ValueError:
+            raise ConfigError("APPLIANCE_JOB_SECRET must be hexadecimal") from None
+        self.data_addr = read("APPLIANCE_DATA_ADDR", env) or ""
+        self.round: dict = {}
+        self.reason = "start"
+        self.printed_knobs = False  # --verbose: rank 0's knob table once per process, not every round
+        self._listeners: list[Callable[[int, int], None]] = []
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+
+    # -- rounds -------------------------------------------------------------------------------
+    def failed(self, error: BaseException) -> None:
+        """The runtime failed (``HorovodInternalError``): the next round must sync."""
+        self.reason = "error"
+
+    def hosts_updated(self) -> None:
+        """Every rank raised ``HostsUpdatedInterrupt`` at a commit: a planned change."""
+        if self.reason != "error":
+            self.reason = "hosts"
+
+    def next_round(self) -> dict:
+        """Block until the driver releases this worker's next round; returns it."""
+        port = _free_port(self.data_addr or "0.0.0.0")
+        message = {"op": "join", "last": int(self.round.get("round", 0)), "reason": self.reason or "error",
+                   "port": port, "addr": self.data_addr}
+        try:
+            chan = rdv.connect(self.addr, self.secret, self.job, self.worker)
+            try:
+                answer = rdv.request(chan, message)
+            finally:
+                chan.close()
+        except rdv.RendezvousError as e:
+            raise HorovodInternalError(f"worker {self.worker}: the elastic driver is gone: {e}") from None
+        if "removed" in answer:
+            print(f"appliance: worker {self.worker} leaves the elastic job: {answer['removed']}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(0)
+        if "round" not in answer:
+            raise HorovodInternalError(f"worker {self.worker}: the elastic driver ended the job: "
+                                       f"{answer.get('error', answer)}")
+        self.round = answer["round"]
+        for key in LAYOUT:
+            os.environ[_ENV_OF[key]] = str(self.round[key])
+        return self.round
+
+    def round_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` with the current round's layout, store and job id, for ``RuntimeConfig.from_env``."""
+        r = self.round
+        env = dict(base)
+        env.update({_ENV_OF[k]: str(r[k]) for k in LAYOUT})
+        env.update(HOROVOD_HOSTNAME=str(r["host"]), APPLIANCE_STORE_ADDR=str(r["store"]),
+                   APPLIANCE_JOB_ID=str(r["job_id"]))
+        if r.get("data_addr"):
+            env["APPLIANCE_DATA_ADDR"] = str(r["data_addr"])
+        return env
+
+    def started(self) -> None:
+        """The round's runtime is up; notices flow from now on. The reason of the next request is
+        set by ``failed``/``hosts_updated`` (neither: a re-init by hand, treated as a failure)."""
+        self.reason = ""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="elastic-notices", daemon=True)
+            self._watcher.start()
+
+    def sync_needed(self) -> bool:
+        return bool(self.round.get("sync", True))
+
+    # -- notifications ------------------------------------------------------------------------
+    def add_listener(self, fn: Callable[[int, int], None]) -> None:
+        with self._lock:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[int, int], None]) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                chan = rdv.connect(self.addr, self.secret, self.job, self.worker)
+            except rdv.RendezvousError:
+                return  # the driver is gone: the job is ending
+            try:
+                chan.send({"op": "watch"})
+                while True:
+                    note = chan.recv(rdv.SILENCE_S).get("hosts_updated")
+                    if note and int(note.get("round", -1)) == int(self.round.get("round", 0)):
+                        with self._lock:
+                            listeners = list(self._listeners)
+                        for fn in listeners:
+                            fn(int(note["timestamp"]), int(note["result"]))
+            except rdv.RendezvousError:
+                pass
+            finally:
+                chan.close()
+
+
+def _free_port(addr: str) -> int:
+    """A TCP port free on ``addr`` now (the store binds it moments later; another round is formed
+    in the rare case it was taken meanwhile)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, 0))
+        except OSError:
+            s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+
+
+def session() -> Session:
+    """This process's elastic session (created on first use from the environment)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            _session = Session(os.environ)
+        return _session
+
+
+def current() -> Session | None:
+    """The session, if this process is an elastic worker that has one."""
+    return _session
+
+
+__all__ = ["LAYOUT", "Session", "current", "enabled", "session"]

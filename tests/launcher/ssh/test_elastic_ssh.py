@@ -1,0 +1,157 @@
+"""Elastic jobs over real hosts: the SSH tier's network-namespace hosts, each with its own sshd,
+address and hostname (``tests/fixtures/netns.py``), plus this machine. Written from Horovod's documented
+behaviour (docs/elastic.rst): hosts added then removed (1 and 2 slots), one rank failing by
+exception and by SIGKILL with a discovery script and with a fixed -H list, every rank failing, the
+reset limit, a blacklisted host returning after its cool-down, --min-np not reachable within the
+elastic timeout, and a host's network cut mid-training.
+
+Every test asserts effects (exit code, the state the finished workers report, which processes
+were started, time bounds) and that nothing is left: no process on this machine, none in any host's
+namespace (ranks, stubs, sshd sessions: so no store port either). Rank program:
+``tests/ranks/elastic_steps.py`` (``tests/fixtures/elastic.py`` drives it).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fixtures.elastic import ElasticJob, check_consistent
+from fixtures.netns import PORT, sh
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def cluster(ssh_cluster, monkeypatch):
+    for name, value in ssh_cluster.env(APPLIANCE_DISCOVERY_INTERVAL="0.2").items():
+        monkeypatch.setenv(name, value)
+    yield ssh_cluster
+    assert ssh_cluster.wait_clean(12.0) == {}, "processes left in the hosts' namespaces"
+
+
+def start(job: ElasticJob, np: int, **kw) -> ElasticJob:
+    return job.start(np, ssh_port=PORT, **kw)
+
+
+def test_hosts_added_then_removed_over_ssh(cluster, tmp_path):
+    """This machine alone, then host 1 with 2 slots joins (1 -> 3 ranks), then host 2 (3 -> 4),
+    then this machine leaves (4 -> 3: rank 0 moves to host 1, which holds the same state)."""
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=120, commit=2, hosts="localhost:1") as job:
+        start(job, 1, max_np=4)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.set_hosts(f"localhost:1,{h1.address}:2")
+        job.wait_size(3)
+        job.set_hosts(f"localhost:1,{h1.address}:2,{h2.address}:1")
+        job.wait_size(4)
+        job.set_hosts(f"{h1.address}:2,{h2.address}:1")
+        job.wait_size(3, step_after=job.max_step())
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), 120)
+        assert sizes[0] == 1 and {3, 4} <= set(sizes) and sizes[-1] == 3
+        assert sorted(job.pids()) == [0, 1, 2, 3] and sorted(job.done()) == [1, 2, 3]
+        assert job.done()[1]["rank"] == 0
+        assert job.leftovers() == []
+
+
+@pytest.mark.parametrize("how", ["fail", "kill"])
+@pytest.mark.parametrize("source", ["discovery", "fixed"])
+def test_one_remote_rank_failing_removes_its_host_and_the_rest_go_on(cluster, tmp_path, how, source):
+    h1, h2 = cluster.hosts
+    hosts = f"localhost:1,{h1.address}:1,{h2.address}:1"
+    with ElasticJob(tmp_path, steps=24, commit=3, hosts=hosts if source == "discovery" else None) as job:
+        job.switch(how, 2, 7)  # worker 2: the rank on host 2
+        start(job, 3, min_np=2, **({"hosts": hosts} if source == "fixed" else {}))
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 24) == [3] * 6 + [2] * 18
+        assert sorted(job.done()) == [0, 1]
+        assert job.leftovers() == []
+
+
+def test_every_rank_failing_fails_the_job_naming_them(cluster, tmp_path):
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=24) as job:
+        for w in (0, 1):
+            job.switch("fail", w, 4)
+        start(job, 2, min_np=1, hosts=f"{h1.address}:1,{h2.address}:1")
+        r = job.wait()
+        assert r.returncode == 1 and "every rank failed" in r.reason, r.reason
+        assert f"host {h1.address}" in r.reason and f"host {h2.address}" in r.reason
+        assert job.done() == {} and job.leftovers() == []
+
+
+@pytest.mark.parametrize("limit, ok", [(1, False), (2, True)])
+def test_the_reset_limit(cluster, tmp_path, limit, ok):
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=24, commit=2) as job:
+        job.switch("kill", 2, 4)
+        job.switch("fail", 1, 9)
+        start(job, 3, min_np=1, hosts=f"localhost:1,{h1.address}:1,{h2.address}:1", reset_limit=limit)
+        r = job.wait()
+        if ok:
+            assert r.returncode == 0, r.reason
+            assert check_consistent(job.done(), 24)[-1] == 1
+        else:
+            assert r.returncode == 1 and "--reset-limit 1" in r.reason, r.reason
+        assert job.leftovers() == []
+
+
+def test_a_blacklisted_host_returns_after_its_cooldown(cluster, tmp_path):
+    h1, _ = cluster.hosts
+    with ElasticJob(tmp_path, steps=100, commit=2, hosts=f"localhost:1,{h1.address}:1") as job:
+        job.switch("kill", 1, 4)
+        start(job, 2, min_np=1, blacklist_cooldown_range=(1, 2))
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), 100)
+        assert sizes[:2] == [2] * 2 and 1 in sizes and sizes[-1] == 2  # killed at step 4: step 2 was the commit
+        assert sorted(job.done()) == [0, 2]  # a new worker on the returned host
+        assert json.loads((tmp_path / "up.2").read_text())["size"] == 2
+        assert job.leftovers() == []
+
+
+def test_min_np_not_reachable_within_the_elastic_timeout_fails_the_job(cluster, tmp_path):
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=500) as job:
+        job.switch("kill", 1, 3)
+        start(job, 2, min_np=2, hosts=f"{h1.address}:1,{h2.address}:1", elastic_timeout=3)
+        r = job.wait()
+        assert r.returncode == 1 and "fewer than --min-np 2 slots" in r.reason, r.reason
+        assert r.elapsed_s < 30
+        assert job.leftovers() == []
+
+
+def test_a_hosts_network_cut_mid_training(cluster, tmp_path):
+    """Host 2's switch port goes down (nothing closes, packets vanish). The survivors' runtimes
+    notice after the heartbeat timeout and name the lost rank in their joins, so the driver drops
+    that worker at once (before SSH notices the silence) and the job goes on at 2 ranks from the
+    last commit; host 2's stub stops the rank there on its own."""
+    h1, h2 = cluster.hosts
+    heartbeat = 2.0
+    with ElasticJob(tmp_path, steps=150, commit=2, step_s=0.05) as job:
+        start(job, 3, min_np=2, hosts=f"localhost:1,{h1.address}:1,{h2.address}:1",
+              env={"APPLIANCE_HEARTBEAT_TIMEOUT": str(heartbeat)})
+        port = f"sw{h2.index}"
+        try:
+            job.wait_for(lambda: job.max_step() >= 10, what="steps at 3 ranks")
+            sh("ip", "-n", cluster.c.switch, "link", "set", port, "down")
+            cut = time.time()
+            job.wait_for(lambda: any(p["size"] == 2 for p in job.progress().values()), limit=30,
+                         what="a step at 2 ranks")
+            first = min(p["t"] for p in job.progress().values() if p["size"] == 2)
+            recovered = first - cut
+            print(f"\nnetwork cut: first step at the new size {recovered:.2f} s after the cut "
+                  f"(heartbeat timeout {heartbeat:g} s)")
+            assert recovered < heartbeat + 5.0, recovered
+            r = job.wait()
+        finally:
+            sh("ip", "-n", cluster.c.switch, "link", "set", port, "up", check=False)
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), 150)
+        assert sizes[:10] == [3] * 10 and sizes[-1] == 2
+        assert sorted(job.done()) == [0, 1]
+        assert job.leftovers() == []

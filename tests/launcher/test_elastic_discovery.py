@@ -1,0 +1,110 @@
+"""Host discovery for elastic jobs (``appliance.launcher.elastic.discovery``): Horovod's output
+format (``host:slots`` or ``host`` lines), the MPI Operator's generated script as it is, strict
+line checks (nothing that could read as an SSH option or a shell word gets through), and running
+the script as an argv with a timeout, with errors that name the script and the line."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from appliance.launcher.elastic.discovery import (DiscoveryError, FixedDiscovery, ScriptDiscovery,
+                                                  parse_hosts_output)
+
+# What the MPI Operator (v2) generates as /etc/mpi/discover_hosts.sh: one echo per running worker pod.
+MPI_OPERATOR_SCRIPT = """#!/bin/sh
+echo job-worker-0.job.default.svc
+echo job-worker-1.job.default.svc
+"""
+
+
+def script(tmp_path, body: str, name: str = "discover.sh", mode: int = 0o755) -> str:
+    path = tmp_path / name
+    path.write_text(body)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_lines_are_host_slots_or_host_with_the_default_slots():
+    text = "a:2\n\n  b  \n# a comment\n10.0.0.7:4\n[fe80::1]:3\n[::1]\nb\n"
+    assert parse_hosts_output(text, "s") == {"a": 2, "b": 1, "10.0.0.7": 4, "fe80::1": 3, "::1": 1}
+    assert parse_hosts_output("x\ny:2\n", "s", default_slots=8) == {"x": 8, "y": 2}
+    assert parse_hosts_output("", "s") == {}  # nothing available right now: not an error
+
+
+@pytest.mark.parametrize("line, why", [
+    ("-oProxyCommand=touch /tmp/x", "SSH option"),
+    ("host;rm -rf /", "not a host name"),
+    ("$(reboot)", "not a host name"),
+    ("user@host", "not a host name"),
+    ("two words", "not a host name"),
+    ("a:0", "at least 1"),
+    ("a:two", "whole number"),
+    ("a:1 b:1", "not a host name"),
+    ("[::1", "missing ']'"),
+])
+def test_a_malformed_line_names_the_script_the_line_and_why(line, why):
+    with pytest.raises(DiscoveryError) as e:
+        parse_hosts_output(f"good:1\n{line}\n", "host discovery script d.sh")
+    assert "host discovery script d.sh, line 2" in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_the_same_host_with_two_slot_counts_is_refused():
+    assert parse_hosts_output("a:2\na:2\n", "s") == {"a": 2}
+    with pytest.raises(DiscoveryError, match="listed again with 3 slots"):
+        parse_hosts_output("a:2\na:3\n", "s")
+
+
+def test_the_mpi_operators_script_works_as_it_is(tmp_path):
+    d = ScriptDiscovery(script(tmp_path, MPI_OPERATOR_SCRIPT), None, 5.0, os.environ)
+    assert d.find() == {"job-worker-0.job.default.svc": 1, "job-worker-1.job.default.svc": 1}
+    assert ScriptDiscovery(d.script, 4, 5.0, os.environ).find() == {"job-worker-0.job.default.svc": 4,
+                                                                     "job-worker-1.job.default.svc": 4}
+
+
+def test_script_errors_name_the_script_and_what_went_wrong(tmp_path):
+    env = dict(os.environ)
+    cases = [
+        (str(tmp_path / "absent.sh"), "no such file"),
+        (script(tmp_path, "#!/bin/sh\necho a\n", "noexec.sh", 0o644), "not executable"),
+        (script(tmp_path, "#!/bin/sh\necho 'no hosts today' >&2\nexit 3\n", "fails.sh"), "exited with code 3: no hosts today"),
+        (script(tmp_path, "#!/bin/sh\necho 'a;b'\n", "bad.sh"), "line 1"),
+    ]
+    for path, why in cases:
+        with pytest.raises(DiscoveryError) as e:
+            ScriptDiscovery(path, None, 5.0, env).find()
+        assert path in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_a_script_that_hangs_is_stopped_with_what_it_started(tmp_path):
+    marker = tmp_path / "child.pid"
+    path = script(tmp_path, f"#!/bin/sh\nsleep 30 &\necho $! > {marker}\nsleep 30\n", "hangs.sh")
+    start = time.monotonic()
+    with pytest.raises(DiscoveryError, match=r"did not finish within 0.5 s"):
+        ScriptDiscovery(path, None, 0.5, os.environ).find()
+    assert time.monotonic() - start < 4.0
+    pid = int(marker.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the script's background child outlived it")
+
+
+def test_the_script_runs_without_a_shell_from_path(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script(bin_dir, "#!/bin/sh\necho \"$0\" | grep -q 'find-hosts' && echo found:2\n", "find-hosts")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
+    assert ScriptDiscovery("find-hosts", None, 5.0, env).find() == {"found": 2}
+    with pytest.raises(DiscoveryError, match="no such file"):
+        ScriptDiscovery("find-hosts --flag", None, 5.0, env).find()  # one path, never a shell command
+
+
+def test_fixed_hosts_are_always_the_same():
+    d = FixedDiscovery({"a": 2, "b": 1})
+    assert d.find() == {"a": 2, "b": 1} and d.find() is not d.find()

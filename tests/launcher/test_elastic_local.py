@@ -1,0 +1,176 @@
+"""Elastic jobs on this machine, written from Horovod's documented behaviour (docs/elastic.rst):
+real launcher, real driver, real worker processes and sockets; "hosts" are loopback addresses
+(127.0.0.x), which an elastic job keeps apart as Horovod does (no merging of one machine's names).
+
+Each test runs ``tests/ranks/elastic_steps.py`` (a deterministic numpy "training": ``w`` grows by
+the job's size at every step, so the final ``w`` says exactly which sizes the committed steps ran
+at) and asserts effects: the exit code, the state every finished worker reports, which workers
+were started (survivors are never restarted), the time bounds, and that no process is left.
+The same scenarios over real sshd hosts are in ``ssh/test_elastic_ssh.py``.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fixtures.elastic import ElasticJob, check_consistent, listening_ports
+
+pytestmark = pytest.mark.timeout(150)
+
+A, B, C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+
+
+def test_hosts_added_then_removed_grow_and_shrink_the_job_without_restarting_anyone(tmp_path):
+    """Discovery adds a host with 2 slots (the job grows from 1 to 3 ranks at a commit), then
+    removes the first host (it shrinks to 2 with no rollback; the leaving worker exits 0); the
+    survivors keep their processes and every committed step is kept."""
+    before = listening_ports()
+    with ElasticJob(tmp_path, steps=60, commit=2, hosts=f"{A}:1") as job:
+        job.start(1, max_np=4)
+        job.wait_for(lambda: job.max_step() >= 1, what="a first step")
+        assert listening_ports() - before, "the driver's rendezvous port"
+        job.wait_for(lambda: job.max_step() >= 4, what="the first steps")
+        job.set_hosts(f"{A}:1,{B}:2")
+        added = time.monotonic()
+        job.wait_size(3)
+        grew = time.monotonic() - added
+        job.set_hosts(f"{B}:2")
+        job.wait_size(2, step_after=job.max_step())
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent({w: d for w, d in job.done().items()}, 60)
+        assert sizes[0] == 1 and 3 in sizes and sizes[-1] == 2
+        assert sorted(job.pids()) == [0, 1, 2]          # one process per slot, nobody restarted
+        assert sorted(job.done()) == [1, 2]             # worker 0 left with its host
+        assert job.done()[1]["rank"] == 0               # the oldest remaining host holds rank 0
+        # the newcomers synced once, on arrival; the pure removal needed no sync, and every member
+        # of that round agreed on it (a rank that skipped a sync another ran would deadlock)
+        assert all(d["syncs"] == 1 and d["resets"] == 1 for d in job.done().values()), job.done()
+        assert grew < 8.0, grew
+        assert job.leftovers() == []
+    assert listening_ports() == before  # the driver's port is closed too
+
+
+@pytest.mark.parametrize("how", ["fail", "kill"])
+def test_one_rank_failing_blacklists_its_host_and_the_others_go_on_from_the_last_commit(tmp_path, how):
+    """Over a fixed host list (-H with --min-np): worker 1 raises (exit 1) or is SIGKILLed at step
+    7 (commits every 3 steps); its host leaves the job, the other two restore step 6 and finish."""
+    with ElasticJob(tmp_path, steps=20, commit=3) as job:
+        job.switch(how, 1, 7)
+        job.start(3, min_np=2, hosts=f"{A}:1,{B}:1,{C}:1")
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), 20)
+        assert sizes == [3] * 6 + [2] * 14               # steps 1-6 committed at 3 ranks, then 2
+        assert sorted(job.done()) == [0, 2] and sorted(job.pids()) == [0, 1, 2]
+        assert job.leftovers() == []
+
+
+def test_rank_0_dying_is_survived_and_the_next_oldest_worker_becomes_rank_0(tmp_path):
+    """Rank 0 hosts the round's store and holds the reference state: losing it loses neither (the
+    driver, not rank 0, keeps the job; the new rank 0 is the oldest surviving worker)."""
+    with ElasticJob(tmp_path, steps=20, commit=3) as job:
+        job.switch("kill", 0, 7)
+        job.start(3, min_np=2, hosts=f"{A}:1,{B}:1,{C}:1")
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 20) == [3] * 6 + [2] * 14
+        assert sorted(job.done()) == [1, 2] and job.done()[1]["rank"] == 0
+        assert job.leftovers() == []
+
+
+def test_a_killed_rank_found_by_discovery_is_replaced_when_its_host_returns_after_the_cooldown(tmp_path):
+    """--blacklist-cooldown-range 1 1: the failed host is out for about a second, then discovery
+    brings it back and a new worker starts there; the job grows back to 2."""
+    with ElasticJob(tmp_path, steps=80, commit=2, hosts=f"{A}:1,{B}:1") as job:
+        job.switch("kill", 1, 5)
+        job.start(2, min_np=1, blacklist_cooldown_range=(1, 1))
+        job.wait_for(lambda: 2 in job.done() or 2 in job.pids(), limit=30, what="a worker on the returned host")
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), 80)
+        assert sizes[:4] == [2] * 4 and 1 in sizes and sizes[-1] == 2
+        assert sorted(job.done()) == [0, 2]
+        assert job.leftovers() == []
+
+
+def test_every_rank_failing_fails_the_job_naming_the_ranks(tmp_path):
+    with ElasticJob(tmp_path, steps=20) as job:
+        job.switch("fail", 0, 3)
+        job.switch("fail", 1, 3)
+        job.start(2, min_np=1, hosts=f"{A}:1,{B}:1")
+        r = job.wait()
+        assert r.returncode == 1 and "every rank failed" in r.reason, r.reason
+        assert "rank 0" in r.reason and "rank 1" in r.reason
+        assert job.done() == {} and job.leftovers() == []
+
+
+@pytest.mark.parametrize("limit, ok", [(1, False), (2, True)])
+def test_the_reset_limit_fails_the_job_once_used_up(tmp_path, limit, ok):
+    """Two failures mean two membership changes: --reset-limit 1 fails the job at the second one,
+    naming the limit; --reset-limit 2 lets it finish."""
+    with ElasticJob(tmp_path, steps=24, commit=2) as job:
+        job.switch("fail", 2, 4)
+        job.switch("fail", 1, 10)
+        job.start(3, min_np=1, hosts=f"{A}:1,{B}:1,{C}:1", reset_limit=limit)
+        r = job.wait()
+        if ok:
+            assert r.returncode == 0, r.reason
+            assert check_consistent(job.done(), 24)[-1] == 1
+        else:
+            assert r.returncode == 1 and "--reset-limit 1" in r.reason, r.reason
+            assert job.done() == {}
+        assert job.leftovers() == []
+
+
+def test_fewer_than_min_np_slots_for_the_elastic_timeout_fails_the_job(tmp_path):
+    with ElasticJob(tmp_path, steps=200) as job:
+        job.switch("kill", 1, 3)
+        job.start(2, min_np=2, hosts=f"{A}:1,{B}:1", elastic_timeout=2)
+        r = job.wait()
+        assert r.returncode == 1 and "fewer than --min-np 2 slots" in r.reason and "2 s" in r.reason, r.reason
+        assert r.elapsed_s < 20
+        assert job.leftovers() == []
+
+
+def test_the_job_waits_for_np_slots_before_it_starts(tmp_path):
+    """-np 2 with one host discovered: nothing starts until the second host appears."""
+    with ElasticJob(tmp_path, steps=10, hosts=f"{A}:1") as job:
+        job.start(2, min_np=1)
+        time.sleep(1.5)
+        assert job.pids() == {}
+        job.set_hosts(f"{A}:1,{B}:1")
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 10) == [2] * 10
+        assert job.leftovers() == []
+
+
+def test_a_discovery_script_broken_from_the_start_fails_the_launch(tmp_path):
+    from appliance.launcher import LaunchError, launch
+
+    bad = tmp_path / "d.sh"
+    bad.write_text("#!/bin/sh\necho 'not-a-host;rm'\n")
+    bad.chmod(0o755)
+    with pytest.raises(LaunchError, match=r"d.sh, line 1"):
+        launch(["true"], 1, host_discovery_script=str(bad), timeout=30)
+    with pytest.raises(LaunchError, match="not executable"):
+        bad.chmod(0o644)
+        launch(["true"], 1, host_discovery_script=str(bad), timeout=30)
+
+
+def test_a_transient_discovery_failure_is_retried_and_said_once(tmp_path, capfd):
+    with ElasticJob(tmp_path, steps=40) as job:
+        job.set_hosts(f"{A}:1")
+        job.start(1)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.script.write_text("#!/bin/sh\necho broken >&2\nexit 7\n")
+        time.sleep(1.0)  # about five failed runs
+        job.script.write_text(f"#!/bin/sh\ncat {job.hosts_file}\n")
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        err = capfd.readouterr().err
+        assert err.count("exited with code 7: broken") == 1 and err.count("works again") == 1, err
+        assert check_consistent(job.done(), 40) == [1] * 40
+        assert job.leftovers() == []
