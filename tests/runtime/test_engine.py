@@ -79,9 +79,12 @@ def test_join(run_ranks):
     assert [ranks[r]["last"] for r in range(3)] == [2, 2, 2]
 
 
-def test_init_shutdown_init(run_ranks):
-    ranks = run_ranks(2, "engine", "reinit")
-    assert ranks[0]["ok"] and ranks[1]["ok"]
+@pytest.mark.parametrize("np_", [2, 5])
+def test_init_shutdown_init(run_ranks, np_):
+    """Three starts in one process; at 5 ranks the control tree and the links opened on first use
+    (a broadcast from the last rank, an allgather) are set up again in each."""
+    ranks = run_ranks(np_, "engine", "reinit")
+    assert all(ranks[r]["ok"] for r in range(np_))
 
 
 def test_single_rank_without_launcher(tmp_path):
