@@ -284,6 +284,9 @@ def plot(rows: list, fits: dict, png: str, title: str, virtual: list = (), vfits
             ax.legend(fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ys = [p[1] for p in pts]
+        if ys and max(ys) <= 1.5 * min(ys):  # flat: a log axis this narrow has no ticks to show
+            ax.set_ylim(min(ys) / 2, max(ys) * 2)
         ax.set_title(t, fontsize=9)
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
