@@ -91,6 +91,24 @@ def _bind(s: str) -> str:
     return v
 
 
+def _negotiation(s: str) -> str:
+    v = s.strip().lower() or "tree"
+    if v not in ("tree", "star"):
+        raise ValueError(f"expected tree or star, got {s!r}")
+    return v
+
+
+def _hierarchy(s: str) -> str:
+    v = s.strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in ("1", "true", "yes", "on"):
+        return "on"
+    if v in ("0", "false", "no", "off"):
+        return "off"
+    raise ValueError(f"expected 1 (on), 0 (off) or auto, got {s!r}")
+
+
 def _rank_int(s: str) -> int:
     n = int(s)
     if n < 0:
@@ -121,6 +139,9 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_FUSION_THRESHOLD", parse_size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)", core="fusion_threshold"),
     Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming", core="cycle_time_ms"),
     Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)", core="cache_capacity"),
+    Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", _hierarchy, "auto", "allreduce within each host over shared memory, across hosts on disjoint slices, then back within the host (jobs of several hosts with the same number of consecutive ranks each): 1 always, 0 never, auto where its cost model beats the flat algorithm", core="hierarchical_allreduce"),
+    Knob("HOROVOD_HIERARCHICAL_ALLGATHER", _hierarchy, "auto", "allgather within each host, across hosts among one leader per host, then a broadcast within the host (same layouts): 1 always, 0 never, auto where its cost model wins", core="hierarchical_allgather"),
+    Knob("APPLIANCE_NEGOTIATION", _negotiation, "tree", "how ranks agree on what runs next: tree (cached ops agreed up and down a binary tree, rank 0's coordinator only for the rest; O(1) work per op at rank 0) or star (every rank tells rank 0's coordinator, which answers each; see docs/scale.md)", core="negotiation"),
     Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor", core="stall_check_disable"),
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks", core="stall_check_s"),
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)", core="stall_shutdown_s"),
@@ -129,8 +150,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "mark each wake of rank 0's background thread (CYCLE_START) in the timeline started at init", core="timeline_mark_cycles"),
     Knob("APPLIANCE_CHUNK_BYTES", parse_size, 1 << 20, "pipelining grain of the ring algorithms", core="chunk_bytes"),
     Knob("APPLIANCE_SHM", _bool, True, "shared memory between ranks of one machine (0 = TCP for every pair)", core="shm"),
-    Knob("APPLIANCE_SPIN_US", _rank_int, 100, "microseconds the engine polls after work, and a waiting caller before it blocks, so back-to-back small ops skip thread wake-ups (0 = never)", core="spin_us"),
-    Knob("APPLIANCE_CALLER_DRIVES", _bool, True, "a caller waiting for a host op runs the engine itself for up to APPLIANCE_SPIN_US, sparing a small op two thread hand-offs; the background thread stands aside until a cycle after (0 = the background thread does all)", core="caller_drives"),
+    Knob("APPLIANCE_SPIN_US", _rank_int, 100, "microseconds a caller waiting for a host op runs the engine itself (sparing a small op two thread hand-offs; the background thread stands aside until a cycle after), and the background thread polls after work; 0 = nothing spins, the background thread does all", core="spin_us"),
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost", core="heartbeat_timeout_s"),
     Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)", core="nccl_library"),
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)", core="verbose"),

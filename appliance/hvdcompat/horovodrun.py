@@ -21,10 +21,11 @@ that the launcher has no use for. Each of those is, by name, one of:
 - accepted as what we already do (``--gloo``, ``--tcp``: our runtime is Gloo-like, over TCP;
   ``--disable-cache``: horovodrun's cache of its host checks, which this launcher never keeps);
 - ignored with one warning line on stderr (tuning and diagnostics this runtime does not have:
-  ``--log-level``, ``--autotune*``, hierarchical collectives...), until the knob Horovod maps it
+  ``--log-level``, ``--autotune*``, ``--num-nccl-streams``...), until the knob Horovod maps it
   to (``KNOB_WHEN_DECLARED``: ``--log-level`` -> HOROVOD_LOG_LEVEL, ``--autotune`` ->
   HOROVOD_AUTOTUNE...) is declared in ``appliance/common/knobs.py``'s table: from then on it is
-  honoured like the above, without a warning (``--timeline-filename`` -> HOROVOD_TIMELINE is);
+  honoured like the above, without a warning (``--timeline-filename`` -> HOROVOD_TIMELINE and
+  ``--hierarchical-allreduce`` -> HOROVOD_HIERARCHICAL_ALLREDUCE are);
 - rejected (exit 2) with one line saying what to use (``--mpi`` and MPI-only flags).
 
 Horovod's elastic flags (``--min-np``, ``--max-np``, ``--slots-per-host``,
@@ -87,10 +88,10 @@ IGNORED: dict[tuple[tuple[str, ...], int], str] = {
     (("--autotune-steps-per-sample",), 1): _AUTOTUNE,
     (("--autotune-bayes-opt-max-samples",), 1): _AUTOTUNE,
     (("--autotune-gaussian-process-noise",), 1): _AUTOTUNE,
-    (("--hierarchical-allreduce",), 0): "collectives are flat rings",
-    (("--no-hierarchical-allreduce",), 0): "collectives are flat rings",
-    (("--hierarchical-allgather",), 0): "collectives are flat rings",
-    (("--no-hierarchical-allgather",), 0): "collectives are flat rings",
+    (("--hierarchical-allreduce",), 0): "the cost model picks flat or hierarchical collectives",
+    (("--no-hierarchical-allreduce",), 0): "the cost model picks flat or hierarchical collectives",
+    (("--hierarchical-allgather",), 0): "the cost model picks flat or hierarchical collectives",
+    (("--no-hierarchical-allgather",), 0): "the cost model picks flat or hierarchical collectives",
     (("--num-nccl-streams",), 1): "one NCCL stream per job",
     (("--thread-affinity",), 1): "the background thread is not pinned",
     (("--gloo-timeout-seconds",), 1): "a lost peer is detected by APPLIANCE_HEARTBEAT_TIMEOUT",

@@ -80,14 +80,16 @@ class RuntimeConfig:
     fusion_threshold: int
     cycle_time_ms: float
     cache_capacity: int
+    negotiation: str
     stall_check_disable: bool
     stall_check_s: float
     stall_shutdown_s: float
+    hierarchical_allreduce: str
+    hierarchical_allgather: str
     chunk_bytes: int
     heartbeat_timeout_s: float
     shm: bool
     spin_us: int
-    caller_drives: bool
     verbose: bool
     nccl_library: str
     fault_file: str
@@ -178,7 +180,11 @@ class Runtime:
     def remove_process_set(self, id: int) -> None: ...
     def stats(self) -> dict[str, int]:
         """Counters: plans, entries, tensors, fused_entries, ready_full, ready_ids, driven_plans,
-        outputs_reused, outputs_idle_bytes."""
+        outputs_reused, outputs_idle_bytes; ctrl_in, ctrl_out (control frames received, sent);
+        store_requests (this rank's), store_served (rank 0: its store server's); negotiation_ns,
+        negotiation_turns (with ``set_profiling(True)``: CPU time of the engine's negotiation)."""
+    def set_profiling(self, on: bool) -> None:
+        """Measure the negotiation's CPU time into ``stats()`` (two clock reads per engine turn)."""
     def set_device_allocator(self, fn: Callable[[int, int, int], Tuple[int, object]]) -> None:
         """``fn(device, nbytes, stream) -> (data_ptr, owner)``: CUDA memory for the outputs the
         core sizes (NCCL path), called on the background thread."""
@@ -195,3 +201,11 @@ def address(obj: object) -> int:
 def capabilities(nccl_library: str, nccl_candidates: Sequence[str], cudart_candidates: Sequence[str]) -> dict:
     """What executes here: cuda, cuda_devices, cuda_runtime, cuda_runtime_version, nccl,
     nccl_version, nccl_library, why."""
+
+def negotiation_model(protocol: str, ranks: int, ops: int = 20, tensors: int = 1) -> dict[str, float]:
+    """What one cached operation costs a negotiation protocol (``"tree"`` or ``"star"``) at
+    ``ranks`` ranks, measured on that many negotiators in this process, wired in memory (no
+    sockets, no scheduler): ``rank0_ns`` (time in rank 0's negotiator), ``rank0_msgs`` and
+    ``max_msgs`` (control messages rank 0 and the busiest rank handle), per op, and ``hops`` (the
+    longest chain of messages from a step's submissions to its plan). benchmarks/scale.py
+    --virtual reports these."""

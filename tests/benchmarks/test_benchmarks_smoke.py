@@ -129,6 +129,22 @@ def test_train_rounds_report_the_median_run(tmp_path):
         assert " ".join(f"{x:.1f}" for x in r["rounds"]) in proc.stdout
 
 
+def test_scale_quick(tmp_path, with_matplotlib):
+    """The scale harness at 2, 4 and 8 ranks: every metric of every size, the growth fits and the plot."""
+    out, png = tmp_path / "s.json", tmp_path / "scale.png"
+    proc = run("scale.py", "--json", out, *(["--plot", png] if with_matplotlib else []))
+    result = json.loads(out.read_text())
+    assert [r["np"] for r in result["rows"]] == [2, 4, 8]
+    for r in result["rows"]:
+        assert r["startup_s"] > 0 and r["store_per_rank"] >= 1 and r["store_served"] >= r["np"]
+        assert r["fds_max"] >= r["sockets_max"] >= 1 and r["rss_mib"] > 0
+        assert r["latency_us"] > 0 and r["rank0_frames"] > 0
+    assert {"startup_s", "store_per_rank", "fds_max", "latency_us"} <= set(result["fits"])
+    assert "growth: power-law fit" in proc.stdout and "at 4096" in proc.stdout
+    if with_matplotlib:
+        assert png.read_bytes()[:8] == PNG_MAGIC
+
+
 def test_elastic_quick(tmp_path):
     """One run of the local cases: a killed rank and an added host, with the new worker's own start."""
     out = tmp_path / "e.json"
@@ -140,7 +156,7 @@ def test_elastic_quick(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
-                                    "launch_ssh.py", "elastic.py"])
+                                    "launch_ssh.py", "scale.py", "elastic.py"])
 def test_every_script_answers_help(script):
     """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
     SSH ones cannot run here, but must not rot."""

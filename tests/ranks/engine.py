@@ -61,6 +61,9 @@ def check(name, got, want, dtype):
 
 
 def case_ops():
+    hosts = int(os.environ.get("APPLIANCE_TEST_HOSTS", "0"))  # simulated hosts of consecutive ranks
+    if hosts:
+        os.environ["HOROVOD_HOSTNAME"] = f"sim{int(os.environ['HOROVOD_RANK']) * hosts // int(os.environ['HOROVOD_SIZE'])}"
     rt.init()
     r, P = rt.rank(), rt.size()
     n_checked = 0
@@ -280,6 +283,12 @@ def case_reinit():
         rt.init()
         P = rt.size()
         check(f"round {round_}", rt.allreduce(np.ones(6, np.float32), op=rt.Sum, name="x"), np.full(6, P, np.float32), np.float32)
+        # links opened on first use, again in each round: a broadcast tree rooted at the last rank, an allgather
+        x = np.full(3, rt.rank() + round_, np.float32)
+        check(f"round {round_} broadcast", rt.broadcast(x, root_rank=P - 1, name="b"),
+              np.full(3, P - 1 + round_, np.float32), np.float32)
+        check(f"round {round_} allgather", rt.allgather(x[:1], name="g"),
+              np.arange(P, dtype=np.float32) + round_, np.float32)
         rt.shutdown()
         assert not rt.is_initialized()
     report({"ok": True})
@@ -303,7 +312,7 @@ def case_stats(n):
 
 def case_drive(n):
     """n synchronous small allreduces, then a burst of n async ones: results, and how many plans
-    the waiting callers ran themselves (APPLIANCE_CALLER_DRIVES)."""
+    the waiting callers ran themselves (APPLIANCE_SPIN_US)."""
     n = int(n)
     rt.init()
     P = rt.size()

@@ -157,3 +157,38 @@ def test_large_allreduce_multi_step_multi_frame():
         want = np.sum(np.stack(xs), 0)
         for o in outs:
             assert np.array_equal(o, want)
+
+
+# (hosts, ranks per host): the hierarchical allreduce and allgather, as on hosts of consecutive ranks
+HOSTS = [(2, 2), (2, 3), (3, 2)]
+
+
+@pytest.mark.parametrize("H,L", HOSTS)
+def test_hierarchical_allreduce_every_dtype_op_size(H, L):
+    P = H * L
+    rng = np.random.default_rng(100 + P)
+    for name in DTYPES:
+        for i, op in enumerate(OPS):
+            if name == "bfloat16" and op == "Product" and P > 5:
+                continue  # products of 6 values up to 3 in size do not all fit bfloat16's 8 bits
+            for j, (n, chunk, frame) in enumerate(SHAPES):
+                alias = (i + j) % 2 == 1
+                xs = [gen(name, n, rng) for _ in range(P)]
+                outs = outputs_as(run("allreduce", P, xs, dtype=code(name), op=op_code(op), alias=alias,
+                                      chunk_bytes=chunk, max_frame=frame, local_size=L), name)
+                want = reduce_ref(xs, name, op)
+                for r, o in enumerate(outs):
+                    assert np.array_equal(o, want), f"{H}x{L} {name} {op} n={n} rank {r}: {o[:8]} != {want[:8]}"
+
+
+@pytest.mark.parametrize("H,L", HOSTS)
+def test_hierarchical_allgatherv_uneven_contributions(H, L):
+    P = H * L
+    rng = np.random.default_rng(200 + P)
+    for alias in (False, True):
+        for sizes in ([0] * P, [(r * 37) % 11 for r in range(P)], [5000 + r for r in range(P)]):
+            xs = [rng.integers(0, 255, size=s, dtype=np.uint8) for s in sizes]
+            outs = run("allgatherv", P, xs, alias=alias, chunk_bytes=512, max_frame=1024, local_size=L)
+            want = b"".join(x.tobytes() for x in xs)
+            for r, o in enumerate(outs):
+                assert o == want, f"{H}x{L} sizes {sizes} alias {alias} rank {r}"

@@ -19,13 +19,26 @@ from fixtures import RANKS, ROOT
 SMALL_CHUNKS = {"APPLIANCE_CHUNK_BYTES": "4096"}
 
 
-@pytest.mark.parametrize("np_,drives", [(2, "1"), (3, "1"), (2, "0")])
-def test_every_op_dtype_and_size(run_ranks, np_, drives):
-    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_CALLER_DRIVES": drives}, timeout=120)
+@pytest.mark.parametrize("np_,spin", [(2, "100"), (3, "100"), (2, "0")])
+def test_every_op_dtype_and_size(run_ranks, np_, spin):
+    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_SPIN_US": spin}, timeout=120)
     for r in range(np_):
         assert ranks[r]["ok"] and ranks[r]["checked"] > 100
         assert (ranks[r]["local_rank"], ranks[r]["local_size"]) == (r, np_)
         assert (ranks[r]["cross_rank"], ranks[r]["cross_size"]) == (0, 1)
+
+
+@pytest.mark.parametrize("hier", ["1", "0"])
+def test_every_op_on_two_simulated_hosts_hierarchical_or_flat(run_ranks, hier):
+    """Four ranks as two hosts of two (HOROVOD_HOSTNAME): hierarchical allreduce and allgather
+    forced on (or off) give the flat algorithms' results, every dtype, op and size."""
+    env = {**SMALL_CHUNKS, "APPLIANCE_TEST_HOSTS": "2", "HOROVOD_HIERARCHICAL_ALLREDUCE": hier,
+           "HOROVOD_HIERARCHICAL_ALLGATHER": hier}
+    ranks = run_ranks(4, "engine", "ops", env=env, timeout=180)
+    for r in range(4):
+        assert ranks[r]["ok"] and ranks[r]["checked"] > 100
+        assert (ranks[r]["local_rank"], ranks[r]["local_size"]) == (r % 2, 2)
+        assert (ranks[r]["cross_rank"], ranks[r]["cross_size"]) == (r // 2, 2)
 
 
 def test_out_of_order_submission(run_ranks):
@@ -66,9 +79,12 @@ def test_join(run_ranks):
     assert [ranks[r]["last"] for r in range(3)] == [2, 2, 2]
 
 
-def test_init_shutdown_init(run_ranks):
-    ranks = run_ranks(2, "engine", "reinit")
-    assert ranks[0]["ok"] and ranks[1]["ok"]
+@pytest.mark.parametrize("np_", [2, 5])
+def test_init_shutdown_init(run_ranks, np_):
+    """Three starts in one process; at 5 ranks the control tree and the links opened on first use
+    (a broadcast from the last rank, an allgather) are set up again in each."""
+    ranks = run_ranks(np_, "engine", "reinit")
+    assert all(ranks[r]["ok"] for r in range(np_))
 
 
 def test_single_rank_without_launcher(tmp_path):
@@ -97,16 +113,16 @@ def test_fusion_and_response_cache(run_ranks):
     assert s2["ready_full"] == n and s2["ready_ids"] == n, s2  # second step: cache ids only
 
 
-@pytest.mark.parametrize("drives", ["1", "0"])
-def test_waiting_callers_drive_the_engine_unless_turned_off(run_ranks, drives):
+@pytest.mark.parametrize("spin", ["20000", "0"])
+def test_waiting_callers_drive_the_engine_unless_spinning_is_off(run_ranks, spin):
     n = 200
     # A long spin budget (20 ms) keeps a peer that the scheduler delays (a loaded machine)
     # from ending a drive early: what is tested is who runs the plans, not the budget.
-    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_CALLER_DRIVES": drives, "APPLIANCE_SPIN_US": "20000"})
+    ranks = run_ranks(2, "engine", "drive", n, env={"APPLIANCE_SPIN_US": spin})
     for r in range(2):
         rep = ranks[r]
         assert rep["ok"], rep
-        if drives == "1":
+        if spin != "0":
             # A synchronous loop's waits run (nearly) every plan on the caller's thread; a wait
             # that finds its op done, or a peer late for more than APPLIANCE_SPIN_US, does not.
             assert rep["sync_driven"] >= n // 2, rep

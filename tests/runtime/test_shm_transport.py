@@ -3,7 +3,8 @@ by the launcher, real segments in /dev/shm, the doorbell sockets.
 
 Covers: which transport each pair gets (shm by default on one machine, TCP with
 APPLIANCE_SHM=0) and a large allreduce over it at 2, 3 and 4 ranks; every op x dtype x size
-with shm off (the engine tests run with it on); a killed rank named on every survivor
+at 2, 3, 4 and 8 ranks with shm off and at 4 and 8 with it on (the engine tests run 2 and 3
+with it on); a killed rank named on every survivor
 within seconds over shm links; no segment left in /dev/shm after a job, whether it ended
 well or with a killed rank. The collectives over shm links against numpy, the corrupt
 frame and the dying peer at the link level run in test_dataplane_*.py.
@@ -36,15 +37,18 @@ def test_shm_off_means_tcp_for_every_pair(run_ranks):
         assert ranks[r]["links"] == ["self" if p == r else "tcp" for p in range(3)]
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [2, 3, 4, 8])
 def test_every_op_dtype_and_size_over_tcp(run_ranks, np_):
-    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_SHM": "0"}, timeout=120)
+    ranks = run_ranks(np_, "engine", "ops", env={**SMALL_CHUNKS, "APPLIANCE_SHM": "0"}, timeout=180)
     assert all(ranks[r]["ok"] and ranks[r]["checked"] > 100 for r in range(np_))
 
 
-def test_every_op_dtype_and_size_at_four_ranks_over_shm(run_ranks):
-    ranks = run_ranks(4, "engine", "ops", env=SMALL_CHUNKS, timeout=180)
-    assert all(ranks[r]["ok"] and ranks[r]["checked"] > 100 for r in range(4))
+@pytest.mark.parametrize("np_", [4, 8])
+def test_every_op_dtype_and_size_over_shm(run_ranks, np_):
+    """Four ranks, and eight: the control tree three levels deep, links opened on first use by
+    every algorithm (ring, doubling, broadcast trees from every root, alltoall)."""
+    ranks = run_ranks(np_, "engine", "ops", env=SMALL_CHUNKS, timeout=180)
+    assert all(ranks[r]["ok"] and ranks[r]["checked"] > 100 for r in range(np_))
 
 
 @pytest.mark.parametrize("shm", ["1", "0"])

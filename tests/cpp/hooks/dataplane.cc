@@ -165,8 +165,10 @@ void bind_harness(py::module_& m, const py::object& exc) {
             const std::vector<size_t>& counts, const std::vector<std::vector<size_t>>& send_bytes, size_t chunk_bytes,
             size_t max_frame, int broadcast_algo, int allreduce_algo, bool alias, int iterations, bool sync, int delay_rank,
             int delay_ms, int sockbuf, bool watch_fd, const py::dict& fault, int64_t timeout_ms,
-            const std::string& transport, size_t shm_ring_bytes) {
+            const std::string& transport, size_t shm_ring_bytes, int local_size) {
         testing::CollectiveSpec spec;
+        if (local_size < 0 || (local_size > 0 && nranks % local_size != 0)) throw py::value_error("bad local_size");
+        spec.local_size = local_size;
         spec.kind = kind;
         spec.nranks = nranks;
         if (!dtype_valid(static_cast<uint8_t>(dtype))) throw py::value_error("bad dtype code");
@@ -231,7 +233,7 @@ void bind_harness(py::module_& m, const py::object& exc) {
       py::arg("max_frame") = 1 << 20, py::arg("broadcast_algo") = 0, py::arg("allreduce_algo") = 0, py::arg("alias") = false,
       py::arg("iterations") = 1, py::arg("sync") = false, py::arg("delay_rank") = -1, py::arg("delay_ms") = 0,
       py::arg("sockbuf") = 0, py::arg("watch_fd") = true, py::arg("fault") = py::dict(), py::arg("timeout_ms") = 20000,
-      py::arg("transport") = "tcp", py::arg("shm_ring_bytes") = 1 << 20,
+      py::arg("transport") = "tcp", py::arg("shm_ring_bytes") = 1 << 20, py::arg("local_size") = 0,
       "Run one collective on nranks threads over socketpairs (or shm links); per-rank outputs, errors, timings.");
 }
 

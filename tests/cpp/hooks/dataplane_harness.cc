@@ -133,6 +133,17 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
   } else if (spec.kind == "reducescatter") {
     out.resize(spec.counts[r] * esz);
   }
+  // Hierarchical: this rank's host view and its cross view (one rank per host), as the CPU
+  // backend builds them (made here, after the Watch is set: views copy it).
+  std::unique_ptr<Comm> local, cross;
+  const int L = spec.local_size;
+  if (L > 0) {
+    std::vector<int> lm, cm;
+    for (int i = 0; i < L; ++i) lm.push_back((r / L) * L + i);
+    for (int h = 0; h < P / L; ++h) cm.push_back(h * L + r % L);
+    local = std::make_unique<Comm>(comm, lm);
+    cross = std::make_unique<Comm>(comm, cm);
+  }
   for (int it = 0; it < spec.iterations; ++it) {
     buf = in;
     if (spec.sync) barrier(comm);
@@ -142,8 +153,12 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
     if (spec.kind == "allreduce") {
       // alias: in place; otherwise from buf into out, and buf must come back untouched.
       if (!spec.alias) out.assign(buf.size(), 0xA5);
-      allreduce(comm, buf.data(), spec.alias ? buf.data() : out.data(), buf.size() / esz, spec.dtype, spec.op,
-                spec.opts);
+      if (L > 0)
+        allreduce_hierarchical(*local, *cross, buf.data(), spec.alias ? buf.data() : out.data(), buf.size() / esz,
+                               spec.dtype, spec.op, spec.opts);
+      else
+        allreduce(comm, buf.data(), spec.alias ? buf.data() : out.data(), buf.size() / esz, spec.dtype, spec.op,
+                  spec.opts);
       if (!spec.alias && buf != in) throw Error(Code::kInternal, "allreduce wrote to its input");
     } else if (spec.kind == "adasum") {
       std::vector<size_t> counts = spec.counts.empty() ? std::vector<size_t>{buf.size() / esz} : spec.counts;
@@ -157,7 +172,10 @@ void run_rank(const CollectiveSpec& spec, int r, Comm& comm, const std::vector<s
         if (!buf.empty()) std::memcpy(mine, buf.data(), buf.size());
         src = mine;
       }
-      allgatherv(comm, src, out.data(), sizes, spec.opts);
+      if (L > 0)
+        allgatherv_hierarchical(*local, r % L == 0 ? cross.get() : nullptr, r / L, src, out.data(), sizes, spec.opts);
+      else
+        allgatherv(comm, src, out.data(), sizes, spec.opts);
     } else if (spec.kind == "alltoallv") {
       alltoallv(comm, buf.data(), spec.send_bytes[r], out.data(), sizes, spec.opts);
     } else if (spec.kind == "reducescatter") {

@@ -55,6 +55,9 @@ struct CollectiveSpec {
   bool watch_fd = true;   // false: the Watch has no fd and relies on periodic servicing
   FaultSpec fault;
   int64_t timeout_ms = 20000;
+  // > 0: allreduce and allgatherv run hierarchically (collectives/hierarchical.cc), as on hosts of
+  // this many consecutive ranks each (nranks a multiple of it).
+  int local_size = 0;
 };
 
 struct RankResult {

@@ -99,7 +99,7 @@ TEST(PairTransports, shared_memory_comes_first_and_tcp_connects_any_pair) {
   ASSERT_EQ(table.size(), 2u);
   EXPECT_STREQ(table.front().name, "shm");
   EXPECT_STREQ(table.back().name, "tcp");
-  EXPECT_EQ(table.back().setup, nullptr);
+  EXPECT_EQ(table.back().pair, nullptr);
   PeerInfo a = peer(0, "h/boot/ipc:1/shm:1"), same = peer(1, "x/boot/ipc:1/shm:1"), far = peer(1, "y/other/ipc:1/shm:1");
   MeshOptions o;
   o.allow_shm = true;

@@ -25,7 +25,27 @@ std::string machine_id() {
 BackendRegistry::BackendRegistry(BackendOptions o, Comm& comm, Store* store, ActivitySink* sink)
     : o_(std::move(o)), store_(store), sink_(sink), cuda_(std::make_unique<CudaApi>()),
       nccl_api_(std::make_unique<NcclApi>()) {
-  cpu_ = std::make_unique<CpuBackend>(comm, o_.collectives);
+  // Hosts in order of first appearance; hierarchical collectives need H > 1 hosts of L > 1 ranks
+  // each, host h holding ranks h*L .. h*L+L-1.
+  HostLayout hosts;
+  const int P = static_cast<int>(o_.hosts.size());
+  int L = 0;
+  while (L < P && o_.hosts[L] == o_.hosts[0]) ++L;
+  bool regular = P > 0 && L > 1 && L < P && P % L == 0;
+  for (int r = 0; regular && r < P; ++r)
+    regular = o_.hosts[r] == o_.hosts[(r / L) * L] && (r % L != 0 || r == 0 || o_.hosts[r] != o_.hosts[r - 1]);
+  for (int h = 0; regular && h < P / L; ++h)  // no host name twice
+    for (int g = 0; g < h; ++g) regular = regular && o_.hosts[h * L] != o_.hosts[g * L];
+  if (regular && comm.size() == P) {
+    const int me = comm.rank(), host = me / L, l = me % L;
+    std::vector<int> local, cross;
+    for (int i = 0; i < L; ++i) local.push_back(host * L + i);
+    for (int g = 0; g < P / L; ++g) cross.push_back(g * L + l);
+    local_ = std::make_unique<Comm>(comm, local);
+    cross_ = std::make_unique<Comm>(comm, cross);
+    hosts = HostLayout{local_.get(), cross_.get(), host, L, P / L};
+  }
+  cpu_ = std::make_unique<CpuBackend>(comm, o_.collectives, hosts);
   cpu_->set_activity_sink(sink_);
 }
 

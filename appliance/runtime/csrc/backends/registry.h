@@ -2,8 +2,10 @@
 // entry. The engine holds one and includes only this header and backend.h; the concrete
 // backends are known here and in no floor above.
 //
-// One backend per device kind: host memory (a CpuBackend over the job's data Comm, and one
-// over each process set's Comm view this rank is in) and CUDA memory, through NCCL or through
+// One backend per device kind: host memory (a CpuBackend over the job's data Comm, with views of
+// this host's ranks and of the ranks with this local rank for hierarchical collectives when the
+// job has several hosts with the same number of consecutive ranks each, and one over each process
+// set's Comm view this rank is in) and CUDA memory, through NCCL or through
 // host staging when NCCL cannot run an entry (backends/cuda/device_plan.h decides, per job and
 // per entry). CUDA tensors of a process set other than the global one always go through host
 // staging (NCCL communicators exist for the global set only; making one is job-wide). The CUDA
@@ -85,6 +87,7 @@ class BackendRegistry {
   DeviceAllocator locked_allocator();
 
   BackendOptions o_;
+  std::unique_ptr<Comm> local_, cross_;  // the job's hosts, when it has several with several ranks each
   Store* store_;
   ActivitySink* sink_;
   std::unique_ptr<CudaApi> cuda_;

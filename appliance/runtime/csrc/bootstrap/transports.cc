@@ -28,25 +28,21 @@ bool shm_can_connect(const PeerInfo& me, const PeerInfo& peer, const MeshOptions
   return o.allow_shm && shm_possible(me, peer);
 }
 
-// Three phases (transport/shm/shm_pairing.h), each over every channel before the next, so no
-// rank waits on one that is itself waiting: offer to higher ranks, accept from lower ranks,
-// confirm the offers.
-void shm_setup(std::vector<ChannelSocket*>& chans, const MeshOptions& o, Deadline d) {
-  std::vector<std::pair<ChannelSocket*, ShmOffer>> offers;
-  for (ChannelSocket* c : chans)
-    if (c->peer > o.rank) offers.emplace_back(c, shm_offer(c->fd, o.rank, c->peer, o.shm_ring_bytes, d, who(*c)));
-  for (ChannelSocket* c : chans) {
-    if (c->peer > o.rank) continue;
-    c->shm = shm_accept(c->fd, d, who(*c), &c->why);
-    c->shm_side = 1;
-  }
-  for (auto& [c, offer] : offers) {
-    if (shm_confirm(offer, d, who(*c))) {
-      c->shm = offer.seg;
-      c->shm_side = 0;
+// The connecting rank offers a segment and reads the answer; the accepting rank maps it and
+// answers (transport/shm/shm_pairing.h). Only the initiator waits on the other, and the other
+// answers from its acceptor thread, so no rank waits on one that is itself waiting.
+void shm_pair(ChannelSocket& c, bool initiator, const MeshOptions& o, Deadline d) {
+  if (initiator) {
+    ShmOffer offer = shm_offer(c.fd, o.rank, c.peer, o.shm_ring_bytes, d, who(c));
+    if (shm_confirm(offer, d, who(c))) {
+      c.shm = offer.seg;
+      c.shm_side = 0;
     } else {
-      c->why = offer.why;
+      c.why = offer.why;
     }
+  } else {
+    c.shm = shm_accept(c.fd, d, who(c), &c.why);
+    c.shm_side = 1;
   }
 }
 
@@ -71,7 +67,7 @@ LinkPtr tcp_connect(ChannelSocket& c) {
 
 const std::vector<PairTransport>& pair_transports() {
   static const std::vector<PairTransport> table{
-      {"shm", shm_can_connect, shm_setup, shm_connect},
+      {"shm", shm_can_connect, shm_pair, shm_connect},
       {"tcp", tcp_can_connect, nullptr, tcp_connect},
   };
   return table;
@@ -83,23 +79,13 @@ const PairTransport& select_transport(const PeerInfo& me, const PeerInfo& peer, 
   return pair_transports().back();
 }
 
-void setup_transports(std::vector<ChannelSocket>& chans, const MeshOptions& o, Deadline d) {
-  for (const PairTransport& t : pair_transports()) {
-    if (!t.setup) continue;
-    std::vector<ChannelSocket*> mine;
-    for (ChannelSocket& c : chans)
-      if (c.transport == &t) mine.push_back(&c);
-    if (!mine.empty()) t.setup(mine, o, d);
-  }
-}
-
-LinkPtr connect_channel(ChannelSocket& c) {
+LinkPtr link_channel(ChannelSocket& c, bool initiator, const MeshOptions& o, Deadline d) {
+  if (c.transport->pair) c.transport->pair(c, initiator, o, d);
   if (LinkPtr link = c.transport->connect(c)) return link;
   return pair_transports().back().connect(c);
 }
 
-void report_transports(const PeerInfo& me, const std::vector<PeerInfo>& peers, const std::vector<ChannelSocket>& chans,
-                       const MeshOptions& o) {
+void report_unshared(const PeerInfo& me, const std::vector<PeerInfo>& peers, const MeshOptions& o) {
   std::vector<int> unshared;  // same kernel, no common /dev/shm
   if (o.allow_shm)
     for (const PeerInfo& p : peers)
@@ -109,9 +95,11 @@ void report_transports(const PeerInfo& me, const std::vector<PeerInfo>& peers, c
                  "appliance: rank %d: rank(s) %s share this machine but not its /dev/shm (separate containers, "
                  "without --ipc host or a common /dev/shm): TCP with them, not shared memory\n",
                  me.rank, join_ints(unshared).c_str());
-  for (const ChannelSocket& c : chans)
-    if (!c.why.empty()) std::fprintf(stderr, "appliance: rank %d: shared memory with %s: %s; using TCP\n", me.rank,
-                                     who(c).c_str(), c.why.c_str());
+}
+
+void report_fallback(const MeshOptions& o, const ChannelSocket& c) {
+  if (!c.why.empty())
+    std::fprintf(stderr, "appliance: rank %d: shared memory with %s: %s; using TCP\n", o.rank, who(c).c_str(), c.why.c_str());
 }
 
 }  // namespace appliance

@@ -37,6 +37,11 @@ struct CollectiveOptions {
   BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;
   // Tests force one allreduce algorithm; the engine leaves kAuto.
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
+  // Hierarchical allreduce / allgather where the job has several hosts with several ranks each
+  // (HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER): kAuto = where the cost model says it wins.
+  enum class Hierarchy : uint8_t { kAuto = 0, kOn = 1, kOff = 2 };
+  Hierarchy hierarchical_allreduce = Hierarchy::kAuto;
+  Hierarchy hierarchical_allgather = Hierarchy::kAuto;
 };
 
 // `count` elements from `in` reduced over all ranks into `out`; in == out is in place, else
@@ -72,5 +77,18 @@ void adasum_allreduce(Comm& c, void* buf, const std::vector<size_t>& counts, Dat
 
 // Returns when every rank has entered.
 void barrier(Comm& c);
+
+// Hierarchical allreduce and allgather (collectives/hierarchical.cc), over `local` (this host's
+// ranks) and `cross` (the ranks with this local rank, one per host, in host order), for jobs of
+// H hosts with L ranks each. The allreduce is allreduce()'s, in three phases; the allgather is
+// allgatherv()'s for hosts holding consecutive ranks (host h: ranks h*L .. h*L+L-1; `host` = h),
+// with `leaders` (local rank 0 of each host, in host order) non-null on local rank 0 only.
+// hierarchical_wins / hierarchical_allgather_wins: the cost model's choice for N bytes.
+bool hierarchical_wins(int L, int H, size_t nbytes);
+bool hierarchical_allgather_wins(int L, int H, size_t nbytes);
+void allreduce_hierarchical(Comm& local, Comm& cross, const void* in, void* out, size_t count, DataType dt,
+                            ReduceOp op, const CollectiveOptions& o);
+void allgatherv_hierarchical(Comm& local, Comm* leaders, int host, const void* in, void* out,
+                             const std::vector<size_t>& bytes, const CollectiveOptions& o);
 
 }  // namespace appliance

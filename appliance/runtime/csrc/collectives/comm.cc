@@ -51,6 +51,13 @@ Comm::Comm(int rank, int size, std::vector<std::unique_ptr<Channel>> channels, s
   for (auto& ch : channels_) peers_.push_back(ch.get());
 }
 
+Comm::Comm(int rank, int size, size_t max_frame, Opener open)
+    : rank_(rank), size_(size), channels_(size), peers_(size, nullptr), max_frame_(max_frame), open_(std::move(open)),
+      last_service_(Clock::now()) {
+  APPLIANCE_ASSERT(size >= 1 && rank >= 0 && rank < size, "rank " + std::to_string(rank) + " of " + std::to_string(size));
+  APPLIANCE_ASSERT(max_frame_ >= 1, "max_frame must be positive");
+}
+
 Comm::Comm(Comm& parent, const std::vector<int>& members)
     : rank_(-1), size_(static_cast<int>(members.size())), max_frame_(parent.max_frame_), watch_(parent.watch_),
       last_service_(Clock::now()) {
@@ -61,6 +68,24 @@ Comm::Comm(Comm& parent, const std::vector<int>& members)
     peers_.push_back(parent.peers_[r]);
   }
   APPLIANCE_ASSERT(rank_ >= 0, "a process set's Comm on a rank outside the set");
+  parent_ = &parent;
+  members_ = members;
+}
+
+Channel& Comm::channel(int peer) {
+  APPLIANCE_ASSERT(peer >= 0 && peer < size_ && peer != rank_, "channel to rank " + std::to_string(peer));
+  if (!peers_[peer]) {
+    if (parent_) {
+      peers_[peer] = &parent_->channel(members_[peer]);
+    } else {
+      APPLIANCE_ASSERT(open_ != nullptr, "no channel to rank " + std::to_string(peer) + " and none to open");
+      std::unique_ptr<Channel> ch = open_(peer);
+      APPLIANCE_ASSERT(ch && ch->peer() == peer && max_frame_ <= ch->max_payload(), "opened a channel to rank " + std::to_string(peer));
+      channels_[peer] = std::move(ch);
+      peers_[peer] = channels_[peer].get();
+    }
+  }
+  return *peers_[peer];
 }
 
 Comm::~Comm() = default;
@@ -213,6 +238,19 @@ void Comm::wait_for_progress(const std::vector<SendState>& ss, const std::vector
 }
 
 void Comm::exchange(const std::vector<SendOp>& sends, std::vector<RecvOp>& recvs) {
+  // Channels not open yet: the higher peers first (this rank connects to them, which costs no
+  // wait on their callers), then the lower ones (they connect to us: we may wait for them).
+  bool missing = false;
+  for (const SendOp& s : sends) missing |= s.peer >= 0 && s.peer < size_ && !peers_[s.peer];
+  for (const RecvOp& r : recvs) missing |= r.peer >= 0 && r.peer < size_ && !peers_[r.peer];
+  if (missing) {
+    std::vector<int> need;
+    for (const SendOp& s : sends) need.push_back(s.peer);
+    for (const RecvOp& r : recvs) need.push_back(r.peer);
+    std::sort(need.begin(), need.end(), [this](int a, int b) { return (a > rank_) != (b > rank_) ? a > rank_ : a < b; });
+    for (int p : need)
+      if (p >= 0 && p < size_ && p != rank_) channel(p);
+  }
   std::vector<SendState> ss;
   std::vector<RecvState> rs;
   ss.reserve(sends.size());
@@ -222,16 +260,16 @@ void Comm::exchange(const std::vector<SendOp>& sends, std::vector<RecvOp>& recvs
   for (const SendOp& s : sends) {
     APPLIANCE_ASSERT(s.peer >= 0 && s.peer < size_ && s.peer != rank_, "send to rank " + std::to_string(s.peer));
     APPLIANCE_ASSERT(!(seen[s.peer] & 1), "two sends to rank " + std::to_string(s.peer) + " in one exchange");
-    APPLIANCE_ASSERT(!peers_[s.peer]->sending(), "channel to rank " + std::to_string(s.peer) + " mid-frame");
+    APPLIANCE_ASSERT(!channel(s.peer).sending(), "channel to rank " + std::to_string(s.peer) + " mid-frame");
     seen[s.peer] |= 1;
-    ss.push_back(SendState{&s, peers_[s.peer]});
+    ss.push_back(SendState{&s, &channel(s.peer)});
   }
   for (RecvOp& r : recvs) {
     APPLIANCE_ASSERT(r.peer >= 0 && r.peer < size_ && r.peer != rank_, "receive from rank " + std::to_string(r.peer));
     APPLIANCE_ASSERT(!(seen[r.peer] & 2), "two receives from rank " + std::to_string(r.peer) + " in one exchange");
-    APPLIANCE_ASSERT(!peers_[r.peer]->receiving(), "channel from rank " + std::to_string(r.peer) + " mid-frame");
+    APPLIANCE_ASSERT(!channel(r.peer).receiving(), "channel from rank " + std::to_string(r.peer) + " mid-frame");
     seen[r.peer] |= 2;
-    rs.push_back(RecvState{&r, peers_[r.peer]});
+    rs.push_back(RecvState{&r, &channel(r.peer)});
   }
   backoff_.reset();
   for (;;) {

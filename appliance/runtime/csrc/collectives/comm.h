@@ -1,10 +1,14 @@
 // Comm: what collective algorithms see of the world. Ranks 0..size-1, one data Channel per
 // peer, and a progress engine that moves several sends and receives at once.
 //
+// Channels are opened when an exchange first needs them (the job's Comm asks its Opener, which
+// may wait for the peer, servicing the Watch meanwhile), so a job holds links only to the peers
+// its algorithms talk to; a Comm built from a full set of channels opens nothing.
 // A process set's Comm is a view of the job's Comm (the constructor taking a parent and the
 // members' job ranks): ranks 0..members-1 in member order, the parent's channels to those
-// members, the parent's Watch, its own workspace. Both are used from one thread, one
-// collective at a time, so their frames never interleave on a shared channel.
+// members (opened through the parent), the parent's Watch, its own workspace. Both are used
+// from one thread, one collective at a time, so their frames never interleave on a shared
+// channel.
 //
 // Messages are DATA frames; a message longer than `max_frame` goes as several frames. A
 // receive must name the exact byte count the sender sends (plans make both sides agree);
@@ -72,8 +76,12 @@ struct Watch {
 
 class Comm {
  public:
+  // Opens the channel to a peer (blocking; throws as Links::open does).
+  using Opener = std::function<std::unique_ptr<Channel>(int peer)>;
   // channels[r] is the channel to rank r (nullptr for r == rank).
   Comm(int rank, int size, std::vector<std::unique_ptr<Channel>> channels, size_t max_frame);
+  // Channels opened by `open` on first use.
+  Comm(int rank, int size, size_t max_frame, Opener open);
   // A view for a process set: `members` are job ranks (sorted, holding parent.rank()). The
   // parent must outlive the view.
   Comm(Comm& parent, const std::vector<int>& members);
@@ -82,7 +90,9 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t max_frame() const { return max_frame_; }
-  Channel& channel(int peer) { return *peers_[peer]; }
+  // The channel to `peer`, opened now if it is not yet.
+  Channel& channel(int peer);
+  bool has_channel(int peer) const { return peers_[peer] != nullptr; }
 
   static constexpr int kWatchPeriodMs = 100;
 
@@ -111,7 +121,10 @@ class Comm {
 
   int rank_, size_;
   std::vector<std::unique_ptr<Channel>> channels_;  // owned (the job's Comm; empty in a view)
-  std::vector<Channel*> peers_;                      // by rank of this Comm (nullptr for self)
+  std::vector<Channel*> peers_;                      // by rank of this Comm (nullptr: self, or not open yet)
+  Opener open_;                                      // the job's Comm: opens a missing channel
+  Comm* parent_ = nullptr;                           // a view: opens through its parent
+  std::vector<int> members_;                         // a view: job rank of each of its ranks
   size_t max_frame_;
   Watch watch_;
   Clock::time_point last_service_;

@@ -197,24 +197,24 @@ std::vector<PlanEntry> Coordinator::take_plan(Time now) {
              now >= first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
   if (!due) return {};
   std::vector<PlanEntry> out;
-  fuse_into(out, ready_);
+  fuse_entries(out, ready_, o_.fusion_threshold);
   ready_.clear();
   return out;
 }
 
-void Coordinator::fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready) {
+void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold) {
   using Key = std::tuple<uint8_t, uint8_t, double, double, int32_t, std::vector<uint8_t>, int32_t>;  // device index: one buffer per device; process set
   std::map<Key, std::pair<size_t, size_t>> open;  // key -> (index in out, bytes)
   for (auto& e : ready) {
     const Signature& s = e.sigs[0];
-    bool fusable = e.ok && e.kind == OpKind::kAllreduce && o_.fusion_threshold > 0 && s.nbytes() < o_.fusion_threshold;
+    bool fusable = e.ok && e.kind == OpKind::kAllreduce && threshold > 0 && s.nbytes() < threshold;
     if (!fusable) {
       out.push_back(std::move(e));
       continue;
     }
     Key k{static_cast<uint8_t>(s.dtype), static_cast<uint8_t>(s.op), s.prescale, s.postscale, s.device, e.joined, s.process_set};
     auto it = open.find(k);
-    if (it != open.end() && it->second.second + s.nbytes() <= o_.fusion_threshold) {
+    if (it != open.end() && it->second.second + s.nbytes() <= threshold) {
       PlanEntry& f = out[it->second.first];
       f.names.push_back(e.names[0]);
       f.sigs.push_back(s);

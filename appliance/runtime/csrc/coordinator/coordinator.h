@@ -29,6 +29,10 @@
 
 namespace appliance {
 
+// Fusion, pure: the entries of `ready` in order into `out`, allreduces that agree in (dtype,
+// op, scales, device, joined ranks, process set) fused up to `threshold` bytes (0: none).
+void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold);
+
 struct CoordinatorOptions {
   int size = 1;
   size_t fusion_threshold = 128u << 20;  // bytes; 0 disables fusion
@@ -82,7 +86,6 @@ class Coordinator {
   bool complete(const Readiness& p) const;
   void promote_if_complete(const std::string& name, Time now);
   PlanEntry validate(Readiness& p);
-  void fuse_into(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready);
 
   CoordinatorOptions o_;
   std::unordered_map<std::string, Readiness> readiness_;  // the readiness table, by name

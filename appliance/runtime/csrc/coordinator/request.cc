@@ -25,7 +25,9 @@ int64_t Signature::row_elems() const {
 }
 
 bool Signature::cacheable() const {
-  return process_set == 0 && (kind == OpKind::kAllreduce || kind == OpKind::kBroadcast || kind == OpKind::kReducescatter);
+  // A group's id is new at every call (Runtime::new_group), so its members would never hit.
+  return process_set == 0 && group_size <= 1 &&
+         (kind == OpKind::kAllreduce || kind == OpKind::kBroadcast || kind == OpKind::kReducescatter);
 }
 
 void Signature::encode(Writer& w) const {

@@ -15,6 +15,19 @@ const ResponseCache::Entry* ResponseCache::get(uint32_t id) const {
   return it == by_id_.end() ? nullptr : &*it->second;
 }
 
+uint32_t ResponseCache::id_of(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? 0 : it->second->id;
+}
+
+void ResponseCache::erase(uint32_t id) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return;
+  by_name_.erase(it->second->name);
+  lru_.erase(it->second);
+  by_id_.erase(it);
+}
+
 uint32_t ResponseCache::put(const std::string& name, const Signature& sig) {
   if (!enabled() || !sig.cacheable()) return 0;
   auto it = by_name_.find(name);

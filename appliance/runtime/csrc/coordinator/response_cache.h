@@ -32,6 +32,10 @@ class ResponseCache {
   uint32_t lookup(const std::string& name, const Signature& sig) const;
   // The entry with this id, or nullptr when evicted/unknown.
   const Entry* get(uint32_t id) const;
+  // The id `name` is cached under (whatever its signature), or 0.
+  uint32_t id_of(const std::string& name) const;
+  // Forgets the entry with this id (no-op when unknown); its id is never given again.
+  void erase(uint32_t id);
   // Insert or refresh (name, sig); a different signature for a known name replaces it under a
   // new id. Returns the id (0 when disabled or not cacheable).
   uint32_t put(const std::string& name, const Signature& sig);

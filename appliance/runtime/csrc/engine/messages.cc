@@ -30,7 +30,7 @@ void expect_type(Reader& r, CtrlType t) {
 CtrlType peek_ctrl_type(const std::vector<uint8_t>& p, const std::string& from) {
   Reader r(p.data(), p.size(), "control message from " + from);
   uint8_t t = r.u8();
-  if (t < 1 || t > static_cast<uint8_t>(CtrlType::kNotice)) r.fail("unknown control message type " + std::to_string(t));
+  if (t < 1 || t > static_cast<uint8_t>(CtrlType::kGone)) r.fail("unknown control message type " + std::to_string(t));
   return static_cast<CtrlType>(t);
 }
 
@@ -187,6 +187,98 @@ std::vector<std::string> decode_notice(const std::vector<uint8_t>& p, const std:
   for (uint32_t i = 0; i < n; ++i) lines.push_back(r.str(kMaxNoticeLine));
   r.expect_done();
   return lines;
+}
+
+std::vector<uint8_t> encode_up(const UpMsg& m) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kUp));
+  w.u64(m.seq);
+  put_ids(w, m.ids);
+  w.u32(static_cast<uint32_t>(m.full.size()));
+  for (const UpMsg::Full& f : m.full) {
+    w.i32(f.rank);
+    f.req.encode(w);
+    w.i64(f.waited_ms);
+  }
+  w.u32(static_cast<uint32_t>(m.left.size()));
+  for (int32_t r : m.left) w.i32(r);
+  put_ids(w, m.stale);
+  return w.take();
+}
+
+UpMsg decode_up(const std::vector<uint8_t>& p, int size, const std::string& from) {
+  Reader r(p.data(), p.size(), "UP message from " + from);
+  expect_type(r, CtrlType::kUp);
+  UpMsg m;
+  m.seq = r.u64();
+  m.ids = get_ids(r);
+  uint32_t n = r.u32();
+  if (n > kMaxItems) r.fail(std::to_string(n) + " requests");
+  for (uint32_t i = 0; i < n; ++i) {
+    UpMsg::Full f;
+    f.rank = r.i32();
+    if (f.rank < 0 || f.rank >= size) r.fail("request of rank " + std::to_string(f.rank));
+    f.req = Request::decode(r);
+    f.waited_ms = r.i64();
+    if (f.waited_ms < 0) r.fail("negative wait");
+    m.full.push_back(std::move(f));
+  }
+  n = r.u32();
+  if (n > static_cast<uint32_t>(size)) r.fail(std::to_string(n) + " ranks left");
+  for (uint32_t i = 0; i < n; ++i) {
+    int32_t x = r.i32();
+    if (x < 0 || x >= size) r.fail("rank " + std::to_string(x) + " left");
+    m.left.push_back(x);
+  }
+  m.stale = get_ids(r);
+  r.expect_done();
+  return m;
+}
+
+std::vector<uint8_t> encode_down(const DownMsg& m) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kDown));
+  w.u64(m.seq);
+  w.u8(m.slow ? 1 : 0);
+  put_ids(w, m.evict);
+  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(m.lines.size(), kMaxNoticeLines));
+  w.u32(n);
+  for (uint32_t i = 0; i < n; ++i) w.str(m.lines[i].substr(0, kMaxNoticeLine));
+  w.bytes(m.plan.data(), m.plan.size());
+  return w.take();
+}
+
+DownMsg decode_down(const std::vector<uint8_t>& p, const std::string& from) {
+  Reader r(p.data(), p.size(), "DOWN message from " + from);
+  expect_type(r, CtrlType::kDown);
+  DownMsg m;
+  m.seq = r.u64();
+  const uint8_t flags = r.u8();
+  if (flags > 1) r.fail("bad flags");
+  m.slow = flags & 1;
+  m.evict = get_ids(r);
+  uint32_t n = r.u32();
+  if (n > kMaxNoticeLines) r.fail(std::to_string(n) + " lines");
+  for (uint32_t i = 0; i < n; ++i) m.lines.push_back(r.str(kMaxNoticeLine));
+  m.plan = r.bytes(256u << 20);
+  r.expect_done();
+  return m;
+}
+
+std::vector<uint8_t> encode_gone(int32_t rank) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(CtrlType::kGone));
+  w.i32(rank);
+  return w.take();
+}
+
+int32_t decode_gone(const std::vector<uint8_t>& p, int size, const std::string& from) {
+  Reader r(p.data(), p.size(), "GONE message from " + from);
+  expect_type(r, CtrlType::kGone);
+  int32_t x = r.i32();
+  if (x < 0 || x >= size) r.fail("rank " + std::to_string(x));
+  r.expect_done();
+  return x;
 }
 
 }  // namespace appliance

@@ -1,10 +1,18 @@
-// Control messages between each rank's engine and rank 0's coordinator (CONTROL frames).
+// Control messages between the ranks' negotiators (CONTROL frames).
 //
+// The star protocol (engine/star_negotiator.h), between each rank and rank 0:
 //   READY   rank -> 0   {epoch, full requests, cache ids}   names this rank is ready for
 //   PLAN    0 -> ranks  {seq, entries}                       what everyone runs next, in order
 //   RESEND  0 -> rank   {cache ids}                          ids the coordinator no longer knows
-//   BYE     both ways   {}                                   orderly shutdown of the sender
 //   NOTICE  0 -> ranks  {text lines}                         diagnostics every rank prints (stall report)
+// The tree protocol (engine/tree_negotiator.h), between tree neighbours:
+//   UP      child -> parent  {seq, ids complete in its subtree, full requests (rank, request,
+//                             ms waited), ranks that left, ids pending for long (stale)}
+//   DOWN    parent -> child  {seq, slow?, ids evicted, lines to print, PLAN}: the root's
+//                             decisions, forwarded down unchanged
+//   GONE    parent -> child  {rank}: negotiation ended (that rank left in order)
+// Both:
+//   BYE     both ways   {}                                   orderly shutdown of the sender
 //
 // Plan entries whose names are all cached with the same signature travel as cache ids; a
 // receiver resolves the whole plan against its cache before applying any of it, which is the
@@ -20,7 +28,7 @@
 
 namespace appliance {
 
-enum class CtrlType : uint8_t { kReady = 1, kPlan = 2, kResend = 3, kBye = 4, kNotice = 5 };
+enum class CtrlType : uint8_t { kReady = 1, kPlan = 2, kResend = 3, kBye = 4, kNotice = 5, kUp = 6, kDown = 7, kGone = 8 };
 
 struct ReadyMsg {
   uint64_t epoch = 0;  // plans applied by the sender so far
@@ -45,5 +53,33 @@ std::vector<uint8_t> encode_bye();
 
 std::vector<uint8_t> encode_notice(const std::vector<std::string>& lines);
 std::vector<std::string> decode_notice(const std::vector<uint8_t>& payload, const std::string& from);
+
+struct UpMsg {
+  struct Full {
+    int32_t rank;
+    Request req;
+    int64_t waited_ms = 0;  // how long the rank has been ready for it already
+  };
+  uint64_t seq = 0;            // DOWN messages the sender had applied
+  std::vector<uint32_t> ids;   // complete in the sender's subtree
+  std::vector<Full> full;
+  std::vector<int32_t> left;   // ranks that left in order
+  std::vector<uint32_t> stale;  // ids some rank has waited on for long (the root evicts them)
+};
+std::vector<uint8_t> encode_up(const UpMsg& m);
+UpMsg decode_up(const std::vector<uint8_t>& payload, int size, const std::string& from);
+
+struct DownMsg {
+  uint64_t seq = 0;
+  bool slow = false;                // from here on every request goes to rank 0's coordinator
+  std::vector<uint32_t> evict;      // cache ids forgotten, before the plan
+  std::vector<std::string> lines;   // printed by every rank (a stall report)
+  std::vector<uint8_t> plan;        // encode_plan's bytes (empty: no plan)
+};
+std::vector<uint8_t> encode_down(const DownMsg& m);
+DownMsg decode_down(const std::vector<uint8_t>& payload, const std::string& from);
+
+std::vector<uint8_t> encode_gone(int32_t rank);
+int32_t decode_gone(const std::vector<uint8_t>& payload, int size, const std::string& from);
 
 }  // namespace appliance

@@ -27,23 +27,29 @@
   X(double, cycle_time_ms, 1.0)                                                                        \
   /* response cache entries (0: every readiness travels in full) */                                     \
   X(size_t, cache_capacity, 1024)                                                                      \
+  /* the negotiation protocol (engine/negotiator.h): "tree" (cached ops agreed up and down a tree */   \
+  /* without rank 0's coordinator) or "star" (every rank talks to rank 0's coordinator) */              \
+  X(std::string, negotiation, "tree")                                                                  \
   /* no stall warnings at all (HOROVOD_STALL_CHECK_DISABLE) */                                          \
   X(bool, stall_check_disable, false)                                                                  \
   /* seconds a tensor may wait for some ranks before a warning */                                       \
   X(double, stall_check_s, 60.0)                                                                       \
   /* seconds a tensor may wait for some ranks before the job fails (0: never) */                        \
   X(double, stall_shutdown_s, 300.0)                                                                   \
+  /* hierarchical allreduce / allgather with several hosts of several ranks (collectives/ */            \
+  /* hierarchical.cc): "auto" (where its cost model wins), "on" or "off" */                              \
+  X(std::string, hierarchical_allreduce, "auto")                                                       \
+  X(std::string, hierarchical_allgather, "auto")                                                       \
   /* pipelining grain of the ring algorithms, in bytes (0 counts as 1) */                              \
   X(size_t, chunk_bytes, size_t{1} << 20)                                                              \
   /* seconds of silence after which a peer is declared lost (0: no heartbeats) */                       \
   X(double, heartbeat_timeout_s, 10.0)                                                                 \
   /* shared memory links between ranks of one machine (false: TCP for every pair) */                    \
   X(bool, shm, true)                                                                                   \
-  /* microseconds the background thread keeps polling after work, and a waiting caller polls before */ \
-  /* blocking, so back-to-back small operations do not pay thread wake-ups (0 = never) */               \
+  /* the scheduler's one policy (engine/scheduler.h): a caller waiting for a host operation drives */  \
+  /* the engine for up to this many microseconds, and the background thread polls as long after */      \
+  /* work; 0 = nothing spins or drives, the background thread does everything */                        \
   X(int, spin_us, 100)                                                                                 \
-  /* a caller waiting for a host operation runs the engine itself for up to spin_us (drive.cc) */       \
-  X(bool, caller_drives, true)                                                                         \
   /* rank 0 logs the layout and links at init, and the CUDA decision */                                 \
   X(bool, verbose, false)                                                                              \
   /* explicit path of libnccl.so.2 ("" = search nccl_candidates) */                                    \

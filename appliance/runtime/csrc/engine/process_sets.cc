@@ -32,10 +32,9 @@ void Runtime::add_process_set(int32_t id, std::vector<int> members) {
     auto_names_.erase(id);  // a reused id starts its automatic names and groups afresh on its new members
     groups_.erase(id);
     set_changes_.push_back(SetChange{true, id, std::move(members)});
-    ++posted_;
+    sched_.post();
   }
-  uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  sched_.wake_always();
 }
 
 void Runtime::remove_process_set(int32_t id) {
@@ -43,26 +42,20 @@ void Runtime::remove_process_set(int32_t id) {
     std::lock_guard<std::mutex> g(qmu_);
     if (!known_sets_.erase(id)) throw std::invalid_argument("process set " + std::to_string(id) + " is not registered");
     set_changes_.push_back(SetChange{false, id, {}});
-    ++posted_;
+    sched_.post();
   }
-  uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  sched_.wake_always();
 }
 
 void Runtime::apply_set_changes(std::deque<SetChange>& changes) {
   for (SetChange& c : changes) {
     if (!c.add) {
-      if (coord_) coord_->remove_process_set(c.id);
+      negotiator_->remove_process_set(c.id);
       backends_->remove_set(c.id);
       sets_.erase(c.id);
-      set_sizes_.erase(c.id);
       continue;
     }
-    if (coord_) {
-      std::string why = coord_->add_process_set(c.id, c.members);
-      APPLIANCE_ASSERT(why.empty(), why);
-    }
-    set_sizes_[c.id] = static_cast<int>(c.members.size());
+    negotiator_->add_process_set(c.id, c.members);
     if (!std::binary_search(c.members.begin(), c.members.end(), cfg_.rank)) continue;
     SetComm sc;
     sc.members = c.members;

@@ -1,8 +1,8 @@
-// Runtime lifecycle and the caller-facing API. The background loop is in engine/loop.cc.
+// Runtime lifecycle and the caller-facing API. Its turns are in engine/turn.cc, plans in
+// engine/plans.cc.
 #include "engine/runtime.h"
 
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +10,9 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "engine/star_negotiator.h"
+#include "engine/tree_negotiator.h"
+#include "transport/auth.h"
 #include "transport/tcp/socket.h"
 
 namespace appliance {
@@ -17,14 +20,35 @@ namespace appliance {
 namespace {
 constexpr uint32_t kDataFrameMax = 4u << 20;      // payload bytes of one DATA frame
 constexpr uint32_t kControlFrameMax = 256u << 20;  // plans of very large models
+CollectiveOptions::Hierarchy hierarchy_option(const std::string& v, const char* knob) {
+  if (v == "auto") return CollectiveOptions::Hierarchy::kAuto;
+  if (v == "on") return CollectiveOptions::Hierarchy::kOn;
+  if (v == "off") return CollectiveOptions::Hierarchy::kOff;
+  throw std::invalid_argument(std::string(knob) + " must be auto, on or off, not '" + v + "'");
+}
 }  // namespace
 
-Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank), cache_(cfg_.cache_capacity) {
+Runtime::Runtime(RuntimeConfig cfg)
+    : cfg_(std::move(cfg)),
+      timeline_(cfg_.rank),
+      sched_(SchedulePolicy{cfg_.spin_us, static_cast<int64_t>(cfg_.cycle_time_ms * 1000)}, handles_) {
   if (cfg_.size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.size)
     throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
   hosts_.assign(cfg_.size, cfg_.host);
-  std::vector<std::unique_ptr<Channel>> data(cfg_.size);
-  ctrl_.resize(cfg_.size);
+  NegotiatorOptions no;
+  no.rank = cfg_.rank;
+  no.size = cfg_.size;
+  no.fusion_threshold = cfg_.fusion_threshold;
+  no.cycle_time_ms = cfg_.cycle_time_ms;
+  no.cache_capacity = cfg_.cache_capacity;
+  no.stall_check_s = cfg_.effective_stall_check_s();
+  no.stall_shutdown_s = cfg_.stall_shutdown_s;
+  NegotiationObserver* seen = this;
+  if (cfg_.negotiation == "star") negotiator_ = std::make_unique<StarNegotiator>(no, seen);
+  else if (cfg_.negotiation == "tree") negotiator_ = std::make_unique<TreeNegotiator>(no, seen);
+  else throw std::invalid_argument("negotiation must be tree or star, not '" + cfg_.negotiation + "'");
+  link_kinds_.reset(new std::atomic<const char*>[cfg_.size]);
+  for (int r = 0; r < cfg_.size; ++r) link_kinds_[r].store("self");
   if (cfg_.size > 1) try {
     const int64_t timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
     AuthParams auth{cfg_.secret, cfg_.job_id, cfg_.rank};
@@ -40,7 +64,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
       }
     }
     store_ = std::make_unique<TcpStoreClient>(cfg_.store_host, cfg_.store_port, auth, timeout_ms);
-    MeshOptions mo;
+    MeshOptions& mo = link_opts_;
     mo.rank = cfg_.rank;
     mo.size = cfg_.size;
     mo.host = cfg_.host;
@@ -50,29 +74,27 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     mo.timeout_ms = timeout_ms;
     mo.peer_timeout_ms = static_cast<int>(cfg_.heartbeat_timeout_s * 1000);
     mo.auth = auth;
-    Mesh mesh = build_mesh(*store_, mo);
-    topo_ = mesh.topo;
-    for (int r = 0; r < cfg_.size; ++r) hosts_[r] = mesh.peers[r].host;
-    links_.assign(cfg_.size, "self");
-    for (int r = 0; r < cfg_.size; ++r)
-      if (mesh.data[r]) {
-        links_[r] = mesh.data[r]->kind();
-        data[r] = std::make_unique<Channel>(std::move(mesh.data[r]), kDataFrameMax);
-      }
-    auto now = Clock::now();
-    for (int r = 0; r < static_cast<int>(mesh.control.size()); ++r) {
-      if (!mesh.control[r]) continue;
-      int peer = mesh.control[r]->peer();
-      ctrl_[peer].ch = std::make_unique<Channel>(std::move(mesh.control[r]), kControlFrameMax);
-      ctrl_[peer].last_recv = ctrl_[peer].last_send = now;
+    links_ = std::make_unique<Links>(*store_, mo);  // publish, and read every rank's address at once
+    topo_ = links_->topology();
+    for (int r = 0; r < cfg_.size; ++r) {
+      hosts_[r] = links_->peers()[r].host;
+      link_kinds_[r].store(links_->kind(r));
     }
-    for (int r = 0; r < cfg_.size; ++r)
-      if (ctrl_[r].ch) ctrl_ranks_.push_back(r);
+    // The control links the negotiator talks over, opened now: those this rank connects
+    // first (they cost no wait on anyone's caller), then those its peers connect.
+    // (Control: the higher rank of a pair connects; links.h.)
+    control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
+    std::vector<int> peers = negotiator_->control_peers();
+    std::sort(peers.begin(), peers.end(), [this](int a, int b) { return (a < cfg_.rank) != (b < cfg_.rank) ? a < cfg_.rank : a < b; });
+    const Deadline d = deadline_after_ms(timeout_ms);
+    for (int peer : peers)
+      control_->add(peer, std::make_unique<Channel>(links_->open(peer, kControlChannel, d), kControlFrameMax));
+    store_->release();  // joined: no socket to the store from here on (a later use connects again)
     if (cfg_.verbose && cfg_.rank == 0) {
       std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
-      for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + mesh.peers[r].host;
-      line += "; data links of rank 0:";
-      for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + links_[r];
+      for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + hosts_[r];
+      line += "; data links of rank 0 (opened on first use):";
+      for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + link_kinds_[r].load();
       log_line(cfg_.rank, line);
     }
   } catch (const Error& e) {
@@ -83,8 +105,11 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     record_fault(s);
     throw;
   }
-  comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, std::move(data), kDataFrameMax);
+  if (!control_) control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
+  comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, kDataFrameMax, [this](int peer) { return open_data(peer); });
   copts_.chunk_bytes = std::max<size_t>(1, cfg_.chunk_bytes);
+  copts_.hierarchical_allreduce = hierarchy_option(cfg_.hierarchical_allreduce, "HOROVOD_HIERARCHICAL_ALLREDUCE");
+  copts_.hierarchical_allgather = hierarchy_option(cfg_.hierarchical_allgather, "HOROVOD_HIERARCHICAL_ALLGATHER");
   handles_.set_spin_us(cfg_.spin_us);
   BackendOptions bo;
   bo.rank = cfg_.rank;
@@ -97,43 +122,31 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
   bo.nccl_library = cfg_.nccl_library;
   bo.nccl_candidates = cfg_.nccl_candidates;
   bo.cudart_candidates = cfg_.cudart_candidates;
+  // The Watch first: the registry's views of the job's Comm (hosts, process sets) copy it.
+  comm_->set_watch(Watch{control_->epoll_fd(), [this] { read_control(true); }, [this] { return control_->arm(); }});
   backends_ = std::make_unique<BackendRegistry>(std::move(bo), *comm_, store_.get(), &timeline_);
-  if (cfg_.rank == 0) {
-    CoordinatorOptions co;
-    co.size = cfg_.size;
-    co.fusion_threshold = cfg_.fusion_threshold;
-    co.cycle_time_ms = cfg_.cycle_time_ms;
-    co.stall_check_s = cfg_.effective_stall_check_s();
-    co.stall_shutdown_s = cfg_.stall_shutdown_s;
-    coord_ = std::make_unique<Coordinator>(co);
-  }
-  if (cfg_.heartbeat_timeout_s > 0)
-    hb_interval_ms_ = std::max<int64_t>(50, std::min<int64_t>(1000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 250)));
-  next_stall_check_ = Clock::now() + std::chrono::seconds(1);
-
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wake_fd_ < 0 || epoll_fd_ < 0) throw Error(Code::kInternal, "cannot create eventfd/epoll");
-  for (int r = 0; r < cfg_.size; ++r) {
-    if (!ctrl_[r].ch) continue;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u32 = static_cast<uint32_t>(r);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ctrl_[r].ch->link().wait_handle(), &ev);
-  }
-  comm_->set_watch(Watch{epoll_fd_, [this] { read_control(true); }, [this] { return arm_control(); }});
   if (cfg_.timeline_at_init()) try {
     timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
   } catch (const std::invalid_argument& e) {
     log_line(cfg_.rank, std::string("HOROVOD_TIMELINE: ") + e.what() + "; the job runs without a timeline");
   }
-  thread_ = std::thread([this] { loop(); });
+  sched_.start(this);
 }
 
-Runtime::~Runtime() {
-  shutdown();
-  if (wake_fd_ >= 0) close(wake_fd_);
-  if (epoll_fd_ >= 0) close(epoll_fd_);
+Runtime::~Runtime() { shutdown(); }
+
+std::unique_ptr<Channel> Runtime::open_data(int peer) {
+  LinkPtr link = links_->open(peer, kDataChannel, deadline_after_ms(static_cast<int64_t>(cfg_.start_timeout_s * 1000)),
+                              [this](int fd) { wait_for_link(fd); });
+  link_kinds_[peer].store(link->kind());
+  return std::make_unique<Channel>(std::move(link), kDataFrameMax);
+}
+
+void Runtime::wait_for_link(int fd) {
+  pollfd fds[2] = {{fd, POLLIN, 0}, {control_->epoll_fd(), POLLIN, 0}};
+  const bool ready = control_->arm();
+  if (!ready) ::poll(fds, 2, 50);
+  read_control(true);  // an ABORT throws out of the wait; heartbeats go on
 }
 
 std::string Runtime::host_of(int rank) const {
@@ -143,20 +156,27 @@ std::string Runtime::host_of(int rank) const {
 void Runtime::shutdown() {
   {
     std::lock_guard<std::mutex> g(qmu_);
-    stopping_ = true;
-    ++posted_;
+    sched_.set_stopping();
   }
-  uint64_t one = 1;
-  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
-  {
-    std::lock_guard<std::mutex> g(park_mu_);  // park() checks stopping_ under it: no lost wake-up
-  }
-  park_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  sched_.join();
   timeline_.stop();  // after the loop: its last events are in
+  std::lock_guard<std::mutex> g(store_mu_);
+  if (store_) store_requests_ = store_->requests();
+  if (store_server_) store_served_ = store_server_->served();
   store_.reset();
   store_server_.reset();  // a re-init (new generation) may bind the same port at once
+  if (links_) links_->close();  // nobody connects to a rank that has left
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
+}
+
+uint64_t Runtime::store_requests() const {
+  std::lock_guard<std::mutex> g(store_mu_);
+  return store_ ? store_->requests() : store_requests_;
+}
+
+uint64_t Runtime::store_served() const {
+  std::lock_guard<std::mutex> g(store_mu_);
+  return store_server_ ? store_server_->served() : store_served_;
 }
 
 uint32_t Runtime::new_group(int32_t process_set) {
@@ -234,7 +254,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
     req.name = (s.process_set ? "ps" + std::to_string(s.process_set) + "/" : std::string()) + op_kind_name(s.kind) +
                ".noname." + std::to_string(n);
   }
-  if (in.device >= 0 || out.device >= 0) device_ops_.store(true);  // callers stop driving (drive.cc)
+  const bool device = in.device >= 0 || out.device >= 0;
   auto op = std::make_shared<OpState>();
   op->req = std::move(req);
   op->in = std::move(in);
@@ -244,22 +264,15 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   int h = handles_.add(op, &outstanding);
   {
     std::lock_guard<std::mutex> g(qmu_);
-    if (!terminal_.ok() || stopping_) {
+    if (!terminal_.ok() || sched_.stopping()) {
       Status st = terminal_.ok() ? Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime is shutting down"} : terminal_;
       handles_.complete(op, st);
       return h;
     }
     queue_.push_back(op);
-    ++posted_;
+    sched_.post();
   }
-  const int64_t now_us = steady_us();
-  // A burst: issued soon after the previous one without waiting for it (a synchronous loop
-  // waits for each op, so its ops never count, however fast it goes).
-  burst_.store(outstanding > 0 && now_us - last_enqueue_us_.exchange(now_us) < kBurstGapUs);
-  if (sleeping_.exchange(false)) {
-    uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
-  }
+  sched_.enqueued(outstanding, device);
   return h;
 }
 

@@ -1,14 +1,16 @@
-// Runtime: the per-process collective engine. Owns the rendezvous store (server on rank 0),
-// the mesh (data Comm, control channels), the coordinator (rank 0), the response cache, the
-// backends, the handle table and the background thread. No process-wide state: Python holds
-// one Runtime per init() and destroys it at shutdown().
+// Runtime: the per-process collective engine, and the owner of its parts. No process-wide
+// state: Python holds one Runtime per init() and destroys it at shutdown().
 //
-// Threads: callers enqueue/poll/wait from any thread; everything else (control plane,
-// negotiation, collectives) is the engine's work, done under engine_mu_ by one thread at a
-// time: the background thread, which sleeps in poll() until work, a control frame or a
-// deadline (fusion cycle, heartbeat, stall check) wakes it, or a caller waiting for a host
-// operation, which drives the engine itself for a while (engine/drive.cc) so that a small
-// operation costs no hand-off between threads.
+// What it owns: the rendezvous store (server on rank 0), the links to the other ranks (data
+// Comm, ControlPlane), the Negotiator (engine/negotiator.h: which protocol agrees on what runs
+// next), the backends, the handle table, the queue of enqueued operations and the process sets;
+// and the Scheduler (engine/scheduler.h), which decides which thread does the engine's work and
+// when. The Runtime itself is that work, one turn at a time (engine/turn.cc): take what callers
+// enqueued, hand it to the negotiator with the control messages that came, send what it says,
+// run the plans it produces (engine/plans.cc), keep the control links alive.
+//
+// Threads: callers enqueue/poll/wait from any thread; every turn runs under the scheduler's
+// engine lock, on the background thread or on a caller that drives.
 //
 // Failure: see csrc/README.md. A failed job fails every pending handle with a Status naming
 // the origin rank; later enqueues complete at once with the same status. The first failure
@@ -16,25 +18,22 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
+#include <unordered_map>
 #include <vector>
-
-#include <map>
-#include <set>
 
 #include "backends/backend.h"
 #include "backends/registry.h"
-#include "bootstrap/mesh.h"
+#include "bootstrap/links.h"
 #include "collectives/collectives.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/response_cache.h"
-#include "engine/messages.h"
+#include "engine/control.h"
+#include "engine/negotiator.h"
 #include "engine/options.h"
+#include "engine/scheduler.h"
 #include "engine/timeline.h"
 #include "ops/ops.h"
 #include "store/store.h"
@@ -54,10 +53,10 @@ struct RuntimeConfig : EngineOptions {
   std::vector<std::string> nccl_candidates, cudart_candidates;
 };
 
-class Runtime {
+class Runtime final : private SchedulerHost, private NegotiationObserver {
  public:
-  explicit Runtime(RuntimeConfig cfg);  // rendezvous + mesh; throws Error on failure
-  ~Runtime();
+  explicit Runtime(RuntimeConfig cfg);  // rendezvous + links; throws Error on failure
+  ~Runtime() override;
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -65,8 +64,9 @@ class Runtime {
   int size() const { return cfg_.size; }
   const Topology& topology() const { return topo_; }
   std::string host_of(int rank) const;
-  // Transport of the data link to `rank` ("shm", "tcp"; "self" for this rank).
-  std::string link_kind(int rank) const { return rank >= 0 && rank < static_cast<int>(links_.size()) ? links_[rank] : ""; }
+  // Transport of the data link to `rank` ("shm", "tcp"; "self" for this rank): the one it has,
+  // or, before it is opened, the one it will take.
+  std::string link_kind(int rank) const { return rank >= 0 && rank < cfg_.size ? link_kinds_[rank].load() : ""; }
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
@@ -74,17 +74,36 @@ class Runtime {
   // with their number): 1, 2, 3... per set, so ranks that make the same calls agree on it; a
   // set added again counts afresh.
   uint32_t new_group(int32_t process_set);
-  bool poll(int handle);  // engine/drive.cc
+  bool poll(int handle) {
+    const bool done = handles_.poll(handle);
+    if (!done) sched_.polled();
+    return done;
+  }
 
   // Counters for tests and diagnostics (read from any thread).
   struct Stats {
-    std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0}, ready_full{0}, ready_ids{0};
-    std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/drive.cc)
+    std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0};
+    std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/scheduler.h)
+    std::atomic<uint64_t> ctrl_in{0}, ctrl_out{0};  // control frames this rank received / sent
+    // With profiling on (set_profiling): thread CPU time of the engine's turns that moved control
+    // frames or announced work, less the plans they ran (the negotiation's own work), and those turns.
+    std::atomic<uint64_t> negotiation_ns{0}, negotiation_turns{0};
   };
   const Stats& stats() const { return stats_; }
+  uint64_t ready_full() const { return ready_full_.load(); }
+  uint64_t ready_ids() const { return ready_ids_.load(); }
   const OutputPool& output_pool() const { return *outputs_; }
-  // Blocks until the op is done. A host op's caller first drives the engine (engine/drive.cc).
-  OpPtr wait(int handle);
+  // Requests this rank sent to the store, and (rank 0) those its store server handled.
+  uint64_t store_requests() const;
+  uint64_t store_served() const;
+  // Measure the negotiation's CPU time (Stats::negotiation_ns); costs two clock reads per turn.
+  void set_profiling(bool on);
+
+  // Blocks until the op is done. A host op's caller first drives the engine (scheduler.h).
+  OpPtr wait(int handle) {
+    sched_.wait_for(*handles_.find(handle));
+    return handles_.wait(handle);
+  }
   // For a caller on a CUDA stream: returns once the op is done, or once its device work is on
   // its stream and `stream` has been made to wait for it (*finished false); an error after
   // that reaches the job as an abort. Host work is always waited for.
@@ -111,16 +130,24 @@ class Runtime {
   void stop_timeline() { timeline_.stop(); }
 
  private:
-  // --- background thread (engine/loop.cc) ---
-  void loop();
-  // The engine's work, under engine_mu_, from the background thread or a driving caller:
-  // settle a burst (background thread only), step(), and turn a failure or the coordinator's
-  // end into the job's end. False once the engine has ended (ended_).
-  bool turn(bool settle);
+  // --- SchedulerHost (engine/turn.cc): the engine's work, under the scheduler's lock ---
+  bool turn(bool settle) override;
+  bool before_sleep(bool* ok) override;
+  int64_t sleep_timeout_us() override;
+  int sleep_fd() const override { return cfg_.size > 1 ? control_->epoll_fd() : -1; }
+  bool ended() const override { return ended_; }
+  void stop() override;
+  // --- NegotiationObserver: rank 0's timeline sees the negotiation ---
+  bool on() const override { return timeline_.on(); }
+  void ready(const std::string& name, OpKind kind, int rank) override { timeline_.negotiate(name, kind, rank); }
+  void planned(const std::vector<PlanEntry>& entries) override;
+
+  // The data channel to `peer`, opened on first use by the job's Comm (engine/runtime.cc).
+  std::unique_ptr<Channel> open_data(int peer);
+  // While waiting for a peer's link: the control links stay serviced (an abort ends the wait).
+  void wait_for_link(int fd);
   void step();
-  void fail_engine(Status s);  // a failure caught by guard(): abort the job, end the engine
-  // Runs f (engine work, under engine_mu_); a failure it throws ends the engine. False once
-  // the engine has ended.
+  // Runs f (engine work); a failure it throws ends the engine. False once the engine has ended.
   template <class F>
   bool guard(F&& f) {
     try {
@@ -133,30 +160,24 @@ class Runtime {
     }
     return false;
   }
-  // The background thread stays off while a caller drives, or did within a cycle.
-  void park();
-  // Ends the background thread's parking at once (a caller needs it: drive.cc).
-  void unpark();
-  // --- callers driving (engine/drive.cc) ---
-  // Drives the engine until op is done, the engine ends, or spin_us passes without op done.
-  void drive(const OpState& op);
-  // A caller issuing operations back to back without waiting (a backward pass's gradients, a
-  // burst of async calls) gets them announced together: while such enqueues come less than
-  // kBurstGapUs apart, wait (at most the cycle time) for a pause or for a caller to wait, so
-  // they negotiate and fuse as one plan. A lone operation, or a synchronous loop's, goes at once.
-  static constexpr int64_t kBurstGapUs = 50;
-  void settle_burst();
+  void fail_engine(Status s);  // a failure caught by guard(): abort the job, end the engine
   void intake(Clock::time_point now);
-  void on_ready(int from, const std::vector<uint8_t>& payload);
-  void on_resend(const std::vector<uint8_t>& payload);
+  // Reads the control links (in a collective too: its Watch), keeping what came for the turn.
   void read_control(bool in_collective);
-  void dispatch_inbox();
-  void issue_plans(Clock::time_point now);
-  void run_plan(Plan& plan);
+  // Hands what arrived to the negotiator and carries out what it says, until nothing is left.
+  void negotiate(Clock::time_point now);
+  void carry_out(Negotiated& out);
+  // --- plans (engine/plans.cc) ---
+  void run_plan(const Plan& plan);
   void run_entry(const PlanEntry& e);
+  // Completes the handles of launched entries whose backend has finished, in plan order.
+  void poll_running();
   // A joined rank skips the ops the others run; it counts their automatic names as used so
   // that its later unnamed ops keep matching theirs.
   void note_skipped_name(const std::string& name);
+  void abort_job(const Status& s, int skip_peer);
+  void finish(const Status& terminal);
+  void record_fault(const Status& s);
   // --- process sets (engine/process_sets.cc) ---
   struct SetChange {
     bool add;
@@ -169,43 +190,21 @@ class Runtime {
   };
   void apply_set_changes(std::deque<SetChange>& changes);
   SetComm* set_comm(int32_t id);  // nullptr: not a member (or unknown)
-  // Completes the handles of launched entries whose backend has finished, in plan order.
-  void poll_running();
-  void heartbeats(Clock::time_point now);
-  void stall_check(Clock::time_point now);
-  void send_control(int peer, FrameType type, const std::vector<uint8_t>& payload);
-  Status await_better_cause(const Status& s);
-  void abort_job(const Status& s, int skip_peer);
-  void finish(const Status& terminal);
-  void record_fault(const Status& s);
-  int poll_timeout_ms() const;
-  bool is_ctrl_peer(int peer) const;
-  // Before sleeping on epoll_fd_: arms the control links that wake only when armed (shm);
-  // true when one of them has bytes already (do not sleep).
-  bool arm_control();
-
-  struct CtrlPeer {
-    std::unique_ptr<Channel> ch;
-    Clock::time_point last_recv, last_send;
-    bool gone = false;  // said BYE (or is closed after one)
-  };
-  struct Inbound {
-    int from;
-    std::vector<uint8_t> payload;
-  };
 
   RuntimeConfig cfg_;
   Timeline timeline_;  // before the backends, which report to it
   Topology topo_;
   std::vector<std::string> hosts_;
-  std::vector<std::string> links_;  // kind of the data link to each rank: "tcp", "shm", "self"
+  std::unique_ptr<std::atomic<const char*>[]> link_kinds_;  // of the data link to each rank: "tcp", "shm", "self"
+  mutable std::mutex store_mu_;  // store_ and store_server_ against stats readers at shutdown
   std::unique_ptr<TcpStoreServer> store_server_;
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<TcpStoreClient> store_;
+  uint64_t store_requests_ = 0, store_served_ = 0;  // counts kept when the store goes (shutdown)
+  std::unique_ptr<Links> links_;  // the peers, the acceptor thread, links opened on first use
+  MeshOptions link_opts_;
   std::unique_ptr<Comm> comm_;
-  std::vector<CtrlPeer> ctrl_;  // indexed by rank (rank 0: every peer; others: only [0])
-  std::vector<int> ctrl_ranks_;  // the ranks ctrl_ has a channel for, ascending (what loops visit)
-  std::unique_ptr<Coordinator> coord_;
-  ResponseCache cache_;
+  std::unique_ptr<ControlPlane> control_;
+  std::unique_ptr<Negotiator> negotiator_;
   // One backend per device kind, and which one runs an entry (backends/registry.h).
   std::unique_ptr<BackendRegistry> backends_;
   std::atomic<int> join_device_{-1};  // device a joined rank contributes zeros on
@@ -216,53 +215,34 @@ class Runtime {
   std::deque<Running> running_;
   HandleTable handles_;
   Stats stats_;
+  std::atomic<uint64_t> ready_full_{0}, ready_ids_{0};  // the negotiator's, for readers
   std::shared_ptr<OutputPool> outputs_ = std::make_shared<OutputPool>();  // large core-allocated outputs
 
-  // Held by whichever thread does the engine's work: guards every "background-thread state"
-  // member below (and the backends, comm_, ctrl_, coord_, cache_, timeline_ recording).
-  std::mutex engine_mu_;
-  bool ended_ = false;  // the job failed or the coordinator left: no more turns (engine_mu_)
-  std::atomic<int> drivers_{0};             // callers driving (or about to)
-  std::atomic<int64_t> last_drive_us_{0};   // when a driving caller last left with its op done
-  std::atomic<bool> device_ops_{false};     // a CUDA op was enqueued: callers no longer drive
-  std::mutex park_mu_;
-  std::condition_variable park_cv_;  // the background thread parks on it while callers drive
-  int wake_fd_ = -1;
-  int epoll_fd_ = -1;  // control fds, the Watch of collectives
-  std::thread thread_;
-
+  // Callers' side, under qmu_.
   std::mutex qmu_;
-  std::atomic<bool> sleeping_{false};
-  int64_t last_busy_us_ = 0;  // background thread: when it last took requests or ran a plan  // the background thread is (about to be) in ppoll
-  std::atomic<int64_t> last_enqueue_us_{0};  // steady clock, set by enqueue()
-  std::atomic<bool> burst_{false};  // the last enqueue came within kBurstGapUs of an unwaited one
   std::deque<OpPtr> queue_;  // enqueued, not yet announced
-  // Counts what callers posted to the background thread (ops, set changes, the stop), each
-  // under qmu_; the thread compares it with taken_ (its own count at its last intake), so its
-  // idle loop takes no lock that an enqueuing caller would have to wait for.
-  std::atomic<uint64_t> posted_{0};
-  uint64_t taken_ = 0;  // background thread only (written under qmu_)
-  std::deque<SetChange> set_changes_;                 // not yet applied by the background thread
+  std::deque<SetChange> set_changes_;                 // not yet applied by the engine
   std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
   std::map<int32_t, uint64_t> auto_names_;           // process set -> automatic names given
   std::map<int32_t, uint32_t> groups_;                // process set -> groups given (new_group)
-  std::atomic<bool> stopping_{false};  // set under qmu_ (enqueue checks it there)
   Status terminal_;          // set once the runtime can run nothing more
-  bool fault_written_ = false;  // the fault report is written once (guarded by qmu_)
+  bool fault_written_ = false;  // the fault report is written once
 
-  // background-thread state
+  // The engine's side, under the scheduler's lock.
+  bool ended_ = false;  // the job failed or rank 0 left: no more turns
   std::unordered_map<std::string, OpPtr> inflight_;  // announced, waiting for a plan
   std::map<int32_t, SetComm> sets_;                  // process sets this rank is in
-  std::map<int32_t, int> set_sizes_;                 // every registered process set -> its number of ranks
   CollectiveOptions copts_;
-  std::deque<Inbound> inbox_;
-  uint64_t plans_applied_ = 0;
-  uint64_t plan_seq_ = 0;
-  Clock::time_point next_stall_check_;
-  int64_t hb_interval_ms_ = 1000;
-  int abort_from_ = -1;       // peer an ABORT frame came from (not sent back to it)
+  std::deque<ControlPlane::Inbound> inbox_;
+  std::vector<int> left_;      // peers whose BYE came, not yet told to the negotiator
   bool coordinator_gone_ = false;
-  bool silence_seen_ = false;  // the failure is a heartbeat timeout this rank saw itself
+  int gone_rank_ = 0;  // who left: rank 0, or the rank this one negotiated through
+  std::atomic<bool> profiling_{false};
+  uint64_t plan_cpu_ns_ = 0;       // with profiling: CPU time of the plans run so far
+  uint64_t plan_clock_reads_ = 0;  // with profiling: clock reads made around those plans
+  std::atomic<uint64_t> clock_read_ns_{0};  // what one CPU clock read costs (set_profiling measures it)
+
+  Scheduler sched_{SchedulePolicy{}, handles_};  // last: its thread stops before the rest goes
 };
 
 }  // namespace appliance

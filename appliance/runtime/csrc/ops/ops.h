@@ -3,6 +3,8 @@
 // completes. Names in flight are unique per process (a duplicate is a ValueError at submit).
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 
@@ -24,6 +26,12 @@ namespace appliance {
 inline int64_t steady_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+// This thread's CPU time in nanoseconds (a syscall: for measurements, not the hot path).
+inline uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 struct TensorDesc {

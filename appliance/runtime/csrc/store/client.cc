@@ -50,10 +50,15 @@ const char* op_name(Op op) {
 struct TcpStoreClient::Impl {
   int fd = -1;
   std::string where;  // "the store at host:port"
+  std::string host;
+  int port = 0;
+  AuthParams auth;
+  TcpStoreClient* owner = nullptr;
+  std::recursive_mutex connect_mu;  // one (re)connection at a time (its own add() re-enters)
   std::mutex send_mu;
   uint32_t send_seq = 0;
 
-  std::mutex mu;
+  mutable std::mutex mu;
   std::condition_variable cv;
   uint64_t next_id = 1;
   uint32_t recv_seq = 0;
@@ -64,6 +69,10 @@ struct TcpStoreClient::Impl {
 
   // Send a request and return the payload of its reply, positioned after id and code.
   Frame call(Op op, Writer& body, Deadline reply_deadline);
+  // Connects and authenticates (retrying until `d`: rank 0 may start later than us); the
+  // caller holds connect_mu and no call is in flight.
+  void connect(Deadline d, TcpStoreClient* self);
+  void ensure_connected(TcpStoreClient* self);
   void become_reader(std::unique_lock<std::mutex>& lk, Deadline until);
 };
 
@@ -101,9 +110,15 @@ void TcpStoreClient::Impl::become_reader(std::unique_lock<std::mutex>& lk, Deadl
 }
 
 Frame TcpStoreClient::Impl::call(Op op, Writer& body, Deadline reply_deadline) {
+  TcpStoreClient* self = owner;
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lk(mu);
+    std::unique_lock<std::mutex> lk(mu);
+    while (fd < 0 && !broken) {  // released: connect again (release() closes only while nothing waits)
+      lk.unlock();
+      ensure_connected(self);
+      lk.lock();
+    }
     if (broken) throw *broken;
     id = next_id++;
     waiting.insert(id);
@@ -150,24 +165,38 @@ Frame TcpStoreClient::Impl::call(Op op, Writer& body, Deadline reply_deadline) {
 TcpStoreClient::TcpStoreClient(const std::string& host, int port, AuthParams auth, int64_t connect_timeout_ms)
     : impl_(new Impl) {
   impl_->where = "the store at " + host + ":" + std::to_string(port);
-  Deadline d = deadline_after_ms(connect_timeout_ms);
+  impl_->owner = this;
+  impl_->host = host;
+  impl_->port = port;
+  impl_->auth = std::move(auth);
+  std::lock_guard<std::recursive_mutex> g(impl_->connect_mu);
+  impl_->connect(deadline_after_ms(connect_timeout_ms), this);
+}
+
+void TcpStoreClient::Impl::connect(Deadline d, TcpStoreClient* self) {
   for (;;) {
-    impl_->fd = connect_tcp(host, port, d, "the store");
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      fd = connect_tcp(host, port, d, "the store");
+      broken.reset();
+      replies.clear();
+      waiting.clear();
+      send_seq = recv_seq = 0;
+    }
     try {
       // A slow store host still gets a few seconds for the handshake itself.
-      auth_connect(impl_->fd, auth, kStoreServerRank, kStoreChannel, std::max(d, deadline_after_ms(5000)));
+      auth_connect(fd, auth, kStoreServerRank, kStoreChannel, std::max(d, deadline_after_ms(5000)));
       // One round trip before anyone relies on the connection: a store that is going away
       // (the previous generation of this job, while a rank re-initialises faster than rank 0)
       // can accept and then close, which surfaces here, where a retry is still harmless.
-      add("__connected__", 0);
+      self->add("__connected__", 0);
       return;
     } catch (const Error& e) {
-      ::close(impl_->fd);
-      impl_->fd = -1;
-      impl_->broken.reset();
-      impl_->replies.clear();
-      impl_->waiting.clear();
-      impl_->send_seq = impl_->recv_seq = 0;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        ::close(fd);
+        fd = -1;
+      }
       // A store of another job id answered, or one that is going away reset us: the previous
       // generation of this job (a rank re-initialised faster than rank 0). Wait for the
       // current one until the deadline.
@@ -176,6 +205,27 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, AuthParams aut
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
+}
+
+void TcpStoreClient::Impl::ensure_connected(TcpStoreClient* self) {
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (fd >= 0) return;
+  }
+  std::lock_guard<std::recursive_mutex> g(connect_mu);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (fd >= 0) return;
+  }
+  connect(deadline_after_ms(kRpcTimeoutMs), self);
+}
+
+void TcpStoreClient::release() {
+  std::lock_guard<std::recursive_mutex> g(impl_->connect_mu);
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  if (impl_->fd < 0 || !impl_->waiting.empty() || impl_->reading) return;
+  ::close(impl_->fd);
+  impl_->fd = -1;
 }
 
 TcpStoreClient::~TcpStoreClient() {
@@ -253,6 +303,42 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   int64_t v = r.i64();
   r.expect_done();
   return v;
+}
+
+std::vector<std::vector<uint8_t>> TcpStoreClient::get_many(const std::vector<std::string>& keys, int64_t timeout_ms) {
+  check_timeout(timeout_ms);
+  if (keys.size() > kMaxWaitKeys) throw Error(Code::kInvalid, "reading " + std::to_string(keys.size()) + " store keys at once");
+  Writer b;
+  b.u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) {
+    check_key(k);
+    b.str(k);
+  }
+  b.i64(timeout_ms);
+  Frame f = impl_->call(kGetMany, b, deadline_after_ms(timeout_ms + kReplyGraceMs));
+  Reader r(f.payload.data(), f.payload.size(), "store reply from " + impl_->where);
+  r.u64();
+  const uint8_t code = r.u8();
+  if (code == static_cast<uint8_t>(Code::kTimeout)) {
+    std::string msg = r.str();
+    const uint32_t n = r.u32();
+    if (n > keys.size()) r.fail("more missing keys than asked for");
+    std::vector<std::string> missing;
+    for (uint32_t i = 0; i < n; ++i) missing.push_back(r.str(kMaxKey));
+    throw StoreTimeout(Status{Code::kTimeout, -1, "", impl_->where + ": " + msg}, std::move(missing));
+  }
+  Reader ok = open_reply(f, impl_->where);
+  const uint32_t n = ok.u32();
+  if (n != keys.size()) ok.fail(std::to_string(n) + " values for " + std::to_string(keys.size()) + " keys");
+  std::vector<std::vector<uint8_t>> values(n);
+  for (auto& v : values) v = ok.bytes(kMaxValue);
+  ok.expect_done();
+  return values;
+}
+
+uint64_t TcpStoreClient::requests() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->next_id - 1;
 }
 
 }  // namespace appliance

@@ -2,9 +2,11 @@
 // connection. Connections authenticate first (AcceptorHandshake, non-blocking, bounded by
 // store_proto::kHandshakeTimeoutMs); a connection that fails is logged to stderr, with its
 // address and the reason, and dropped, without affecting anyone else. Those lines are
-// rate-limited (LogLimiter: a few per source, then one summary per minute with the count). GET and WAIT are
-// parked server-side until their keys appear or their timeout passes, then answered; the
-// reply to a timeout lists the missing keys. ADD is atomic because one thread owns the map.
+// rate-limited (LogLimiter: a few per source, then one summary per minute with the count). GET,
+// WAIT and GET_MANY are parked server-side until their keys appear or their timeout passes,
+// then answered; the reply to a timeout lists the missing keys. A parked request counts its
+// missing keys and is listed under each of them, so a SET wakes only the requests that wait
+// for its key. ADD is atomic because one thread owns the map.
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -14,6 +16,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <sstream>
 #include <unordered_map>
@@ -50,6 +53,7 @@ struct Parked {
   std::vector<std::string> keys;
   int64_t timeout_ms;
   Deadline deadline;
+  size_t missing = 0;  // keys not in the map yet
 };
 
 std::string quote_keys(const std::vector<std::string>& keys) {
@@ -68,8 +72,10 @@ struct TcpStoreServer::Impl {
   std::map<uint64_t, Conn> conns;
   uint64_t next_conn = 1;
   std::unordered_map<std::string, std::vector<uint8_t>> data;
-  std::vector<Parked> parked;
-  bool dirty = false;  // a key changed since parked requests were last checked
+  std::unordered_map<uint64_t, Parked> parked;  // by parking number
+  uint64_t next_parked = 1;
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // missing key -> parked requests
+  std::atomic<uint64_t> served{0};  // requests handled (read by other threads)
 
   LogLimiter limiter;  // strangers must not flood the log
 
@@ -89,7 +95,11 @@ struct TcpStoreServer::Impl {
   void reply(Conn& c, uint64_t req, Code code, const std::vector<uint8_t>& body, const std::string& msg = {},
              const std::vector<std::string>& missing = {});
   void drop(uint64_t id);
-  void check_parked(bool force);
+  void park(Parked p);
+  void stored(const std::string& key);  // a key appeared: wake what waits for it
+  void answer(Parked& p);               // every key is there
+  void expire();                        // parked requests past their deadline
+  void flush_all();
   Deadline next_wakeup() const;
 };
 
@@ -120,9 +130,11 @@ TcpStoreServer::~TcpStoreServer() {
 
 int TcpStoreServer::port() const { return impl_->listener.port; }
 
+uint64_t TcpStoreServer::served() const { return impl_->served.load(std::memory_order_relaxed); }
+
 Deadline TcpStoreServer::Impl::next_wakeup() const {
   Deadline d = no_deadline();
-  for (const auto& p : parked) d = std::min(d, p.deadline);
+  for (const auto& kv : parked) d = std::min(d, kv.second.deadline);
   for (const auto& kv : conns)
     if (kv.second.hs) d = std::min(d, kv.second.hs_deadline);
   return std::min(d, limiter.next_flush());
@@ -183,7 +195,8 @@ void TcpStoreServer::Impl::run() {
       }
       it = next;
     }
-    check_parked(false);
+    expire();
+    flush_all();
     for (const auto& line : limiter.flush(now)) log(line);
   }
 }
@@ -261,6 +274,7 @@ void TcpStoreServer::Impl::handle(uint64_t id, Conn& c, const Frame& f) {
   if (f.type != FrameType::kStoreRequest)
     throw Error(Code::kProtocol, what + ": unexpected " + frame_type_name(f.type) + " frame");
   Reader r(f.payload.data(), f.payload.size(), what);
+  served.fetch_add(1, std::memory_order_relaxed);
   const uint64_t req = r.u64();
   const uint8_t op = r.u8();
   switch (op) {
@@ -268,9 +282,10 @@ void TcpStoreServer::Impl::handle(uint64_t id, Conn& c, const Frame& f) {
       std::string key = r.str(kMaxKey);
       std::vector<uint8_t> value = r.bytes(kMaxValue);
       r.expect_done();
+      const bool fresh = data.count(key) == 0;
       data[key] = std::move(value);
-      dirty = true;
       reply(c, req, Code::kOk, {});
+      if (fresh) stored(key);
       return;
     }
     case kAdd: {
@@ -296,15 +311,17 @@ void TcpStoreServer::Impl::handle(uint64_t id, Conn& c, const Frame& f) {
         return;
       }
       std::string s = std::to_string(next);
+      const bool fresh = data.count(key) == 0;
       data[key] = std::vector<uint8_t>(s.begin(), s.end());
-      dirty = true;
       Writer w;
       w.i64(next);
       reply(c, req, Code::kOk, w.buffer());
+      if (fresh) stored(key);
       return;
     }
     case kGet:
-    case kWait: {
+    case kWait:
+    case kGetMany: {
       Parked p;
       p.conn = id;
       p.id = req;
@@ -320,8 +337,7 @@ void TcpStoreServer::Impl::handle(uint64_t id, Conn& c, const Frame& f) {
       r.expect_done();
       if (p.timeout_ms < 0) r.fail("negative timeout");
       p.deadline = deadline_after_ms(p.timeout_ms);
-      parked.push_back(std::move(p));
-      dirty = true;  // may be satisfied already
+      park(std::move(p));
       return;
     }
     default:
@@ -329,36 +345,80 @@ void TcpStoreServer::Impl::handle(uint64_t id, Conn& c, const Frame& f) {
   }
 }
 
-void TcpStoreServer::Impl::check_parked(bool force) {
-  const auto now = Clock::now();
-  std::vector<Parked> keep;
-  for (auto& p : parked) {
-    auto cit = conns.find(p.conn);
-    if (cit == conns.end()) continue;  // its client left
-    std::vector<std::string> missing;
-    if (dirty || force || now >= p.deadline)
-      for (const auto& k : p.keys)
-        if (!data.count(k)) missing.push_back(k);
-    const bool complete = (dirty || force || now >= p.deadline) && missing.empty();
-    if (complete) {
-      Writer w;
-      if (p.op == kGet) {
-        const auto& v = data[p.keys[0]];
-        w.bytes(v.data(), v.size());
-      }
-      reply(cit->second, p.id, Code::kOk, w.buffer());
-    } else if (now >= p.deadline) {
-      std::ostringstream os;
-      os.precision(1);
-      os << std::fixed << "timed out after " << p.timeout_ms / 1000.0 << " s waiting for store key(s) "
-         << quote_keys(missing);
-      reply(cit->second, p.id, Code::kTimeout, {}, os.str(), missing);
-    } else {
-      keep.push_back(std::move(p));
+void TcpStoreServer::Impl::park(Parked p) {
+  for (const auto& k : p.keys)
+    if (!data.count(k)) ++p.missing;
+  if (p.missing == 0) return answer(p);
+  const uint64_t n = next_parked++;
+  for (const auto& k : p.keys)
+    if (!data.count(k)) waiters[k].push_back(n);
+  parked.emplace(n, std::move(p));
+}
+
+void TcpStoreServer::Impl::stored(const std::string& key) {
+  auto w = waiters.find(key);
+  if (w == waiters.end()) return;
+  std::vector<uint64_t> ids = std::move(w->second);
+  waiters.erase(w);
+  for (uint64_t n : ids) {
+    auto it = parked.find(n);
+    if (it == parked.end()) continue;
+    // A request may list a key twice: it counted it twice and is listed twice.
+    if (--it->second.missing > 0) continue;
+    answer(it->second);
+    parked.erase(it);
+  }
+}
+
+void TcpStoreServer::Impl::answer(Parked& p) {
+  auto cit = conns.find(p.conn);
+  if (cit == conns.end()) return;  // its client left
+  Writer w;
+  if (p.op == kGet) {
+    const auto& v = data[p.keys[0]];
+    w.bytes(v.data(), v.size());
+  } else if (p.op == kGetMany) {
+    size_t total = 0;
+    for (const auto& k : p.keys) total += data[k].size() + 4;
+    if (total > kMaxValue) {
+      reply(cit->second, p.id, Code::kInvalid, {}, "the values of " + std::to_string(p.keys.size()) + " keys (" +
+                                                       std::to_string(total) + " bytes) do not fit in one reply");
+      return;
+    }
+    w.u32(static_cast<uint32_t>(p.keys.size()));
+    for (const auto& k : p.keys) {
+      const auto& v = data[k];
+      w.bytes(v.data(), v.size());
     }
   }
-  dirty = false;
-  parked.swap(keep);
+  reply(cit->second, p.id, Code::kOk, w.buffer());
+}
+
+void TcpStoreServer::Impl::expire() {
+  const auto now = Clock::now();
+  for (auto it = parked.begin(); it != parked.end();) {
+    Parked& p = it->second;
+    if (!conns.count(p.conn)) {  // its client left
+      it = parked.erase(it);
+      continue;
+    }
+    if (now < p.deadline) {
+      ++it;
+      continue;
+    }
+    std::vector<std::string> missing;
+    for (const auto& k : p.keys)
+      if (!data.count(k)) missing.push_back(k);
+    std::ostringstream os;
+    os.precision(1);
+    os << std::fixed << "timed out after " << p.timeout_ms / 1000.0 << " s waiting for store key(s) "
+       << quote_keys(missing);
+    reply(conns[p.conn], p.id, Code::kTimeout, {}, os.str(), missing);
+    it = parked.erase(it);  // its entries under `waiters` find nothing and go with their key
+  }
+}
+
+void TcpStoreServer::Impl::flush_all() {
   // Replies were queued; the poll loop flushes them (POLLOUT) on its next turn. Try now too.
   for (auto it = conns.begin(); it != conns.end();) {
     auto next = std::next(it);

@@ -4,7 +4,9 @@
 // (transport/auth.h). Waits are bounded; a timeout names the keys that never appeared.
 // Wire protocol: store/store_protocol.h. A TcpStoreClient may be shared by several threads
 // (calls run concurrently over its one connection; a parked GET does not delay a SET), but
-// must outlive them. Strangers at the server are logged to stderr (rate-limited) and dropped.
+// must outlive them. release() closes the connection while nothing is in flight (a rank holds
+// no socket to the store once it has joined); the next call connects again. Strangers at the
+// server are logged to stderr (rate-limited) and dropped.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,17 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "transport/auth.h"
 
 namespace appliance {
+
+// A wait that timed out, with the keys that never appeared.
+class StoreTimeout : public Error {
+ public:
+  StoreTimeout(const Status& s, std::vector<std::string> missing) : Error(s), missing(std::move(missing)) {}
+  std::vector<std::string> missing;
+};
 
 class Store {
  public:
@@ -27,6 +37,9 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, int64_t timeout_ms) = 0;
   // Atomically add delta to the integer at key (missing = 0) and return the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Waits until all keys exist and returns their values in key order, in one request;
+  // StoreTimeout (kTimeout, with the keys that never appeared) otherwise.
+  virtual std::vector<std::vector<uint8_t>> get_many(const std::vector<std::string>& keys, int64_t timeout_ms) = 0;
 };
 
 class TcpStoreServer {
@@ -35,6 +48,7 @@ class TcpStoreServer {
   TcpStoreServer(const std::string& bind_host, int port, AuthParams auth);
   ~TcpStoreServer();
   int port() const;
+  uint64_t served() const;  // requests answered or parked so far (diagnostics)
 
  private:
   struct Impl;
@@ -50,6 +64,10 @@ class TcpStoreClient final : public Store {
   std::vector<uint8_t> get(const std::string& key, int64_t timeout_ms) override;
   void wait(const std::vector<std::string>& keys, int64_t timeout_ms) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  std::vector<std::vector<uint8_t>> get_many(const std::vector<std::string>& keys, int64_t timeout_ms) override;
+  // Closes the connection now if no call is in flight; a later call connects again.
+  void release();
+  uint64_t requests() const;  // requests this client sent so far (diagnostics)
 
  private:
   struct Impl;

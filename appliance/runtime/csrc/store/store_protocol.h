@@ -8,8 +8,14 @@
 //                                  GET: str key, i64 timeout_ms
 //                                  WAIT: u32 n, n x str key, i64 timeout_ms
 //                                  ADD: str key, i64 delta
+//                                  GET_MANY: u32 n, n x str key, i64 timeout_ms (waits for all)
 //   reply:   u64 id, u8 code (Code), then   ok GET: bytes value;  ok ADD: i64 value
+//                                           ok GET_MANY: u32 n, n x bytes value (in key order)
 //                                           not ok: str message, u32 n, n x str missing key
+//
+// Cost: a request costs the server O(its keys); a SET wakes exactly the requests parked on that
+// key (each counts its missing keys), so N ranks that publish and bulk-read N keys cost O(N)
+// requests and O(N^2) bytes, not O(N^2) requests.
 //
 // ADD keeps the integer as decimal ASCII, so GET of a counter returns b"3".
 #pragma once
@@ -19,7 +25,7 @@
 namespace appliance {
 namespace store_proto {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kGetMany = 5 };
 
 constexpr uint32_t kMaxKey = 4096;
 constexpr uint32_t kMaxValue = 64u << 20;

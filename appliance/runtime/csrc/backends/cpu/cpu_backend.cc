@@ -99,6 +99,8 @@ void CpuBackend::reduce(const void* src, void* buf, const std::vector<size_t>& c
     if (src != buf && n) std::memcpy(buf, src, n * dtype_size(dt));
     return adasum_allreduce(comm_, buf, counts, dt, opts_);
   }
+  if (n && hierarchical(opts_.hierarchical_allreduce, hierarchical_wins(hosts_.L, hosts_.H, n * dtype_size(dt))))
+    return allreduce_hierarchical(*hosts_.local, *hosts_.cross, src, buf, n, dt, op, opts_);
   allreduce(comm_, src, buf, n, dt, op, opts_);
 }
 
@@ -116,6 +118,9 @@ void CpuBackend::do_allgather(const PlanEntry& e, OpState& o) {
   std::vector<int64_t> shape = o.in.shape;
   shape[0] = rows;
   uint8_t* out = o.allocate_output(total, shape);
+  if (hierarchical(opts_.hierarchical_allgather, hierarchical_allgather_wins(hosts_.L, hosts_.H, total)))
+    return allgatherv_hierarchical(*hosts_.local, hosts_.local->rank() == 0 ? hosts_.cross : nullptr, hosts_.host,
+                                   o.in.data(), out, bytes, opts_);
   allgatherv(comm_, o.in.data(), out, bytes, opts_);
 }
 

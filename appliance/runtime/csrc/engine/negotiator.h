@@ -1,0 +1,97 @@
+// Negotiator: how the ranks agree on what runs next, and in which order. One interface, two
+// protocols: the star (star_negotiator.h: every rank tells rank 0's coordinator what it is
+// ready for, rank 0 answers with plans) and the tree (tree_negotiator.h: cached operations agreed
+// up and down a tree without the coordinator, which handles only the rest).
+//
+// A negotiator is pure logic: no sockets, no threads, time passed in. The engine hands it this
+// rank's requests (submit, then flush once per batch) and the control messages that arrive
+// (receive), and after every call takes what it produced (Negotiated): control messages to send
+// (to peers the control plane links it with: control_peers()), plans to run here in order, lines
+// to print, and an abort. Plans come out in the same order on every rank; the response cache
+// (coordinator/response_cache.h) lives inside, updated as plans come out.
+//
+// Failure modes: receive() throws Error(kProtocol) naming the sender for malformed or unexpected
+// bytes; an abort (stall past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) comes out in Negotiated::abort.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/request.h"
+
+namespace appliance {
+
+struct NegotiatorOptions {
+  int rank = 0, size = 1;
+  size_t fusion_threshold = size_t{128} << 20;
+  double cycle_time_ms = 1.0;
+  size_t cache_capacity = 1024;
+  double stall_check_s = 60.0;     // 0: no warnings
+  double stall_shutdown_s = 300.0;  // 0: never abort
+};
+
+// A control message for one peer.
+struct Outgoing {
+  int peer;
+  std::vector<uint8_t> bytes;
+};
+
+// What a negotiator call produced, for the engine to carry out in this order: send, run, print.
+struct Negotiated {
+  std::vector<Outgoing> send;
+  std::vector<Plan> plans;
+  std::vector<std::string> log;  // lines to print on this rank (a stall report)
+  Status abort;                   // not ok: the job fails with it (origin: the blamed rank)
+  bool coordinator_gone = false;  // negotiation ended: rank `gone_rank` (0, or the tree parent) left in order
+  int gone_rank = 0;
+
+  bool empty() const { return send.empty() && plans.empty() && log.empty() && abort.ok() && !coordinator_gone; }
+};
+
+// Where rank 0's negotiation is seen (the timeline): when a rank became ready for a name, and
+// the entries of a plan as it is issued.
+class NegotiationObserver {
+ public:
+  virtual ~NegotiationObserver() = default;
+  virtual bool on() const = 0;  // cheap: whether to report at all
+  virtual void ready(const std::string& name, OpKind kind, int rank) = 0;
+  virtual void planned(const std::vector<PlanEntry>& entries) = 0;
+};
+
+class Negotiator {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+  virtual ~Negotiator() = default;
+
+  virtual const char* name() const = 0;
+  // The ranks this one exchanges control messages with (the control plane links them at init).
+  virtual std::vector<int> control_peers() const = 0;
+
+  // This rank is ready for `req`; flush() after the batch announces what was submitted.
+  virtual void submit(const Request& req, Time now) = 0;
+  virtual void flush(Time now, Negotiated& out) = 0;
+  // A control message (a CONTROL frame's payload) from peer `from`.
+  virtual void receive(int from, const std::vector<uint8_t>& payload, Time now, Negotiated& out) = 0;
+  // Peer `rank` shut down in order (its BYE).
+  virtual void peer_left(int rank, Time now, Negotiated& out) = 0;
+  // Deadlines: plans held back to fuse, stall checks. Call at next_deadline() at the latest.
+  virtual void tick(Time now, Negotiated& out) = 0;
+  virtual Time next_deadline() const = 0;
+
+  // Process sets, in the same order on every rank, before the requests queued after them.
+  virtual void add_process_set(int32_t id, const std::vector<int>& members) = 0;
+  virtual void remove_process_set(int32_t id) = 0;
+
+  // Counters (requests announced in full, and as cache ids).
+  uint64_t ready_full() const { return ready_full_; }
+  uint64_t ready_ids() const { return ready_ids_; }
+
+ protected:
+  uint64_t ready_full_ = 0, ready_ids_ = 0;
+};
+
+}  // namespace appliance

@@ -1,0 +1,105 @@
+// Plans on a Runtime: every entry of a plan launched on its backend in plan order, and the
+// handles of launched entries completed in that order when their backend finishes.
+
+#include "engine/runtime.h"
+
+namespace appliance {
+
+void Runtime::planned(const std::vector<PlanEntry>& entries) {
+  timeline_.planned(entries, [this](const std::string& n) { return inflight_.count(n) > 0; });
+}
+
+void Runtime::run_plan(const Plan& plan) {
+  const uint64_t cpu0 = profiling_.load(std::memory_order_relaxed) ? thread_cpu_ns() : 0;
+  for (const PlanEntry& e : plan.entries) run_entry(e);
+  if (cpu0) {
+    plan_cpu_ns_ += thread_cpu_ns() - cpu0;
+    plan_clock_reads_ += 2;
+  }
+  ++stats_.plans;
+  sched_.busy(steady_us());
+}
+
+void Runtime::run_entry(const PlanEntry& e) {
+  const int32_t set = e.sigs.empty() ? 0 : e.sigs[0].process_set;
+  if (set != 0 && e.ok && !set_comm(set)) {
+    // Not a member: nothing of this entry runs here. (A member whose set is gone cannot have
+    // an ok entry: the coordinator fails names of unknown sets.)
+    for (const std::string& n : e.names)
+      if (inflight_.count(n))
+        throw Error(Code::kProtocol, "the plan runs '" + n + "' in process set " + std::to_string(set) +
+                                         ", which this rank is not in", 0, host_of(0));
+    return;
+  }
+  std::vector<OpPtr> ops(e.names.size());
+  std::vector<OpState*> raw(e.names.size(), nullptr);
+  const bool joined_here = !e.joined.empty() && e.joined[cfg_.rank];
+  for (size_t i = 0; i < e.names.size(); ++i) {
+    auto it = inflight_.find(e.names[i]);
+    if (it != inflight_.end()) {
+      ops[i] = it->second;
+      raw[i] = ops[i].get();
+      inflight_.erase(it);
+      continue;
+    }
+    if (set == 0) note_skipped_name(e.names[i]);
+    // A failed entry, or an allreduce this rank joined out of, may name ops it never submitted.
+    if (e.ok && !(joined_here && e.kind == OpKind::kAllreduce)) {
+      throw Error(Code::kProtocol, "the plan names " + std::string(op_kind_name(e.kind)) + " '" + e.names[i] +
+                                       "', which this rank never submitted", 0, host_of(0));
+    }
+  }
+  if (!e.ok) {
+    handles_.complete_all(ops, Status{e.error_code, -1, "", e.error});
+    return;
+  }
+  Backend& backend = backends_->for_entry(e, raw, join_device_.load());
+  if (timeline_.on()) timeline_.launched(e, backend);
+  std::unique_ptr<Completion> completion = backend.launch(e, raw);
+  ++stats_.entries;
+  stats_.tensors += e.names.size();
+  if (e.names.size() > 1) ++stats_.fused_entries;
+  if (completion) {
+    std::shared_ptr<void> ev = completion->ready_event();
+    for (auto& op : ops)
+      if (op && ev) {
+        op->ready_event = ev;
+        handles_.mark_launched(op);
+      }
+    running_.push_back(Running{std::move(completion), std::move(ops)});
+    return;
+  }
+  if (timeline_.on())
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i]) timeline_.done(e.names[i], e.sigs[i]);
+  handles_.complete_all(ops, Status::Ok());
+}
+
+void Runtime::poll_running() {
+  while (!running_.empty()) {
+    Running& r = running_.front();
+    if (!r.completion->done()) return;  // in plan order: later entries wait for earlier ones
+    for (auto& op : r.ops)
+      if (op) {
+        if (timeline_.on()) timeline_.done(op->req.name, op->req.sig);
+        handles_.complete(op, Status::Ok());
+      }
+    running_.pop_front();
+  }
+}
+
+void Runtime::note_skipped_name(const std::string& name) {
+  static const std::string kMark = ".noname.";
+  const size_t at = name.rfind(kMark);
+  if (at == std::string::npos || at + kMark.size() >= name.size()) return;
+  uint64_t n = 0;
+  for (size_t i = at + kMark.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || n > (UINT64_MAX - 9) / 10) return;
+    n = n * 10 + static_cast<uint64_t>(name[i] - '0');
+  }
+  std::lock_guard<std::mutex> g(qmu_);
+  uint64_t& next = auto_names_[0];
+  next = std::max(next, n + 1);
+}
+
+}  // namespace appliance

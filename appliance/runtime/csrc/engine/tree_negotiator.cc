@@ -1,0 +1,345 @@
+// The tree protocol: cached ids ANDed up a binary tree, decisions sent down (see tree_negotiator.h).
+#include "engine/tree_negotiator.h"
+
+#include <algorithm>
+
+namespace appliance {
+
+namespace {
+int64_t ms_between(Negotiator::Time a, Negotiator::Time b) {
+  return b <= a ? 0 : std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
+}
+}  // namespace
+
+std::vector<int> tree_children(int rank, int size) {
+  std::vector<int> c;
+  for (int k = 1; k <= 2; ++k)
+    if (2 * rank + k < size) c.push_back(2 * rank + k);
+  return c;
+}
+
+std::vector<int> tree_subtree(int rank, int size) {
+  std::vector<int> out{rank};
+  for (size_t i = 0; i < out.size(); ++i)
+    for (int c : tree_children(out[i], size)) out.push_back(c);
+  return out;
+}
+
+TreeNegotiator::TreeNegotiator(NegotiatorOptions o, NegotiationObserver* observer)
+    : o_(o), observer_(observer), cache_(o.cache_capacity), parent_(tree_parent(o.rank)), children_(tree_children(o.rank, o.size)) {
+  if (root()) {
+    CoordinatorOptions co;
+    co.size = o_.size;
+    co.fusion_threshold = o_.fusion_threshold;
+    co.cycle_time_ms = o_.cycle_time_ms;
+    co.stall_check_s = o_.stall_check_s;
+    co.stall_shutdown_s = o_.stall_shutdown_s;
+    coord_ = std::make_unique<Coordinator>(co);
+  }
+}
+
+std::vector<int> TreeNegotiator::control_peers() const {
+  std::vector<int> peers;
+  if (parent_ >= 0) peers.push_back(parent_);
+  peers.insert(peers.end(), children_.begin(), children_.end());
+  return peers;
+}
+
+// --- announcing -----------------------------------------------------------------------------
+
+Negotiator::Time TreeNegotiator::stale_after(const Mine& m) const {
+  const double t = o_.stall_check_s > 0 ? o_.stall_check_s : o_.stall_shutdown_s;
+  if (t <= 0) return Time::max();
+  return m.since + std::chrono::duration_cast<Time::duration>(std::chrono::duration<double>(t / 2));
+}
+
+void TreeNegotiator::submit(const Request& req, Time now) {
+  if (ended_) return;
+  Mine& m = mine_[req.name];
+  m.req = req;
+  m.since = now;
+  announce(m, now);
+}
+
+void TreeNegotiator::announce(Mine& m, Time now) {
+  const uint32_t id = !slow_ && m.req.sig.cacheable() ? cache_.lookup(m.req.name, m.req.sig) : 0;
+  if (!id) return announce_full(m, now);
+  m.id = id;
+  ++ready_ids_;
+  next_stale_ = std::min(next_stale_, stale_after(m));
+  mark(id, 0, now);
+}
+
+void TreeNegotiator::announce_full(Mine& m, Time now) {
+  m.id = 0;
+  ++ready_full_;
+  const int64_t waited = ms_between(m.since, now);
+  if (root()) full(0, m.req, waited, now);
+  else up_.full.push_back(UpMsg::Full{o_.rank, m.req, waited});
+}
+
+void TreeNegotiator::mark(uint32_t id, int source, Time now) {
+  if (done_.count(id)) return;
+  uint32_t& bits = table_[id];
+  bits |= 1u << source;
+  const uint32_t all = (1u << (children_.size() + 1)) - 1;
+  if (bits != all) return;
+  table_.erase(id);
+  complete(id, now);
+}
+
+void TreeNegotiator::complete(uint32_t id, Time now) {
+  done_.insert(id);
+  if (!root()) {
+    up_.ids.push_back(id);
+    return;
+  }
+  const ResponseCache::Entry* c = cache_.get(id);
+  APPLIANCE_ASSERT(c != nullptr, "a complete id the cache does not hold");
+  PlanEntry e;
+  e.kind = c->sig.kind;
+  e.names = {c->name};
+  e.sigs = {c->sig};
+  if (ready_.empty()) first_ready_ = now;
+  ready_.push_back(std::move(e));
+}
+
+void TreeNegotiator::full(int rank, Request req, int64_t waited_ms, Time now) {
+  if (req.sig.kind == OpKind::kJoin) ++joined_;
+  // Some ranks may have announced this name by its cached id: forget that id everywhere, so
+  // they announce it in full too and the coordinator sees every rank's request.
+  // (In the slow mode nobody announces by id.)
+  if (!slow_)
+    if (const uint32_t id = cache_.id_of(req.name)) evict_.insert(id);
+  if (observer_ && observer_->on()) observer_->ready(req.name, req.sig.kind, rank);
+  coord_->on_request(rank, std::move(req), now - std::chrono::milliseconds(waited_ms));
+}
+
+void TreeNegotiator::left(int rank, Time now) {
+  if (!root()) return up_.left.push_back(rank);
+  coord_->on_rank_left(rank);
+  departed_ = true;
+}
+
+void TreeNegotiator::stale(uint32_t id) {
+  if (!cache_.get(id)) return;  // evicted already
+  for (const PlanEntry& e : ready_)
+    if (cache_.lookup(e.names[0], e.sigs[0]) == id) return;  // about to run
+  evict_.insert(id);
+}
+
+void TreeNegotiator::flush(Time now, Negotiated& out) {
+  if (ended_) return;
+  if (root()) issue(now, out);
+  else send_up(out);
+}
+
+void TreeNegotiator::send_up(Negotiated& out) {
+  if (up_.ids.empty() && up_.full.empty() && up_.left.empty() && up_.stale.empty()) return;
+  up_.seq = seq_;
+  out.send.push_back(Outgoing{parent_, encode_up(up_)});
+  up_ = UpMsg{};
+}
+
+// --- messages -------------------------------------------------------------------------------
+
+void TreeNegotiator::receive(int from, const std::vector<uint8_t>& payload, Time now, Negotiated& out) {
+  if (ended_) return;
+  const std::string who = "rank " + std::to_string(from);
+  try {
+    const CtrlType type = peek_ctrl_type(payload, who);
+    if (type == CtrlType::kUp && std::find(children_.begin(), children_.end(), from) != children_.end())
+      return on_up(from, payload, now);
+    if (type == CtrlType::kDown && from == parent_) return on_down(payload, now, out);
+    if (type == CtrlType::kGone && from == parent_) return end(decode_gone(payload, o_.size, who), out);
+  } catch (const Error& e) {
+    throw Error(Code::kProtocol, e.status().message, from, "");
+  }
+  throw Error(Code::kProtocol, "unexpected control message", from, "");
+}
+
+void TreeNegotiator::on_up(int from, const std::vector<uint8_t>& payload, Time now) {
+  const int source = 1 + static_cast<int>(std::find(children_.begin(), children_.end(), from) - children_.begin());
+  UpMsg m = decode_up(payload, o_.size, "rank " + std::to_string(from));
+  for (int32_t r : m.left) left(r, now);  // before the ids: a departure stops the AND
+  // Ids reported before the last mode change are void (the child re-announces in full), and so
+  // are ids this rank's cache no longer holds (evicted since: ids are never given again).
+  if (!slow_ && m.seq >= slow_seq_)
+    for (uint32_t id : m.ids)
+      if (cache_.get(id)) mark(id, source, now);
+  for (UpMsg::Full& f : m.full) {
+    if (root()) full(f.rank, std::move(f.req), f.waited_ms, now);
+    else up_.full.push_back(std::move(f));
+  }
+  for (uint32_t id : m.stale) {
+    if (root()) stale(id);
+    else up_.stale.push_back(id);
+  }
+}
+
+void TreeNegotiator::on_down(const std::vector<uint8_t>& payload, Time now, Negotiated& out) {
+  DownMsg m = decode_down(payload, "rank " + std::to_string(parent_));
+  if (m.seq != seq_ + 1)
+    throw Error(Code::kProtocol, "DOWN message " + std::to_string(m.seq) + " after " + std::to_string(seq_));
+  for (int c : children_) out.send.push_back(Outgoing{c, payload});  // on at once, unchanged
+  apply(m, Plan{}, now, out);
+}
+
+void TreeNegotiator::apply(const DownMsg& m, Plan plan, Time now, Negotiated& out) {
+  seq_ = m.seq;
+  for (uint32_t id : m.evict) cache_.erase(id);
+  if (!root() && !m.plan.empty())
+    plan = decode_plan(m.plan, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) {
+      auto it = set_sizes_.find(id);
+      return it == set_sizes_.end() ? 0 : it->second;
+    });
+  for (const PlanEntry& e : plan.entries)
+    for (size_t i = 0; i < e.names.size(); ++i) {
+      if (const uint32_t id = cache_.id_of(e.names[i])) {  // its next readiness is a new report
+        done_.erase(id);
+        table_.erase(id);
+      }
+      mine_.erase(e.names[i]);
+      if (e.ok) cache_.put(e.names[i], e.sigs[i]);
+    }
+  if (!plan.entries.empty()) {
+    plan.seq = m.seq;
+    out.plans.push_back(std::move(plan));
+  }
+  if (m.slow != slow_) {
+    slow_ = m.slow;
+    slow_seq_ = m.seq;
+    table_.clear();
+    done_.clear();
+    up_.ids.clear();
+    for (auto& kv : mine_)
+      if (kv.second.id) announce_full(kv.second, now);
+  }
+  // Ids the cache no longer holds (evicted above or by its capacity): re-announce in full (the
+  // root drops them from what it has not issued yet: they come back through the coordinator).
+  for (auto& kv : mine_)
+    if (kv.second.id && !cache_.get(kv.second.id)) announce_full(kv.second, now);
+  ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
+                              [this](const PlanEntry& e) { return cache_.lookup(e.names[0], e.sigs[0]) == 0; }),
+               ready_.end());
+  for (auto it = table_.begin(); it != table_.end();) it = cache_.get(it->first) ? std::next(it) : table_.erase(it);
+  for (auto it = done_.begin(); it != done_.end();) it = cache_.get(*it) ? std::next(it) : done_.erase(it);
+  for (const std::string& line : m.lines) out.log.push_back(line);
+}
+
+// --- the root's decisions -------------------------------------------------------------------
+
+void TreeNegotiator::issue(Time now, Negotiated& out) {
+  std::vector<PlanEntry> entries = coord_->take_plan(now);
+  for (const PlanEntry& e : entries)
+    if (e.kind == OpKind::kJoin && e.ok) joined_ = 0;  // every rank joined: the join is over
+  const bool slow = joined_ > 0 || departed_ || (observer_ && observer_->on());
+  const bool mode_change = slow != slow_;
+  if (!ready_.empty()) {
+    size_t bytes = 0;
+    for (const PlanEntry& e : ready_) bytes += e.sigs[0].nbytes();
+    const bool more_coming = !table_.empty() || !coord_->idle();
+    const bool due = mode_change || o_.fusion_threshold == 0 || !more_coming || bytes >= o_.fusion_threshold ||
+                     now >= first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
+    if (due) {
+      std::vector<PlanEntry> fused;
+      fuse_entries(fused, ready_, o_.fusion_threshold);
+      ready_.clear();
+      entries.insert(entries.begin(), std::make_move_iterator(fused.begin()), std::make_move_iterator(fused.end()));
+    }
+  }
+  if (entries.empty() && evict_.empty() && lines_.empty() && !mode_change) return;
+  DownMsg m;
+  m.seq = seq_ + 1;
+  m.slow = slow;
+  m.evict.assign(evict_.begin(), evict_.end());
+  m.lines = std::move(lines_);
+  lines_.clear();
+  evict_.clear();
+  // The plan is encoded against the cache as every rank holds it after the evictions.
+  for (uint32_t id : m.evict) cache_.erase(id);
+  Plan plan;
+  plan.entries = std::move(entries);
+  if (observer_ && observer_->on() && !plan.entries.empty()) observer_->planned(plan.entries);
+  if (!plan.entries.empty()) m.plan = encode_plan(plan, cache_);
+  const std::vector<uint8_t> bytes = encode_down(m);
+  for (int c : children_) out.send.push_back(Outgoing{c, bytes});
+  apply(m, std::move(plan), now, out);
+}
+
+void TreeNegotiator::tick(Time now, Negotiated& out) {
+  if (ended_) return;
+  // Cached requests pending for long: the root evicts them, so that every rank re-announces
+  // them in full and the coordinator can say who is missing.
+  if (now >= next_stale_) {
+    next_stale_ = Time::max();
+    for (auto& kv : mine_) {
+      Mine& m = kv.second;
+      if (!m.id || m.stale) continue;
+      if (now < stale_after(m)) {
+        next_stale_ = std::min(next_stale_, stale_after(m));
+        continue;
+      }
+      m.stale = true;
+      if (root()) stale(m.id);
+      else up_.stale.push_back(m.id);
+    }
+  }
+  if (!root()) return send_up(out);
+  if (now >= next_stall_check_) {
+    Status abort;
+    std::vector<std::string> report = coord_->stall_warnings(now, &abort);
+    next_stall_check_ = std::max(now + std::chrono::milliseconds(1),
+                                 std::min(now + std::chrono::seconds(1), coord_->next_stall_event()));
+    lines_.insert(lines_.end(), report.begin(), report.end());  // printed everywhere with the next DOWN
+    if (!abort.ok()) out.abort = abort;
+  }
+  issue(now, out);
+}
+
+void TreeNegotiator::peer_left(int rank, Time now, Negotiated& out) {
+  if (ended_) return;
+  if (rank == parent_) return end(rank, out);
+  if (std::find(children_.begin(), children_.end(), rank) == children_.end()) return;
+  // Its subtree can no longer reach the root (it ends its negotiation): all of it left. Its
+  // bit never comes again, so nothing completes here until the slow mode takes over.
+  for (int r : tree_subtree(rank, o_.size)) left(r, now);
+  if (root()) issue(now, out);
+  else send_up(out);
+}
+
+void TreeNegotiator::end(int rank, Negotiated& out) {
+  ended_ = true;
+  out.coordinator_gone = true;
+  out.gone_rank = rank;
+  const std::vector<uint8_t> gone = encode_gone(rank);
+  for (int c : children_) out.send.push_back(Outgoing{c, gone});
+}
+
+Negotiator::Time TreeNegotiator::next_deadline() const {
+  Time t = Time::max();
+  if (ended_) return t;
+  t = std::min(t, next_stale_);
+  if (!root()) return t;
+  if (!ready_.empty()) t = std::min(t, first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000)));
+  t = std::min(t, coord_->next_deadline());
+  if (!coord_->idle()) t = std::min(t, next_stall_check_);
+  const bool slow = joined_ > 0 || departed_ || (observer_ && observer_->on());
+  if (slow != slow_) t = Time{};  // a mode change to announce
+  return t;
+}
+
+void TreeNegotiator::add_process_set(int32_t id, const std::vector<int>& members) {
+  if (coord_) {
+    std::string why = coord_->add_process_set(id, members);
+    APPLIANCE_ASSERT(why.empty(), why);
+  }
+  set_sizes_[id] = static_cast<int>(members.size());
+}
+
+void TreeNegotiator::remove_process_set(int32_t id) {
+  if (coord_) coord_->remove_process_set(id);
+  set_sizes_.erase(id);
+}
+
+}  // namespace appliance

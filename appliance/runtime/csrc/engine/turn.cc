@@ -1,0 +1,243 @@
+// One turn of the engine's work (Runtime as the scheduler's host): take what callers enqueued,
+// negotiate, carry out what the negotiator says, keep the control links alive, and turn any
+// failure into one job-wide abort.
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "engine/fault_report.h"
+#include "engine/runtime.h"
+
+namespace appliance {
+
+bool Runtime::turn(bool settle) {
+  const uint64_t plans = stats_.plans.load(std::memory_order_relaxed);
+  const bool on = guard([&] {
+    if (settle) {  // the background thread's turn: one wake-up (HOROVOD_TIMELINE_MARK_CYCLES)
+      if (cfg_.rank == 0 && timeline_.on()) timeline_.cycle();
+      sched_.settle_burst();
+    }
+    step();
+    if (coordinator_gone_) {
+      const int r = gone_rank_;
+      Status gone{Code::kAborted, r, host_of(r),
+                  r == 0 ? "rank 0 (the coordinator) has shut down; no further collectives can run"
+                         : "rank " + std::to_string(r) + ", this rank's way to rank 0's coordinator, has shut down; no further collectives can run here"};
+      bool had_work = !inflight_.empty() || !running_.empty();
+      {
+        std::lock_guard<std::mutex> g(qmu_);
+        had_work = had_work || !queue_.empty();
+      }
+      if (had_work) record_fault(gone);  // an orderly end of rank 0 is a fault only for work it leaves behind
+      finish(gone);
+      ended_ = true;
+    }
+  });
+  if (!settle) stats_.driven_plans += stats_.plans.load(std::memory_order_relaxed) - plans;
+  return on;
+}
+
+void Runtime::step() {
+  // One clock read serves the whole turn (a turn takes microseconds; the deadlines it serves
+  // are a cycle or longer): a driver turns once per small op, so each read shows.
+  const Clock::time_point now = Clock::now();
+  const bool profile = profiling_.load(std::memory_order_relaxed);
+  const uint64_t cpu0 = profile ? thread_cpu_ns() : 0, plan0 = plan_cpu_ns_, reads0 = plan_clock_reads_;
+  const uint64_t moved0 = stats_.ctrl_in.load(std::memory_order_relaxed) + stats_.ctrl_out.load(std::memory_order_relaxed);
+  bool took = false;
+  poll_running();
+  if (sched_.has_new()) {
+    intake(now);
+    took = true;
+  }
+  read_control(false);
+  negotiate(now);
+  if (cfg_.size > 1) control_->heartbeats(now);
+  if (profile && (took || stats_.ctrl_in.load(std::memory_order_relaxed) +
+                                  stats_.ctrl_out.load(std::memory_order_relaxed) != moved0)) {
+    // Less the clock reads themselves: the turn's own and those around its plans.
+    const int64_t own = static_cast<int64_t>(thread_cpu_ns() - cpu0 - (plan_cpu_ns_ - plan0)) -
+                        static_cast<int64_t>((1 + plan_clock_reads_ - reads0) * clock_read_ns_.load(std::memory_order_relaxed));
+    stats_.negotiation_ns += static_cast<uint64_t>(std::max<int64_t>(0, own));
+    ++stats_.negotiation_turns;
+  }
+}
+
+void Runtime::intake(Clock::time_point now) {
+  std::deque<OpPtr> fresh;
+  std::deque<SetChange> changes;
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    sched_.take();
+    fresh.swap(queue_);
+    changes.swap(set_changes_);
+  }
+  apply_set_changes(changes);  // before the requests queued after them
+  if (fresh.empty()) return;
+  sched_.busy(std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count());
+  for (OpPtr& op : fresh) {
+    inflight_[op->req.name] = op;
+    negotiator_->submit(op->req, now);
+  }
+  Negotiated out;
+  negotiator_->flush(now, out);
+  carry_out(out);
+}
+
+void Runtime::read_control(bool in_collective) {
+  if (cfg_.size < 2) return;
+  const size_t before = inbox_.size() + left_.size();
+  control_->read(inbox_, left_);
+  stats_.ctrl_in += inbox_.size() + left_.size() - before;
+  if (in_collective) control_->heartbeats(Clock::now());
+}
+
+void Runtime::negotiate(Clock::time_point now) {
+  do {
+    while (!inbox_.empty()) {
+      ControlPlane::Inbound m = std::move(inbox_.front());
+      inbox_.pop_front();
+      Negotiated out;
+      try {
+        negotiator_->receive(m.from, m.payload, now, out);
+      } catch (const Error& e) {
+        Status s = e.status();
+        if (s.host.empty()) s.host = host_of(s.origin_rank);
+        throw Error(s);
+      }
+      carry_out(out);
+    }
+    while (!left_.empty()) {
+      const int r = left_.front();
+      left_.erase(left_.begin());
+      Negotiated out;
+      negotiator_->peer_left(r, now, out);
+      carry_out(out);
+    }
+    Negotiated out;
+    negotiator_->tick(now, out);
+    carry_out(out);
+  } while (!inbox_.empty() || !left_.empty());  // plans run may have read more
+  ready_full_.store(negotiator_->ready_full(), std::memory_order_relaxed);
+  ready_ids_.store(negotiator_->ready_ids(), std::memory_order_relaxed);
+}
+
+void Runtime::carry_out(Negotiated& out) {
+  for (Outgoing& m : out.send) {
+    if (!control_->live(m.peer)) continue;
+    control_->send(m.peer, m.bytes);
+    ++stats_.ctrl_out;
+  }
+  for (const Plan& p : out.plans) run_plan(p);
+  for (const std::string& line : out.log) log_line(cfg_.rank, line);
+  if (out.coordinator_gone) {
+    coordinator_gone_ = true;
+    gone_rank_ = out.gone_rank;
+  }
+  if (!out.abort.ok()) {
+    Status s = out.abort;
+    s.host = host_of(s.origin_rank);
+    throw Error(s);
+  }
+}
+
+bool Runtime::before_sleep(bool* ok) {
+  bool ready = false;
+  *ok = guard([&] { ready = cfg_.size > 1 && control_->arm(); });
+  return ready;
+}
+
+int64_t Runtime::sleep_timeout_us() {
+  if (!running_.empty()) return 20;  // device work in flight: look at its events every 20 us
+  if (!inbox_.empty() || !left_.empty()) return 0;
+  const Clock::time_point now = Clock::now();
+  int64_t t = INT64_MAX;
+  const Clock::time_point d = negotiator_->next_deadline();
+  if (d != Clock::time_point::max()) t = d <= now ? 0 : std::chrono::duration_cast<std::chrono::microseconds>(d - now).count() + 1;
+  if (cfg_.size > 1) {
+    const int64_t hb = control_->next_heartbeat_ms();
+    if (hb >= 0) t = std::min(t, hb * 1000);
+  }
+  return t == INT64_MAX ? -1 : t;
+}
+
+void Runtime::stop() {
+  // Device work already launched (its callers may only have ordered their streams after it)
+  // finishes before the communicator is torn down; bounded, in case a peer is gone.
+  guard([&] {
+    const auto drain_until = Clock::now() + std::chrono::milliseconds(
+                                                std::max<int64_t>(5000, static_cast<int64_t>(cfg_.heartbeat_timeout_s * 1000)));
+    while (!running_.empty() && Clock::now() < drain_until) {
+      poll_running();
+      if (!running_.empty()) usleep(50);
+    }
+    if (cfg_.size > 1) control_->bye();
+    finish(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
+  });
+  ended_ = true;
+}
+
+void Runtime::fail_engine(Status s) {
+  if (s.origin_rank < 0) {
+    s.origin_rank = cfg_.rank;
+    s.host = cfg_.host;
+  }
+  // A lost peer we noticed ourselves may only have given up because of someone else; a
+  // status that came in an ABORT already names the origin.
+  if (s.code == Code::kPeerLost && control_->abort_from() < 0 && !control_->silence_seen() && cfg_.size > 1)
+    s = control_->await_better_cause(s, inbox_, left_);
+  abort_job(s, control_->abort_from());
+  ended_ = true;
+}
+
+void Runtime::set_profiling(bool on) {
+  if (on && clock_read_ns_.load() == 0) {
+    constexpr int kReads = 200;
+    const uint64_t t0 = thread_cpu_ns();
+    for (int i = 0; i < kReads; ++i) (void)thread_cpu_ns();
+    clock_read_ns_.store(std::max<uint64_t>(1, (thread_cpu_ns() - t0) / kReads));
+  }
+  profiling_.store(on);
+}
+
+void Runtime::abort_job(const Status& s, int skip_peer) {
+  log_line(cfg_.rank, "collective job failed: " + s.to_string());
+  if (cfg_.size > 1) control_->abort(s, skip_peer);
+  record_fault(s);
+  finish(s);
+}
+
+void Runtime::record_fault(const Status& s) {
+  if (cfg_.fault_file.empty()) return;
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (fault_written_) return;
+    fault_written_ = true;
+  }
+  FaultReport f;
+  f.rank = cfg_.rank;
+  f.host = cfg_.host;
+  f.origin_rank = s.origin_rank;
+  f.origin_host = s.host;
+  if (f.origin_host.empty() && (comm_ || s.origin_rank == cfg_.rank)) f.origin_host = host_of(s.origin_rank);  // hosts known once the links are up
+  f.kind = fault_kind(s.code);
+  f.message = s.to_string();
+  f.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  write_fault_file(cfg_.fault_file, f);
+}
+
+void Runtime::finish(const Status& terminal) {
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (terminal_.ok()) terminal_ = terminal;
+    queue_.clear();
+  }
+  backends_->abort();  // nothing of a device backend may wait on a peer after this
+  running_.clear();
+  inflight_.clear();
+  handles_.fail_all(terminal);
+}
+
+}  // namespace appliance
