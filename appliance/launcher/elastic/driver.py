@@ -516,7 +516,7 @@ class ElasticDriver:
             w = self.workers[m]
             if w.stream is not None:
                 w.stream.push(note)
-        self.say(f"hosts changed ({HostUpdate(result).name}): {self._hosts_line(now)}; round {cur.id} "
+        self.say(f"hosts changed ({HostUpdate(result).name}): available now {self._hosts_line(now)}; round {cur.id} "
                  "moves to the new layout at its next commit")
 
     def _remove(self, w: WorkerRec, why: str) -> None:
