@@ -166,7 +166,7 @@ class Secondary:
             except Exception:  # noqa: BLE001 - it stopped meanwhile
                 return True
             idx = top.get("Titles", []).index("COMMAND") if "COMMAND" in top.get("Titles", []) else -1
-            busy = [p[idx] for p in top.get("Processes") or [] if not _idle(p[idx])]
+            busy = [p[idx] for p in top.get("Processes") or [] if not idle_process(p[idx])]
             if not busy or time.monotonic() >= deadline:
                 return not busy
             time.sleep(0.25)
@@ -195,7 +195,7 @@ class Secondary:
         self.stop(timeout_s=2, drain_s=0)
 
 
-def _idle(command: str) -> bool:
+def idle_process(command: str) -> bool:
     """Not a rank: init, sshd (its listener and sessions), the heartbeat, and the launcher's stub
     that holds a job's SSH session to this host (the ranks are its children)."""
     return (command.startswith(("/sbin/docker-init", "docker-init", "/usr/sbin/sshd", "sshd:"))
