@@ -1,6 +1,7 @@
 """``appliance primary --min-np`` without -H: the job's hosts are the secondaries registered on the
 shared mount. A secondary container is killed mid-training and a new one started; the job goes
-on to the end at the sizes that follow, and nothing is left behind.
+on to the end at the sizes that follow, reaches the trajectory of a static run (no committed step
+lost), and nothing is left behind.
 
 Measured on the way (printed; ``-s`` shows them): from the kill to the survivors' first
 collective at the new size (the ``training ... from epoch`` line rank 0 prints after it), and
@@ -72,22 +73,37 @@ def test_an_elastic_primary_trains_on_while_a_secondary_is_killed_and_another_st
     p = c.start("primary", "--network", c.network, "-np", "2", "--min-np", "1", "--max-np", "2",
                 "--", "python", "-m", "train", "--fresh", "--epochs", "6", "--step-time", "0.2")
     out = Output(p)
+
+    def wait(predicate, timeout: float, what: str) -> None:
+        """Until ``predicate``; failing, at the bound or when the primary ended, with its output."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            ended = p.poll() is not None
+            if ended:
+                out.thread.join(timeout=10)
+                if predicate():
+                    return
+            if ended or time.monotonic() > deadline:
+                why = f"the primary exited ({p.returncode})" if ended else f"not within {timeout} s"
+                raise AssertionError(f"{what}: {why}; its output:\n{out.text()[-6000:]}")
+            time.sleep(0.1)
+
     try:
         n2, n3, n4 = c.host("node2"), c.host("node3"), c.host("node4")
-        wait_for(lambda: out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n3}"), 120,
-                 "two ranks on node2 and node3 (the older registration first)", p)
-        wait_for(lambda: out.first(r"epoch 1/6"), 60, "epoch 1", p)
+        wait(lambda: out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n3}"), 120,
+                 "two ranks on node2 and node3 (the older registration first)")
+        wait(lambda: out.first(r"epoch 1/6"), 60, "epoch 1")
 
         killed_at = time.time()
         c.container("node3").kill()  # SIGKILL: its rank and sshd vanish at once
-        wait_for(lambda: out.first(r"membership changed: 1 rank\(s\) now", killed_at), 60, "the survivor resets", p)
-        wait_for(lambda: out.first(r"training an MLP .* with 1 rank\(s\) from epoch", killed_at), 60,
-                 "the survivor goes on alone", p)
+        wait(lambda: out.first(r"membership changed: 1 rank\(s\) now", killed_at), 60, "the survivor resets")
+        wait(lambda: out.first(r"training an MLP .* with 1 rank\(s\) from epoch", killed_at), 60,
+                 "the survivor goes on alone")
         resumed_at = out.first(r"training an MLP .* with 1 rank\(s\) from epoch", killed_at)[0]
 
         c.secondary("node4")
-        wait_for(lambda: out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n4}", resumed_at), 120,
-                 "node4's rank joins", p)
+        wait(lambda: out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n4}", resumed_at), 120,
+                 "node4's rank joins")
         joined_at = out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n4}", resumed_at)[0]
         registered = _registered(c, "node4")
         assert registered and registered["slots"] == 1
@@ -114,6 +130,16 @@ def test_an_elastic_primary_trains_on_while_a_secondary_is_killed_and_another_st
     finally:
         if p.poll() is None:
             p.kill()
+    # No committed step lost: a static run on two hosts follows the same trajectory (the global
+    # batch is fixed, so the sizes 2, 1, 2 and a rollback to the last commit change nothing).
+    static = c.primary("-np", "2", "-H", f"{n2}:1,{n4}:1", "--", "python", "-m", "train", "--fresh", "--epochs", "6",
+                       "--run", "static", timeout=180)
+    assert static.returncode == 0, static.stdout[-4000:]
+    elastic_m, static_m = (json.load(open(os.path.join(c.shared, "models", run, "metrics.json")))["epochs"]
+                           for run in ("digits", "static"))
+    assert [m["size"] for m in static_m] == [2] * 6 and len(elastic_m) == 6
+    for a, b in zip(elastic_m, static_m):
+        assert abs(a["loss"] - b["loss"]) < 1e-3 and abs(a["accuracy"] - b["accuracy"]) <= 2 / 297, (a, b)
     for host in ("node2", "node3", "node4"):
         res = c.run("secondary", "--stop", "--network", c.network, "--name", c.host(host), timeout=120)
         assert res.returncode == 0, res.stdout
