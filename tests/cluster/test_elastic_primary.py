@@ -45,6 +45,22 @@ class Output:
         with self._lock:
             return "\n".join(s for _, s in self.lines)
 
+    def wait(self, pattern: str, timeout: float, what: str, after: float = 0.0):
+        """(time, line) of the first line matching ``pattern`` after ``after``; failing, at the
+        bound or when the primary ended first, with its output."""
+        deadline = time.monotonic() + timeout
+        while (found := self.first(pattern, after)) is None:
+            ended = self.proc.poll() is not None
+            if ended:
+                self.thread.join(timeout=10)
+                if (found := self.first(pattern, after)) is not None:
+                    return found
+            if ended or time.monotonic() > deadline:
+                why = f"the primary exited ({self.proc.returncode})" if ended else f"not within {timeout} s"
+                raise AssertionError(f"{what}: {why}; its output:\n{self.text()[-6000:]}")
+            time.sleep(0.1)
+        return found
+
 
 def _registered(cluster, host: str):
     path = os.path.join(cluster.shared, "secondaries", f"{cluster.host(host)}.json")
@@ -74,37 +90,20 @@ def test_an_elastic_primary_trains_on_while_a_secondary_is_killed_and_another_st
                 "--", "python", "-m", "train", "--fresh", "--epochs", "6", "--step-time", "0.2")
     out = Output(p)
 
-    def wait(predicate, timeout: float, what: str) -> None:
-        """Until ``predicate``; failing, at the bound or when the primary ended, with its output."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            ended = p.poll() is not None
-            if ended:
-                out.thread.join(timeout=10)
-                if predicate():
-                    return
-            if ended or time.monotonic() > deadline:
-                why = f"the primary exited ({p.returncode})" if ended else f"not within {timeout} s"
-                raise AssertionError(f"{what}: {why}; its output:\n{out.text()[-6000:]}")
-            time.sleep(0.1)
-
     try:
         n2, n3, n4 = c.host("node2"), c.host("node3"), c.host("node4")
-        wait(lambda: out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n3}"), 120,
+        out.wait(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n3}", 120,
                  "two ranks on node2 and node3 (the older registration first)")
-        wait(lambda: out.first(r"epoch 1/6"), 60, "epoch 1")
+        out.wait(r"epoch 1/6", 60, "epoch 1")
 
         killed_at = time.time()
         c.container("node3").kill()  # SIGKILL: its rank and sshd vanish at once
-        wait(lambda: out.first(r"membership changed: 1 rank\(s\) now", killed_at), 60, "the survivor resets")
-        wait(lambda: out.first(r"training an MLP .* with 1 rank\(s\) from epoch", killed_at), 60,
-                 "the survivor goes on alone")
-        resumed_at = out.first(r"training an MLP .* with 1 rank\(s\) from epoch", killed_at)[0]
+        out.wait(r"membership changed: 1 rank\(s\) now", 60, "the survivor resets", killed_at)
+        resumed_at, _ = out.wait(r"training an MLP .* with 1 rank\(s\) from epoch", 60, "the survivor goes on alone",
+                                 killed_at)
 
         c.secondary("node4")
-        wait(lambda: out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n4}", resumed_at), 120,
-                 "node4's rank joins")
-        joined_at = out.first(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n4}", resumed_at)[0]
+        joined_at, _ = out.wait(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n4}", 120, "node4's rank joins", resumed_at)
         registered = _registered(c, "node4")
         assert registered and registered["slots"] == 1
 
@@ -145,3 +144,46 @@ def test_an_elastic_primary_trains_on_while_a_secondary_is_killed_and_another_st
         assert res.returncode == 0, res.stdout
         assert _registered(c, host) is None
     assert c.ours() == []
+
+
+def test_a_secondary_stopped_mid_training_leaves_at_a_commit_and_the_job_goes_on(cluster):
+    """``appliance secondary --stop`` of the host that holds rank 0: it unregisters, its rank leaves
+    at the next commit (exit 0, no blacklist), the stop returns once it has left (well within its
+    20 s bound), the other host's worker becomes rank 0 and writes the checkpoints under the run's
+    lock, and the job finishes."""
+    c = cluster
+    c.secondary("node2")
+    c.secondary("node3")
+    wait_for(lambda: _registered(c, "node2") and _registered(c, "node3"), 30, "both secondaries registered")
+    p = c.start("primary", "--network", c.network, "-np", "2", "--min-np", "1", "--max-np", "2",
+                "--", "python", "-m", "train", "--fresh", "--epochs", "4", "--step-time", "0.2")
+    out = Output(p)
+    try:
+        n2, n3 = c.host("node2"), c.host("node3")
+        out.wait(rf"devices: rank 0 cpu@{n2}, rank 1 cpu@{n3}", 120, "two ranks on node2 and node3")
+        out.wait(r"epoch 1/4", 60, "epoch 1")
+        t0 = time.monotonic()
+        res = c.run("secondary", "--stop", "--network", c.network, "--name", n2, timeout=120)
+        took = time.monotonic() - t0
+        assert res.returncode == 0, res.stdout
+        assert took < 15, f"the stop took {took:.1f} s: it waited out its bound instead of the rank's leaving"
+        assert _registered(c, "node2") is None
+        out.wait(rf"devices: rank 0 cpu@{n3}$", 60, "node3's worker goes on as rank 0")
+        rc = p.wait(timeout=240)
+        out.thread.join(timeout=30)
+        text = out.text()
+        assert rc == 0, text[-4000:]
+        assert re.search(rf"leaves the elastic job: host {n2} is no longer part of the job", text), text[-4000:]
+        assert re.search(r"hosts changed \(removed\)", text) and "blacklisted" not in text, text[-4000:]
+        assert re.search(r"final accuracy (0\.9\d+) after 4 epochs", text), text[-4000:]
+        # the checkpoint goes on being written by whichever worker is rank 0, under the run's lock
+        with open(os.path.join(c.shared, "models", "digits", "metrics.json")) as f:
+            assert [m["size"] for m in json.load(f)["epochs"]] == [2, 1, 1, 1]
+        assert not os.path.exists(os.path.join(c.shared, "locks", "run-digits.lock"))
+        print(f"\n[elastic primary] appliance secondary --stop of rank 0's host: {took:.2f} s", file=sys.stderr)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    res = c.run("secondary", "--stop", "--network", c.network, "--name", c.host("node3"), timeout=120)
+    assert res.returncode == 0, res.stdout
+    assert c.ours() == [] and _registered(c, "node3") is None
