@@ -523,16 +523,21 @@ class ElasticDriver:
         if w.leaving or not w.alive:
             return
         w.leaving, w.leaving_since = why, self.clock()
-        if w.ticket is not None:
+        if w.ticket is not None:  # at a join: told to leave, it exits 0 by itself (TERM only after the grace)
             w.ticket.set({"removed": why})
             w.ticket = None
-        if w.handle is not None:
+            w.asked_to_leave = True
+        elif w.handle is not None:
             self.mech.remove([w.handle])
 
     def _reap_leaving(self) -> None:
         now = self.clock()
         for w in self.workers.values():
             if w.leaving and w.alive and w.handle is not None and now - w.leaving_since > self.config.stop_grace_s:
+                if w.asked_to_leave:  # it did not exit by itself: TERM now, KILL after another grace
+                    w.asked_to_leave, w.leaving_since = False, now
+                    self.mech.remove([w.handle])
+                    continue
                 w.handle.signal(signal.SIGKILL)
                 w.leaving_since = math.inf
 

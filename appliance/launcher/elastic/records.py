@@ -25,6 +25,7 @@ class WorkerRec:
     exit_code: int | None = None
     leaving: str = ""               # why the driver removed it ("" = it is not leaving)
     leaving_since: float = 0.0
+    asked_to_leave: bool = False    # answered "removed" at a join: it exits by itself, TERM only after the grace
     ticket: Ticket | None = None    # its pending join
     join: dict = dataclasses.field(default_factory=dict)
     last: int = 0                   # the last round it was released into
