@@ -14,6 +14,10 @@
 #
 #   bash demo.sh                         # as above
 #   bash demo.sh -- --epochs 20          # arguments after -- go to the training job
+#   bash demo.sh --elastic               # elastic: secondaries node2 and node3 register on the share;
+#                                        # appliance primary -np 2 --min-np 1 --max-np 2 (no -H) trains
+#                                        # on them; after epoch 2 node2 leaves (appliance secondary
+#                                        # --stop), then node4 starts and joins; the job goes on to the end
 #   bash demo.sh --local                 # no Docker: 2 ranks of this machine (appliance launch)
 #   bash demo.sh --gpu | --cpu           # that image whatever the engine has (the GPU image also
 #                                        # runs without a GPU, on CPU tensors)
@@ -26,10 +30,11 @@ cd "$(dirname "$0")"
 say() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1m[demo]\033[0m ERROR: %s\n' "$*" >&2; exit 1; }
 
-local_mode=0 keep=0 variant="" train_args=()
+local_mode=0 keep=0 elastic=0 variant="" train_args=()
 while (($#)); do
   case "$1" in
     --local) local_mode=1; shift ;;
+    --elastic) elastic=1; shift ;;
     --keep) keep=1; shift ;;
     --gpu) variant=gpu; shift ;;
     --cpu) variant=cpu; shift ;;
@@ -42,8 +47,13 @@ done
 PY=${PYTHON:-python3}
 extras="" need="import appliance.cli, docker, rich, fabric, paramiko"
 # The demo trains from scratch each time (the default job resumes a run's checkpoint otherwise);
-# arguments after -- replace this.
-((${#train_args[@]})) || train_args=(--fresh)
+# arguments after -- replace this. The elastic demo's steps take 0.2 s (--step-time), so that
+# the cluster can change while it trains.
+if ((!${#train_args[@]})); then
+  train_args=(--fresh)
+  ((elastic)) && train_args+=(--step-time 0.2)
+fi
+((elastic && local_mode)) && die "--elastic needs Docker (it starts and stops secondary containers): drop --local"
 if ((local_mode)); then extras="[train]" need="import appliance.runtime._core, torch, sklearn"; fi
 if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "$need" 2>/dev/null; then
   say "installing the project into .venv (first run only; compiles the C++ core)"
@@ -95,14 +105,56 @@ mkdir -p "$SHARE"
 NET=appliance-demo
 cli=(.venv/bin/appliance)
 common=(--image "$IMAGE" --shared "$SHARE" --network "$NET")
+nodes=(node2)
+((elastic)) && nodes=(node2 node3 node4)
 cleanup() {
+  local node
   if ((keep)); then
-    say "kept: appliance-node2 on $NET (appliance status; remove with: .venv/bin/appliance secondary --stop --name node2 --network $NET --shared $SHARE)"
+    say "kept: the secondaries on $NET (appliance status; remove each with: .venv/bin/appliance secondary --stop --name NODE --network $NET --shared $SHARE)"
   else
-    "${cli[@]}" secondary --stop --name node2 "${common[@]}" >/dev/null 2>&1 || true
+    for node in "${nodes[@]}"; do
+      "${cli[@]}" secondary --stop --name "$node" "${common[@]}" >/dev/null 2>&1 || true
+    done
   fi
 }
 trap cleanup EXIT
+
+if ((elastic)); then
+  # The job's output also goes to a log, which this script watches to change the cluster.
+  log="$(mktemp -t appliance-demo.XXXXXX)"
+  trap 'cleanup; rm -f "$log"' EXIT
+  until_line() {  # until_line PATTERN: wait (at most 300 s) for PATTERN in the job's output
+    local end=$((SECONDS + 300))
+    until grep -q -- "$1" "$log"; do
+      kill -0 "$job" 2>/dev/null || die "the job ended before '$1' (see its output above)"
+      ((SECONDS < end)) || die "no '$1' in the job's output within 300 s"
+      sleep 0.2
+    done
+  }
+  for node in node2 node3; do
+    say "appliance secondary --name $node --network $NET --shared $SHARE   (it registers on the share)"
+    "${cli[@]}" secondary --name "$node" "${common[@]}"
+  done
+  say "appliance primary -np 2 --min-np 1 --max-np 2 --network $NET -- python -m train ${train_args[*]}"
+  say "  (no -H: the hosts are the secondaries registered in $SHARE/secondaries)"
+  "${cli[@]}" primary -np 2 --min-np 1 --max-np 2 "${common[@]}" -- python -m train "${train_args[@]}" \
+    > >(tee -a "$log") 2> >(tee -a "$log" >&2) &
+  job=$!
+  until_line "epoch 2/"
+  say "node2 leaves: appliance secondary --stop --name node2 (unregistered first: its rank leaves at the next commit)"
+  "${cli[@]}" secondary --stop --name node2 "${common[@]}"
+  say "node4 joins: appliance secondary --name node4 (its rank joins at the next commit)"
+  "${cli[@]}" secondary --name node4 "${common[@]}"
+  set +e
+  wait "$job"
+  rc=$?
+  set -e
+  if ((rc == 0)); then
+    grep -q "cpu@node4" "$log" || die "the job finished before node4 joined (see its output above)"
+    say "done: the job went on through node2 leaving and node4 joining; checkpoint $SHARE/models/digits/checkpoint.pt"
+  fi
+  exit $rc
+fi
 
 say "appliance secondary --name node2 --network $NET --shared $SHARE"
 "${cli[@]}" secondary --name node2 "${common[@]}"

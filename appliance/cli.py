@@ -150,7 +150,7 @@ def _cluster_config(args: argparse.Namespace):
     return ClusterConfig.create(shared=args.shared, image=getattr(args, "image", None),
                                 network=getattr(args, "network", None), name=getattr(args, "name", None),
                                 ssh_port=getattr(args, "ssh_port", None), shm_size=getattr(args, "shm_size", None),
-                                gpus=getattr(args, "gpus", None))
+                                gpus=getattr(args, "gpus", None), slots=getattr(args, "slots", None))
 
 
 def _add_container_flags(p: argparse.ArgumentParser, *, name_help: str) -> None:
@@ -197,7 +197,8 @@ def _secondary(args: argparse.Namespace) -> int:
 def _add_secondary(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "secondary", allow_abbrev=False, help="start this host's sshd container (idempotent)",
-        usage="appliance secondary [--ssh-port PORT] [--shared DIR] [--image NAME] [--network NAME] [--name NAME] [--stop]",
+        usage="appliance secondary [--ssh-port PORT] [--shared DIR] [--image NAME] [--network NAME] [--name NAME] "
+              "[--slots N] [--stop]",
         description="Start (or report) the secondary container: key-only sshd on --ssh-port with the cluster key from "
                     "SHARED/ssh (created on first use), the shared directory at the same path, host network, GPUs, "
                     "large /dev/shm, memlock unlimited. --stop removes it.")
@@ -205,7 +206,12 @@ def _add_secondary(sub: argparse._SubParsersAction) -> None:
                    help="port of its sshd (env APPLIANCE_SSH_PORT, default 12345)")
     _add_container_flags(p, name_help="container appliance-NAME with host name NAME (to simulate hosts on one "
                                       "machine; default appliance-secondary)")
-    p.add_argument("--stop", action="store_true", help="stop and remove the secondary container")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="ranks this host takes in an elastic job that discovers it (default 1): it registers "
+                        "itself on the shared mount as HOST:N")
+    p.add_argument("--stop", action="store_true",
+                   help="unregister it (an elastic job moves its ranks away at its next commit), then stop and "
+                        "remove the secondary container")
     p.set_defaults(func=_secondary)
 
 

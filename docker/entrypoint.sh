@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # appliance-entrypoint: prepares a container of the appliance image, then runs its role.
 #
-#   secondary [--port N]   sshd in the foreground on port N (default $APPLIANCE_SSH_PORT), key-only,
+#   secondary [--port N] [--slots N]
+#                          sshd in the foreground on port N (default $APPLIANCE_SSH_PORT), key-only,
 #                          logging to stderr (docker logs); the container is the "host" the
-#                          primary's launcher reaches over SSH
+#                          primary's launcher reaches over SSH. It registers on the share
+#                          (SHARED/secondaries/<host name>.json, N slots, default 1) and beats
+#                          while it runs: the hosts an elastic primary discovers
 #   primary CMD [ARG...]   run CMD (the launcher) in the foreground, as the container's main process
 #   write-env              only write the environment files SSH sessions read (used at build time)
 #   anything else          run it as given, after the same preparation (e.g. `sshd -t`, `bash`)
@@ -129,15 +132,18 @@ case "$mode" in
         write_env
         ;;
     secondary)
-        port="${APPLIANCE_SSH_PORT:-12345}"
+        port="${APPLIANCE_SSH_PORT:-12345}" slots=1
         while (($#)); do
             case "$1" in
                 -p|--port|--ssh-port) port="${2:-}"; shift 2 || die "$1 needs a port number" ;;
                 --port=*|--ssh-port=*) port="${1#*=}"; shift ;;
-                *) die "secondary: unknown argument '$1' (usage: secondary [--port N])" ;;
+                --slots) slots="${2:-}"; shift 2 || die "$1 needs a number" ;;
+                --slots=*) slots="${1#*=}"; shift ;;
+                *) die "secondary: unknown argument '$1' (usage: secondary [--port N] [--slots N])" ;;
             esac
         done
         valid_port "$port" || die "secondary: SSH port '$port' is not a number in 1..65535"
+        [[ "$slots" =~ ^[1-9][0-9]{0,3}$ ]] || die "secondary: --slots '$slots' is not a positive number"
         export APPLIANCE_SSH_PORT="$port"
         prepare
         src="$(install_login_keys)"
@@ -146,6 +152,11 @@ case "$mode" in
             "$SHARED into the container)"
         say "sshd on port $port, host key $(ssh-keygen -l -f /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f2), login keys from $src"
         record secondary "$port"
+        # Registered on the share once sshd answers, beating while the container runs: what an
+        # elastic primary discovers (appliance.cluster.heartbeat; its lines go to docker logs).
+        if [[ -d "$SHARED" && -x /opt/venv/bin/python ]]; then
+            /opt/venv/bin/python -m appliance.cluster.heartbeat --port "$port" --slots "$slots" --shared "$SHARED" &
+        fi
         exec /usr/sbin/sshd -D -e -p "$port"
         ;;
     primary)

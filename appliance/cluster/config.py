@@ -1,8 +1,8 @@
 """The appliance plane's config: one ``appliance secondary|primary|status``.
 
 What it owns: ``ClusterConfig`` (image, shared directory, Docker network, container name, SSH
-port, /dev/shm, GPUs, how long the primary waits for a secondary), validated from flags and the
-environment (``APPLIANCE_*`` knobs of ``appliance.common.knobs``). Precedence: flag, then the
+port, /dev/shm, GPUs, how long the primary waits for a secondary, a secondary's slots),
+validated from flags and the environment (``APPLIANCE_*`` knobs of ``appliance.common.knobs``). Precedence: flag, then the
 environment, then the default. Failure mode: ``ConfigError`` naming the flag.
 """
 from __future__ import annotations
@@ -37,11 +37,13 @@ class ClusterConfig:
     shm: str = "host"
     gpus: str = "auto"
     secondary_wait_s: float = 20.0
+    slots: int = 1          # a secondary's slots, as it registers them for elastic discovery
 
     @classmethod
     def create(cls, *, shared: str | os.PathLike | None = None, image: str | None = None, network: str | None = None,
                name: str | None = None, ssh_port: int | None = None, shm_size: str | None = None,
-               gpus: str | None = None, environ: Mapping[str, str] | None = None) -> "ClusterConfig":
+               gpus: str | None = None, slots: int | None = None,
+               environ: Mapping[str, str] | None = None) -> "ClusterConfig":
         env = os.environ if environ is None else environ
         shared = os.path.abspath(os.fspath(shared) if shared else read("APPLIANCE_SHARED", env))
         network = network or read("APPLIANCE_NETWORK", env)
@@ -63,8 +65,10 @@ class ClusterConfig:
         gpus = (gpus or read("APPLIANCE_GPUS", env)).strip().lower()
         if gpus not in ("auto", "all", "none") and not (gpus.isdigit() and int(gpus) > 0):
             raise ConfigError(f"--gpus {gpus!r}: expected auto, all, none or a positive count")
+        if slots is not None and not 0 < int(slots) < 10000:
+            raise ConfigError(f"--slots {slots}: expected a positive number of ranks for this host")
         return cls(shared=shared, image=image or read("APPLIANCE_IMAGE", env), network=network, name=name,
                    ssh_port=int(ssh_port), shm=shm, gpus=gpus,
-                   secondary_wait_s=read("APPLIANCE_SECONDARY_WAIT", env))
+                   secondary_wait_s=read("APPLIANCE_SECONDARY_WAIT", env), slots=int(slots or 1))
 
 

@@ -2,7 +2,8 @@
 
 ``python -m appliance.cluster.jobrun JOB_DIR``, or ``... jobrun new [-p PORT] [flags] -- COMMAND``.
 
-What it owns: the job directory's ``job.json`` format (``create_job()``: hosts and slots, -np,
+What it owns: the job directory's ``job.json`` format (``create_job()``: hosts and slots (none for
+an elastic job that discovers them: ``discover.sh``, the secondaries registered on the share), -np,
 the user's launch flags as a ``launcher.flags.LaunchFlags`` under ``launch``, the command, SSH
 port, shared dir, network, ``secondary_wait_s``), its ``hosts/<host>.json`` (per host: ``local``,
 ``reachable``, ``address``, ``authenticated``, ``error``; the startup view ``view.py`` reads
@@ -47,23 +48,34 @@ from ..launcher import LaunchError, run
 from ..launcher.flags import LaunchFlags, parse_launch_flags, with_defaults
 from ..launcher.hosts import assign_ranks, hosts_from
 from ..mount import read_json, write_json
+from .discover import write_script
 from .say import PREFIX, say
 
-def job_hosts(flags: LaunchFlags) -> list[tuple[str, int]]:
+def discovers_secondaries(flags: LaunchFlags) -> bool:
+    """Whether the job's hosts are the secondaries registered on the share: elastic flags
+    (``--min-np``/``--max-np``) and no -H, hostfile or discovery script of the user's."""
+    return flags.elastic and flags.hosts is None and flags.hostfile is None and flags.host_discovery_script is None
+
+
+def job_hosts(flags: LaunchFlags) -> list[tuple[str, int]] | None:
     """[(host, slots)] of -H, the hostfile, else ``localhost:np``; checks that -np fits the slots.
+    None for a job that discovers its hosts (a discovery script, or the registered secondaries).
     Raises ``HostsError`` (a ValueError)."""
     if flags.np is None:
         raise ConfigError("-np is required: the number of ranks to start")
+    if flags.host_discovery_script is not None or discovers_secondaries(flags):
+        return None
     hosts = hosts_from(flags.hosts, flags.hostfile, None, flags.np)
     assign_ranks(hosts, flags.np)  # -np above the slots: HostsError
     return [(h.name, h.slots) for h in hosts]
 
 
 def create_job(job_dir: str, flags: LaunchFlags, command: Sequence[str], *, ssh_port: int, shared: str,
-               network: str, image: str, workdir: str, secondary_wait_s: float) -> list[tuple[str, int]]:
-    """``JOB_DIR/{hosts,ranks,logs}/`` and ``job.json``; returns the hosts. A --hostfile is copied
-    into the job directory (the primary container sees the share, not the files of the machine
-    it runs on)."""
+               network: str, image: str, workdir: str, secondary_wait_s: float) -> list[tuple[str, int]] | None:
+    """``JOB_DIR/{hosts,ranks,logs}/`` and ``job.json``; returns the hosts (None: discovered). A
+    --hostfile is copied into the job directory (the primary container sees the share, not the
+    files of the machine it runs on). An elastic job without hosts gets ``JOB_DIR/discover.sh``
+    as its discovery script: the secondaries registered on the share (``discover``)."""
     hosts = job_hosts(flags)
     for sub in ("hosts", "ranks", "logs"):
         os.makedirs(os.path.join(job_dir, sub), exist_ok=True)
@@ -71,9 +83,12 @@ def create_job(job_dir: str, flags: LaunchFlags, command: Sequence[str], *, ssh_
         copy = os.path.join(job_dir, "hostfile")
         shutil.copyfile(flags.hostfile, copy)
         flags = dataclasses.replace(flags, hostfile=copy)
+    if discovers_secondaries(flags):
+        script = write_script(job_dir, shared, flags.ssh_port or ssh_port)
+        flags = dataclasses.replace(flags, host_discovery_script=script)
     write_json(os.path.join(job_dir, "job.json"), {
         "id": os.path.basename(job_dir), "created": time.time(), "primary_host": socket.gethostname(),
-        "np": flags.np, "hosts": [{"name": n, "slots": s} for n, s in hosts],
+        "np": flags.np, "hosts": [{"name": n, "slots": s} for n, s in hosts or ()],
         "launch": flags.to_json(), "command": list(command), "ssh_port": ssh_port, "shared": shared,
         "network": network, "image": image, "workdir": workdir, "secondary_wait_s": secondary_wait_s})
     return hosts
@@ -96,8 +111,8 @@ def new_job(argv: list[str]) -> str:
     job_dir = layout.job_dir(new_job_id())
     hosts = create_job(job_dir, flags, command, ssh_port=config.ssh_port, shared=config.shared, network="",
                        image="", workdir=os.getcwd(), secondary_wait_s=config.secondary_wait_s)
-    say(f"job {os.path.basename(job_dir)}: {flags.np} ranks on "
-         f"{', '.join(f'{n}:{s}' for n, s in hosts)}; job directory {job_dir}")
+    where = ', '.join(f'{n}:{s}' for n, s in hosts) if hosts is not None else "the hosts it discovers"
+    say(f"job {os.path.basename(job_dir)}: {flags.np} ranks on {where}; job directory {job_dir}")
     return job_dir
 
 

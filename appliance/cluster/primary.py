@@ -6,7 +6,8 @@ already parsed by the launcher's parser, ``launcher.flags``), creates ``SHARED/j
 ``job.json``, starts the primary container (``appliance-primary-<id>``, or ``appliance-<--name>``)
 with the flags every appliance container gets (``docker``), running ``appliance.cluster.jobrun``
 inside it (one launcher run, whose preflight checks every host), shows the per-host startup view
-(``view.StartupView``) until every rank has started, streams the job's output (stdout to stdout,
+(``view.StartupView``) until every rank has started (an elastic job that discovers its hosts,
+``--min-np`` without ``-H``: the secondaries registered on the share, has none), streams the job's output (stdout to stdout,
 stderr to stderr; every rank's lines are prefixed by the launcher), and returns the job's exit
 code. The container is removed whatever happens (``PrimaryContainer`` is a context manager); a
 network it had to create is removed when empty.
@@ -33,6 +34,7 @@ import time
 from typing import IO, Any, Optional, Sequence
 
 from appliance.cluster.config import ClusterConfig
+from appliance.common.knobs import read
 from ..launcher.flags import LaunchFlags
 from ..launcher.signals import SignalTrap
 from . import docker
@@ -43,6 +45,8 @@ from .locksweep import sweep_dead_container_locks
 from .say import say
 from ..mount import Layout, new_job_id
 from .view import StartupView
+from . import discover
+from ..mount.registry import registrations
 
 ROLE = "primary"
 
@@ -102,8 +106,9 @@ class PrimaryJob:
     def _say(self, text: str) -> None:
         say(text, self.err)
 
-    def prepare(self) -> list[tuple[str, int]]:
-        """Everything that can fail before a container exists; writes job.json. Returns the hosts."""
+    def prepare(self) -> list[tuple[str, int]] | None:
+        """Everything that can fail before a container exists; writes job.json. Returns the hosts
+        (None: the job discovers them)."""
         if not self.command:
             raise ClusterError("no command to run (usage: appliance primary -np N -H HOSTS -- python -m train)")
         job_hosts(self.flags)  # -H, hostfile and -np checked before anything else
@@ -127,7 +132,7 @@ class PrimaryJob:
         t0 = time.monotonic()
         with SignalTrap() as trap, PrimaryContainer(self.client, self.config, name, cmd, self.workdir,
                                                      self.job_id, env) as pc:
-            self._say(f"job {self.job_id}: {self.np} ranks on {', '.join(f'{n}:{s}' for n, s in self.hosts)} "
+            self._say(f"job {self.job_id}: {self.np} ranks on {self._where()} "
                       f"from container {name} (image {self.config.image}, network {self.config.network}); "
                       f"job directory {self.job_dir}")
             code = self._stream(pc.container, trap)
@@ -137,6 +142,15 @@ class PrimaryJob:
         verdict = "finished" if code == 0 else f"failed with exit code {code}{extra}"
         self._say(f"job {self.job_id} {verdict} after {elapsed:.1f} s; logs in {self.job_dir}/logs")
         return code
+
+    def _where(self) -> str:
+        if self.hosts is not None:
+            return ", ".join(f"{n}:{s}" for n, s in self.hosts)
+        if self.flags.host_discovery_script is not None:
+            return f"the hosts {self.flags.host_discovery_script} finds"
+        now = discover.host_lines(registrations(self.layout), time.time(), read("APPLIANCE_SECONDARY_STALE"))
+        return (f"the secondaries registered in {self.layout.secondaries} (elastic: now "
+                f"{', '.join(now) if now else 'none: it waits for them'})")
 
     def _stream(self, container: Any, trap: SignalTrap) -> int:
         q: queue.Queue = queue.Queue()
@@ -156,7 +170,8 @@ class PrimaryJob:
 
         container.start()
         threading.Thread(target=reader, name="primary output", daemon=True).start()
-        view = StartupView(self.job_dir, self.hosts, self.np, live=self.live, out=self.out, err=self.err)
+        view = (StartupView(self.job_dir, self.hosts, self.np, live=self.live, out=self.out, err=self.err)
+                if self.hosts is not None else NoView())
         handled, kill_at, next_poll = 0, None, 0.0
         try:
             while True:
@@ -196,7 +211,7 @@ class PrimaryJob:
         container.reload()
         return int(result.get("StatusCode", 1))
 
-    def _emit(self, view: StartupView, stream: str, data: bytes) -> None:
+    def _emit(self, view: Any, stream: str, data: bytes) -> None:
         if stream == "note":
             self._say(f"output stream ended: {data.decode(errors='replace')}")
             return
@@ -218,6 +233,20 @@ class PrimaryJob:
             container.kill(signal=name)
         except Exception:  # noqa: BLE001 - it exited meanwhile
             pass
+
+
+class NoView:
+    """No startup view: an elastic job's hosts come and go (its launcher says each change)."""
+    done, active = True, False
+
+    def poll(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def write(self, stream: str, data: bytes) -> None:
+        pass
 
 
 def run_primary(config: ClusterConfig, flags: LaunchFlags, command: Sequence[str], **kw: Any) -> int:

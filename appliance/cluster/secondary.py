@@ -8,6 +8,12 @@ exit) for tests and scripts. The container runs the image's ``secondary`` mode: 
 bound at the same path, and it gets the flags of ``docker.container_kwargs()`` (host network by
 default, --init, IPC/shm, memlock, GPUs, labels).
 
+The container registers itself on the share once its sshd answers and keeps the registration
+alive (``SHARED/secondaries/<host name>.json`` with ``--slots``, ``appliance.cluster.heartbeat``):
+an elastic ``appliance primary --min-np N`` without ``-H`` discovers its hosts there. ``stop()``
+first removes the registration, waits (at most ``drain_s``) until no rank runs in the container
+any more (the elastic job moves away at its next commit), then stops it.
+
 Idempotent: a second ``start()`` with the same settings reports the running container; a
 running one with other settings (port, share, image, network) is an error that says how to stop
 it; a stopped one of ours is replaced. Start and stop hold the per-host lock
@@ -21,12 +27,14 @@ secondary, a container that exits while starting (its last log lines are quoted)
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Optional
 
 from appliance.cluster.config import ClusterConfig
 from . import docker
 from .docker import ClusterError
 from ..mount import Layout, host_lock
+from ..mount.registry import registrations, unregister
 
 ROLE = "secondary"
 DEFAULT_NAME = "appliance-secondary"
@@ -89,7 +97,8 @@ class Secondary:
 
     def _conflict(self, c: Any) -> Optional[str]:
         want = {"appliance.ssh-port": str(self.config.ssh_port), "appliance.shared": self.config.shared,
-                "appliance.image": self.config.image, "appliance.network": self.config.network}
+                "appliance.image": self.config.image, "appliance.network": self.config.network,
+                "appliance.slots": str(self.config.slots)}
         for key, value in want.items():
             have = docker.label(c, key)
             if have != value:
@@ -125,9 +134,11 @@ class Secondary:
                     return self._report(existing, "running", keys)
                 existing.remove(force=True)  # ours, stopped: replace it
             self.network.ensure()
-            kw = docker.container_kwargs(self.client, self.config, name=self.name, role=ROLE)
+            kw = docker.container_kwargs(self.client, self.config, name=self.name, role=ROLE,
+                                         extra_labels={"slots": self.config.slots})
             container = self.client.containers.create(
-                self.config.image, command=["secondary", "--port", str(self.config.ssh_port)], **kw)
+                self.config.image, command=["secondary", "--port", str(self.config.ssh_port),
+                                            "--slots", str(self.config.slots)], **kw)
             try:
                 container.start()
                 docker.wait_ready(container, self.ready_timeout_s)
@@ -137,13 +148,39 @@ class Secondary:
                 raise
             return self._report(container, "started", keys)
 
-    def stop(self, timeout_s: int = 10) -> SecondaryReport:
+    def unregister(self) -> list[str]:
+        """Remove the registrations of this container from the share; the host names removed."""
+        layout, gone = Layout(self.config.shared), []
+        for reg, _ in registrations(layout):
+            if reg.container.split("@", 1)[0] == self.name and unregister(layout, reg.name, reg.token):
+                gone.append(reg.name)
+        return gone
+
+    def drain(self, container: Any, drain_s: float) -> bool:
+        """Wait (at most ``drain_s``) until nothing but sshd, the heartbeat and init runs in
+        ``container``: whether it drained."""
+        deadline = time.monotonic() + drain_s
+        while True:
+            try:
+                top = container.top(ps_args="-eo pid,args")
+            except Exception:  # noqa: BLE001 - it stopped meanwhile
+                return True
+            idx = top.get("Titles", []).index("COMMAND") if "COMMAND" in top.get("Titles", []) else -1
+            busy = [p[idx] for p in top.get("Processes") or [] if not idle_process(p[idx])]
+            if not busy or time.monotonic() >= deadline:
+                return not busy
+            time.sleep(0.25)
+
+    def stop(self, timeout_s: int = 10, drain_s: float = 20.0) -> SecondaryReport:
         with self._lock():
             existing = docker.find_container(self.client, self.name)
             if existing is None:
+                self.unregister()
                 return SecondaryReport(name=self.name, state="absent")
             if not docker.is_ours(existing):
                 raise ClusterError(f"{self.name} was not made by appliance; not touching it")
+            if self.unregister() and existing.status == "running":
+                self.drain(existing, drain_s)
             network = docker.label(existing, "appliance.network") or self.config.network
             existing.stop(timeout=timeout_s)
             existing.remove(force=True)
@@ -155,4 +192,11 @@ class Secondary:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop(timeout_s=2)
+        self.stop(timeout_s=2, drain_s=0)
+
+
+def idle_process(command: str) -> bool:
+    """Not a rank: init, sshd (its listener and sessions), the heartbeat, and the launcher's stub
+    that holds a job's SSH session to this host (the ranks are its children)."""
+    return (command.startswith(("/sbin/docker-init", "docker-init", "/usr/sbin/sshd", "sshd:"))
+            or "appliance.cluster.heartbeat" in command or "appliance.launcher.ssh.remote_stub" in command)

@@ -184,6 +184,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_SHM_SIZE", str, "", "/dev/shm of the containers: 'host' (--ipc host) or a size like 2g (default: host on the host network, else 1g)"),
     Knob("APPLIANCE_GPUS", str, "auto", "GPUs for the containers: auto (all, when Docker has an nvidia runtime), all, none, or a count"),
     Knob("APPLIANCE_SECONDARY_WAIT", _nonneg_float, 20.0, "seconds the primary waits for each secondary's SSH port to answer"),
+    Knob("APPLIANCE_SECONDARY_HEARTBEAT", _nonneg_float, 1.0, "seconds between two heartbeats of a secondary's registration on the shared mount (SHARED/secondaries/NAME.json)"),
+    Knob("APPLIANCE_SECONDARY_STALE", _nonneg_float, 5.0, "seconds after its last heartbeat a secondary's registration stops counting: the elastic primary's discovery drops it"),
     Knob("APPLIANCE_CONTAINER", str, "", "set by appliance for each container it starts: <name>@<engine id>; lock owners record it (read from the container's init), so a lock whose container is gone is taken over at once"),
 ]}
 

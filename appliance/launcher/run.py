@@ -78,7 +78,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     if config.elastic is not None:
-        from .elastic.driver import run_elastic
+        from .elastic.launch import run_elastic
         outcome, summary, lines, job_id = run_elastic(
             config, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout, stderr=stderr,
             on_host_report=on_host_report, deadline=deadline)

@@ -10,6 +10,8 @@ What it owns: the names under the shared directory::
     SHARED/jobs/<id>/        one launch by ``appliance primary``: job.json, hosts/<host>.json
                              (reachable, authenticated), ranks/<rank>.json (host, pid: written as
                              each rank starts), logs/rank.N/{stdout,stderr}, exit.json
+    SHARED/secondaries/      <name>.json: one per running secondary, its heartbeat in the file's
+                             modification time (``registry.py``); an elastic primary discovers them
 
 ``Layout(root)`` names the paths (``locks.py`` takes the locks, ``atomic.py`` writes the files);
 ``new_job_id()`` makes the ids of ``jobs/``.
@@ -26,7 +28,7 @@ import socket
 import time
 from typing import Optional
 
-SUBDIRS = ("ssh", "data", "models", "locks", "jobs")
+SUBDIRS = ("ssh", "data", "models", "locks", "jobs", "secondaries")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -59,6 +61,13 @@ class Layout:
     @property
     def locks(self) -> str:
         return self.path("locks")
+
+    @property
+    def secondaries(self) -> str:
+        return self.path("secondaries")
+
+    def secondary_path(self, name: str) -> str:
+        return self.path("secondaries", f"{check_name('secondary', name)}.json")
 
     def run_dir(self, run: str) -> str:
         return self.path("models", check_name("run", run))

@@ -4,8 +4,8 @@ What it owns: ``FileLock`` (a context manager over one lock file), ``break_lock(
 dead holder's lock, safely against concurrent breakers), ``sweep()`` (break every lock under a
 directory whose holder a given judge proves dead: ``appliance primary`` uses it, with Docker as
 the judge, before a job starts), ``Takeover`` (what was taken over from whom, and why), and the
-two locks of the layout: ``run_lock()`` (the job lock of a run: ``models/<run>`` has one writer)
-and ``host_lock()`` (per-host locks: their file names carry the host name); ``layout.py`` names
+two locks of the layout: ``run_lock()`` (the job lock of a run: ``models/<run>`` has one writer;
+``RunLock``, the same held by whichever process of the job writes now) and ``host_lock()`` (per-host locks: their file names carry the host name); ``layout.py`` names
 their files, ``owner.py`` the record inside them and the rules that judge a holder dead.
 
 How: the owner record is written to a private temporary file which is then hard-linked to the
@@ -17,6 +17,13 @@ its process gone in this pid namespace on this kernel, at once; otherwise no hea
 holds the same owner token, so two contenders never both win; each takeover is reported
 (``FileLock.broken``, and ``on_takeover``: ``run_lock(say=...)`` prints one line naming the dead
 holder and why it is known dead). Release removes the file only if it still holds our token.
+
+Within one job the lock may change hands: a ``FileLock(job=J)`` takes a lock whose record names
+the same job J at once, living holder or not (a *handover*, reported like a takeover). This is
+how the run lock follows rank 0 of an elastic job, where rank 0 may be lost and another process
+of the job becomes the writer (``RunLock``): the job, not one process, owns the run. The old
+holder's heartbeat then finds the file someone else's and stops (``lost``); its release leaves
+the file alone. Another job (another J, or none) still sees the lock held.
 Env vars: none (``owner.py`` reads ``APPLIANCE_CONTAINER`` of pid 1). Failure modes:
 ``LockHeld`` (a ``RuntimeError``) names the living holder; I/O errors on the share propagate as
 ``OSError``.
@@ -53,9 +60,12 @@ class Takeover:
     path: str
     owner: Optional[Owner]
     reason: str
+    handover: bool = False   # from a process of the same job, dead or not
 
     def describe(self, what: str = "") -> str:
         holder = self.owner.describe() if self.owner else "an unreadable record"
+        if self.handover:
+            return f"took over {what or self.path} from {holder}: {self.reason}"
         return f"took over {what or self.path}: its holder, {holder}, is dead ({self.reason})"
 
 
@@ -110,11 +120,11 @@ class FileLock:
 
     def __init__(self, path: str | os.PathLike, *, what: str = "", wait_s: float = 0.0,
                  heartbeat_s: float = 5.0, stale_after_s: float = 30.0, host: Optional[str] = None,
-                 on_takeover: Optional[Callable[[Takeover], None]] = None):
+                 on_takeover: Optional[Callable[[Takeover], None]] = None, job: str = ""):
         if heartbeat_s <= 0 or stale_after_s <= heartbeat_s:
             raise ValueError("need 0 < heartbeat_s < stale_after_s")
         self.path = os.fspath(path)
-        self.what, self.wait_s, self.host = what, wait_s, host
+        self.what, self.wait_s, self.host, self.job = what, wait_s, host, job
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.owner: Optional[Owner] = None
         self.lost = False   # set when the heartbeat finds the file gone or someone else's
@@ -128,7 +138,7 @@ class FileLock:
     def acquire(self) -> Owner:
         if self.owner is not None:
             raise RuntimeError(f"{self.path}: already held by this FileLock")
-        owner = this_owner(self.what, self.host)
+        owner = this_owner(self.what, self.host, self.job)
         deadline = time.monotonic() + self.wait_s
         while True:
             if self._try_create(owner):
@@ -136,13 +146,15 @@ class FileLock:
             current, mtime = read_owner(self.path)
             if mtime is None:
                 continue  # released between our attempt and the read: try again at once
-            reason = dead_reason(current, mtime, self.stale_after_s)
+            handover = bool(self.job) and current is not None and current.job == self.job
+            reason = (f"the lock belongs to job {self.job}, which this process works for now" if handover
+                      else dead_reason(current, mtime, self.stale_after_s))
             if current is None and reason is None:
                 pass  # a record still being written (or damaged and young): treat as held
             elif reason is not None:
                 outcome = break_lock(self.path, current)
                 if outcome == "removed":
-                    self._took_over(Takeover(self.path, current, reason))
+                    self._took_over(Takeover(self.path, current, reason, handover))
                 if outcome != "busy":
                     continue
             if time.monotonic() >= deadline:
@@ -232,15 +244,14 @@ class FileLock:
         self.release()
 
 
-@contextlib.contextmanager
-def run_lock(layout: Layout, run: str, what: str = "", say: Optional[Callable[[str], None]] = None,
-             **kw: Any) -> Iterator[FileLock]:
-    """Hold the job lock of ``run`` (and create ``models/<run>``) for the duration of the block;
-    ``say`` gets one line for each dead holder's lock taken over on the way."""
+def _run_lock(layout: Layout, run: str, what: str, say: Optional[Callable[[str], None]], kw: dict) -> FileLock:
     os.makedirs(layout.locks, exist_ok=True)
     if say is not None:
         kw["on_takeover"] = lambda t: say(t.describe(f"the lock of run {run!r} ({t.path})"))
-    lock = FileLock(layout.run_lock_path(run), what=what, **kw)
+    return FileLock(layout.run_lock_path(run), what=what, **kw)
+
+
+def _acquire_run_lock(lock: FileLock, layout: Layout, run: str) -> None:
     try:
         lock.acquire()
     except LockHeld as e:
@@ -250,9 +261,60 @@ def run_lock(layout: Layout, run: str, what: str = "", say: Optional[Callable[[s
                        f"the latest {lock.stale_after_s:.0f} s after its last heartbeat)") from None
     try:
         os.makedirs(layout.run_dir(run), exist_ok=True)
+    except BaseException:
+        lock.release()
+        raise
+
+
+@contextlib.contextmanager
+def run_lock(layout: Layout, run: str, what: str = "", say: Optional[Callable[[str], None]] = None,
+             **kw: Any) -> Iterator[FileLock]:
+    """Hold the job lock of ``run`` (and create ``models/<run>``) for the duration of the block;
+    ``say`` gets one line for each dead holder's lock taken over on the way."""
+    lock = _run_lock(layout, run, what, say, kw)
+    _acquire_run_lock(lock, layout, run)
+    try:
         yield lock
     finally:
         lock.release()
+
+
+class RunLock:
+    """The job lock of ``run`` for a job whose writer may change (rank 0 of an elastic job):
+    ``follow(True)`` in the process that writes now takes it (from another process of job ``job``
+    at once, handed over; from another job: ``LockHeld``, as ``run_lock``), ``follow(False)``
+    lets it go if this process holds it, ``close()`` (or the end of a ``with``) too. Without a
+    ``job`` it is ``run_lock`` in two steps."""
+
+    def __init__(self, layout: Layout, run: str, job: str, what: str = "",
+                 say: Optional[Callable[[str], None]] = None, **kw: Any):
+        self.layout, self.run = layout, run
+        self.lock = _run_lock(layout, run, what, say, dict(kw, job=job))
+
+    @property
+    def held(self) -> bool:
+        return self.lock.owner is not None and not self.lock.lost
+
+    def follow(self, writer: bool) -> bool:
+        """Hold the lock when ``writer``, else let it go; True when this call took it."""
+        if not writer:
+            self.lock.release()
+            return False
+        if self.held:
+            return False
+        if self.lock.owner is not None:  # lost to another process of the job, which handed it back
+            self.lock.release()
+        _acquire_run_lock(self.lock, self.layout, self.run)
+        return True
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def host_lock(layout: Layout, name: str, host: Optional[str] = None, what: str = "", **kw: Any) -> FileLock:

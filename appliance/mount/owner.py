@@ -1,10 +1,11 @@
 """Who holds a lock, and whether that holder provably died: the owner record and its judgement.
 
 What it owns: ``Owner`` (the JSON record inside a lock file: host name, pid, start time, what it
-guards, a token per acquisition, and the facts that let anyone judge the holder's life: its pid
-namespace, the start time of its process, the boot id of its kernel, and the container it runs
-in), ``this_owner()`` (the record of the calling process), ``read_owner()``, and two judges that
-answer *why the holder is dead* (a sentence) or None (alive, or not provably dead):
+guards, a token per acquisition, the job it works for, and the facts that let anyone judge the
+holder's life: its pid namespace, the start time of its process, the boot id of its kernel, and
+the container it runs in), ``this_owner()`` (the record of the calling process),
+``read_owner()``, and two judges that answer *why the holder is dead* (a sentence) or None
+(alive, or not provably dead):
 
 - ``dead_reason(owner, mtime, stale_after_s)``, used by every contender:
   same kernel (equal boot ids; for records without one, the same host name) and the same pid
@@ -57,6 +58,7 @@ class Owner:
     token: str = ""         # random; identifies one acquisition
     boot_id: str = ""       # /proc/sys/kernel/random/boot_id of the holder's kernel
     container: str = ""     # <container name>@<engine id> of the holder's container, or ""
+    job: str = ""           # the job the holder works for ("": none): its processes may hand the lock over
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
@@ -136,12 +138,12 @@ def container_identity(proc: str = "/proc") -> str:
     return value if split_container(value)[0] else ""
 
 
-def this_owner(what: str = "", host: Optional[str] = None) -> Owner:
+def this_owner(what: str = "", host: Optional[str] = None, job: str = "") -> Owner:
     """The record this process would write."""
     pid = os.getpid()
     return Owner(host=host or socket.gethostname(), pid=pid, started=time.time(), what=what,
                  pidns=pidns(), proc_start=proc_start(pid) or "", token=secrets.token_hex(8),
-                 boot_id=boot_id(), container=container_identity())
+                 boot_id=boot_id(), container=container_identity(), job=job)
 
 
 def read_owner(path: str) -> tuple[Optional[Owner], Optional[float]]:

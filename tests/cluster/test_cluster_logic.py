@@ -83,6 +83,31 @@ def test_job_json_keeps_the_flags_and_a_copy_of_the_hostfile(tmp_path):
         LaunchFlags.from_json({**job["launch"], "np_typo": 1})
 
 
+def test_an_elastic_job_without_hosts_discovers_the_registered_secondaries(tmp_path):
+    """--min-np without -H: job.json has no hosts; its launch flags carry JOB_DIR/discover.sh (the
+    job's SSH port in it) as the discovery script, and the launcher's config is elastic over it.
+    -H, a hostfile or a script of the user's keep their meaning."""
+    flags, command = parse_launch_flags(["-np", "2", "--min-np", "1", "--max-np", "3", "--", "python", "-m", "train"])
+    job_dir = tmp_path / "jobs" / "j1"
+    hosts = create_job(str(job_dir), flags, command, ssh_port=2222, shared=str(tmp_path), network="n",
+                       image="img", workdir=str(tmp_path), secondary_wait_s=3.0)
+    assert hosts is None
+    job = json.loads((job_dir / "job.json").read_text())
+    script = job_dir / "discover.sh"
+    assert job["hosts"] == [] and LaunchFlags.from_json(job["launch"]).host_discovery_script == str(script)
+    assert os.access(script, os.X_OK) and "appliance.cluster.discover" in script.read_text()
+    assert f"'{tmp_path}' --port 2222" in script.read_text()
+    config = job_config(job, str(job_dir), environ={})
+    assert config.elastic is not None and config.elastic.discovery_script == str(script)
+    assert (config.elastic.min_np, config.elastic.max_np) == (1, 3)
+    for given in (["-H", "a:1,b:1"], ["--host-discovery-script", "/bin/mine"]):
+        flags, _ = parse_launch_flags(["-np", "2", "--min-np", "1", *given, "--", "x"])
+        hosts = create_job(str(tmp_path / "jobs" / given[0]), flags, ["x"], ssh_port=2222, shared=str(tmp_path),
+                           network="n", image="img", workdir=str(tmp_path), secondary_wait_s=3.0)
+        assert hosts == ([("a", 1), ("b", 1)] if given[0] == "-H" else None)
+        assert not (tmp_path / "jobs" / given[0] / "discover.sh").exists()
+
+
 def test_jobrun_new_takes_the_port_from_the_launch_flags(tmp_path, monkeypatch):
     from appliance.cluster.jobrun import new_job
 
@@ -172,3 +197,25 @@ def test_gpu_requests_follow_the_engines_runtimes():
     assert auto["Count"] == -1 and auto["Capabilities"] == [["gpu"]]
     (two,) = gpu_requests(plain, "2")  # asked explicitly: passed to the engine, which decides
     assert two["Count"] == 2
+
+
+def test_a_secondarys_slots_are_a_positive_count():
+    assert ClusterConfig.create(environ={}).slots == 1
+    assert ClusterConfig.create(environ={}, slots=4).slots == 4
+    for bad in (0, -1, 10000):
+        with pytest.raises(ConfigError, match="--slots"):
+            ClusterConfig.create(environ={}, slots=bad)
+
+
+def test_a_stopping_secondary_waits_only_for_ranks():
+    """What ``appliance secondary --stop`` counts as a rank still running in the container (ps
+    lines of a secondary during an elastic job)."""
+    from appliance.cluster.secondary import idle_process
+
+    idle = ["/sbin/docker-init -- /usr/local/bin/appliance-entrypoint secondary --port 12345 --slots 1",
+            "sshd: /usr/sbin/sshd -D -e -p 12345 [listener] 0 of 200-400 startups",
+            "/opt/venv/bin/python -m appliance.cluster.heartbeat --port 12345 --slots 1 --shared /s",
+            "sshd: root@notty", "/opt/venv/bin/python -m appliance.launcher.ssh.remote_stub"]
+    assert all(idle_process(p) for p in idle)
+    assert not idle_process("/opt/venv/bin/python -m train --fresh --step-time 0.2")
+    assert not idle_process("python my_script.py")

@@ -38,7 +38,7 @@ def _python(cluster, host: str, settle_s: float = 5.0) -> list[str]:
     """Python processes (ranks, remote stubs) still in a host, allowing ``settle_s`` for exits in flight."""
     deadline = time.monotonic() + settle_s
     while True:
-        left = [p for p in cluster.processes(host) if "python" in p]
+        left = [p for p in cluster.processes(host) if "python" in p and "appliance.cluster.heartbeat" not in p]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)

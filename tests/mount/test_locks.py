@@ -263,3 +263,54 @@ def test_the_training_job_and_the_mount_package_need_no_cluster_plane(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout.splitlines()[-1]) == []
     assert (tmp_path / "models" / "r" / "checkpoint.pt").exists()
+
+
+JOB_HOLDER = textwrap.dedent("""
+    import sys, time
+    from appliance.mount import Layout, RunLock
+    shared, job, ready = sys.argv[1], sys.argv[2], sys.argv[3]
+    lock = RunLock(Layout(shared), "r", job, what="rank 0 of " + job, heartbeat_s=0.2, stale_after_s=30.0)
+    lock.follow(True)
+    open(ready, "w").close()
+    while not lock.lock.lost:
+        time.sleep(0.05)
+    print("lost", flush=True)
+    lock.close()
+""")
+
+
+def test_the_run_lock_of_a_job_passes_to_another_process_of_that_job_at_once(tmp_path):
+    """RunLock: the job owns the run. A living holder of job J hands the lock over to another
+    process of J at once (a new rank 0), which notices nothing wrong; the old holder sees it lost
+    and its release leaves the new holder's file alone. Another job still finds it held."""
+    from appliance.mount import RunLock
+
+    layout = Layout(str(tmp_path)).ensure()
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    old = subprocess.Popen([sys.executable, "-c", JOB_HOLDER, str(tmp_path), "job-a", str(ready)], env=env,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert old.poll() is None and time.monotonic() < deadline, "the first holder did not take the lock"
+            time.sleep(0.05)
+        with pytest.raises(LockHeld, match="rank 0 of job-a"):
+            RunLock(layout, "r", "job-b", stale_after_s=30.0).follow(True)
+        said: list[str] = []
+        t0 = time.monotonic()
+        new = RunLock(layout, "r", "job-a", what="new rank 0", say=said.append, stale_after_s=30.0)
+        assert new.follow(True) is True and new.held
+        assert time.monotonic() - t0 < 2.0
+        assert said and "took over" in said[0] and "job-a" in said[0]
+        assert new.follow(True) is False  # already held: nothing to do
+        out, _ = old.communicate(timeout=20)  # its heartbeat finds the file someone else's
+        assert "lost" in out and old.returncode == 0
+        assert Owner.from_json(Path(layout.run_lock_path("r")).read_text()).what == "new rank 0"
+        new.follow(False)  # no longer the writer: lets it go
+        assert not os.path.exists(layout.run_lock_path("r"))
+        new.close()
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()

@@ -1,9 +1,9 @@
 """The elastic driver: an elastic job's membership, rounds and rendezvous, outliving any rank.
 
-What it owns: ``ElasticDriver`` (one job) and ``run_elastic(config)``, what ``launcher.run``
-does for a job with ``--min-np``, ``--max-np`` or ``--host-discovery-script``. The driver runs in
-the launcher, hosts the rendezvous (``rendezvous.RendezvousServer``; rank 0 may be the rank
-that dies) and decides everything on one thread (the launcher's main thread); the rendezvous
+What it owns: ``ElasticDriver``, one job with ``--min-np``, ``--max-np`` or
+``--host-discovery-script`` (``launch.run_elastic`` sets it up; its records are ``records``'s
+``WorkerRec`` and ``Round``). The driver runs in the launcher, hosts the rendezvous
+(``rendezvous.RendezvousServer``; rank 0 may be the rank that dies) and decides everything on one thread (the launcher's main thread); the rendezvous
 connections, the discovery poller and host checks only post events to it.
 
 Rounds. A round is one layout of the job: its members (workers, each with a number the driver
@@ -46,16 +46,13 @@ once until they recover.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import math
 import queue
 import signal
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
 from .. import env as envmod
 from .. import mechanism as mech_mod
@@ -68,48 +65,11 @@ from ..signals import SignalTrap
 from ..workers import SpawnError
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
+from .records import Round, WorkerRec
 from .rendezvous import RendezvousServer, Stream, Ticket
 
 POLL_S = 0.02
 SILENT_S = 2.5  # in a round that ended, a member whose host has said nothing over SSH for this long is gone
-
-
-@dataclasses.dataclass
-class WorkerRec:
-    wid: int
-    host: str
-    index: int                      # its slot on the host
-    handle: Any = None              # the mechanism's worker
-    exit_code: int | None = None
-    leaving: str = ""               # why the driver removed it ("" = it is not leaving)
-    leaving_since: float = 0.0
-    ticket: Ticket | None = None    # its pending join
-    join: dict = dataclasses.field(default_factory=dict)
-    last: int = 0                   # the last round it was released into
-    in_round: bool = False          # released into ``last`` and not back since
-    stream: Stream | None = None
-    rank: int | None = None         # its rank in the last round it was released into
-
-    @property
-    def alive(self) -> bool:
-        return self.exit_code is None
-
-    def name(self) -> str:
-        where = f"rank {self.rank}, " if self.rank is not None else ""
-        return f"worker {self.wid} ({where}host {self.host})"
-
-
-@dataclasses.dataclass
-class Round:
-    id: int
-    members: list[int]
-    slots: dict
-    sync: bool
-    formed_at: float
-    released: bool = False
-    broken: bool = False
-    broken_at: float = 0.0
-    failed: bool = False   # a member failed or its runtime did: the next round syncs
 
 
 class ElasticDriver:
@@ -556,23 +516,28 @@ class ElasticDriver:
             w = self.workers[m]
             if w.stream is not None:
                 w.stream.push(note)
-        self.say(f"hosts changed ({HostUpdate(result).name}): {self._hosts_line(now)}; round {cur.id} "
+        self.say(f"hosts changed ({HostUpdate(result).name}): available now {self._hosts_line(now)}; round {cur.id} "
                  "moves to the new layout at its next commit")
 
     def _remove(self, w: WorkerRec, why: str) -> None:
         if w.leaving or not w.alive:
             return
         w.leaving, w.leaving_since = why, self.clock()
-        if w.ticket is not None:
+        if w.ticket is not None:  # at a join: told to leave, it exits 0 by itself (TERM only after the grace)
             w.ticket.set({"removed": why})
             w.ticket = None
-        if w.handle is not None:
+            w.asked_to_leave = True
+        elif w.handle is not None:
             self.mech.remove([w.handle])
 
     def _reap_leaving(self) -> None:
         now = self.clock()
         for w in self.workers.values():
             if w.leaving and w.alive and w.handle is not None and now - w.leaving_since > self.config.stop_grace_s:
+                if w.asked_to_leave:  # it did not exit by itself: TERM now, KILL after another grace
+                    w.asked_to_leave, w.leaving_since = False, now
+                    self.mech.remove([w.handle])
+                    continue
                 w.handle.signal(signal.SIGKILL)
                 w.leaving_since = math.inf
 
@@ -601,37 +566,4 @@ class ElasticDriver:
             self.mech.next_exit(POLL_S)
 
 
-def run_elastic(config: LaunchConfig, *, echo: bool = True, capture: bool = False, handle_signals: bool = True,
-                stdout=None, stderr=None, on_host_report=None, deadline: float | None = None):
-    """``launcher.run`` for an elastic job, the driver in charge of the ranks: returns the
-    outcome, its summary line, the captured lines and the job id."""
-    assert config.elastic is not None
-    envmod.check_explicit(config.env)
-    for name in ("HOROVOD_ELASTIC", "APPLIANCE_ELASTIC_ADDR", "APPLIANCE_ELASTIC_WORKER"):
-        if name in config.env:
-            raise ConfigError(f"-x/env {name}: the elastic driver sets {name} for every worker")
-    mech = mech_mod.choose(config, on_host_report=on_host_report)
-    with contextlib.ExitStack() as stack:
-        trap = stack.enter_context(SignalTrap(handle_signals))
-        stack.enter_context(mech)
-        fault_dir = mech.open_elastic()
-        sink = stack.enter_context(OutputSink(config.elastic.max_np, echo=echo, capture=capture,
-                                              output_dir=config.output_dir, stdout=stdout, stderr=stderr))
-        reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[fault_dir]))
-        if reaper.error:
-            sink.message(f"appliance launch: warning: {reaper.error}")
-        stack.callback(mech.stop)
-        driver = ElasticDriver(config, mech, sink, reaper, trap, deadline, fault_dir)
-        outcome = driver.run()
-        others = len(mech.running())
-        mech.stop()
-        summary = outcome.reason
-        if outcome.returncode != 0 and others:
-            summary += f"; stopped {others} rank{'s' if others != 1 else ''}"
-        if outcome.returncode != 0 and echo:
-            sink.message(f"appliance launch: {summary}")
-        lines = sink.captured()
-    return outcome, summary, lines, driver.job_id
-
-
-__all__ = ["ElasticDriver", "Round", "WorkerRec", "run_elastic"]
+__all__ = ["ElasticDriver"]

@@ -54,6 +54,7 @@ from .. import binding
 
 HEADER = struct.Struct(">cI")
 STDOUT, STDERR, STARTED, EXITED, HEARTBEAT = b"O", b"E", b"P", b"X", b"H"
+LAST_LINES_S = 0.5  # how long the exit report waits for the rank's last output
 KINDS = frozenset({STDOUT, STDERR, STARTED, EXITED, HEARTBEAT})
 MAX_PAYLOAD = 1 << 16
 HEARTBEAT_S = 1.0  # both ways: the stub's H frames, the launcher's ping lines
@@ -295,6 +296,11 @@ class Stub:
             t.start()
         threading.Thread(target=self.control, args=(stdin,), name="control", daemon=True).start()
         code = proc.wait()
+        # Its last lines before its exit report: the pipes end with the rank (a grandchild that
+        # holds them open delays the report by at most LAST_LINES_S).
+        deadline = time.monotonic() + LAST_LINES_S
+        for t in pumps:
+            t.join(max(0.0, deadline - time.monotonic()))
         fault = self._read_fault()
         if not self.silent.is_set():  # a silent launcher's channel may be dead: never block on it
             self.out.json(EXITED, {"returncode": code, "fault": fault})

@@ -48,20 +48,34 @@ FIRST_FRAME_S = 30.0
 
 
 class _StderrTail:
-    """File-like reader of the channel's stderr for ``relay()``, keeping the last lines."""
+    """File-like reader of the channel's stderr for ``relay()``, keeping the last lines. It reads
+    the channel itself (paramiko's ``makefile_stderr`` file, left to the garbage collector at
+    exit, prints an ignored exception from its ``__del__``)."""
 
     def __init__(self, chan):
-        self._file = chan.makefile_stderr("rb")
+        self._chan = chan
+        self._buf = b""
+        self._eof = False
         self.tail: list[str] = []
 
     def readline(self, limit: int) -> bytes:
-        data = self._file.readline(limit)
+        while b"\n" not in self._buf[:limit] and len(self._buf) < limit and not self._eof:
+            try:
+                data = self._chan.recv_stderr(1 << 16)
+            except Exception as e:  # noqa: BLE001 - a dying transport raises assorted errors: EOF for relay()
+                raise OSError(f"stderr channel: {e}") from None
+            if not data:
+                self._eof = True
+            self._buf += data
+        end = self._buf.find(b"\n", 0, limit)
+        cut = end + 1 if end >= 0 else min(limit, len(self._buf))
+        data, self._buf = self._buf[:cut], self._buf[cut:]
         if data:
             self.tail = (self.tail + [data.decode(errors="replace").strip()])[-3:]
         return data
 
     def close(self) -> None:
-        self._file.close()
+        self._buf, self._eof = b"", True
 
 
 class SSHWorker:

@@ -244,3 +244,38 @@ def test_unique_hostnames():
     assert not reports["127.0.0.1"].failures  # two names of this machine are fine
     assert reports["b"].failures == ["b: reports the same hostname 'n1' as a: these are one machine (list it once, "
                                      "with all its slots) or the hosts need distinct hostnames"]
+
+
+def test_a_remote_ranks_stderr_is_read_in_lines_from_the_channel():
+    """The SSH worker's stderr reader (for ``output.relay``): whole lines whatever the chunks,
+    long lines cut at the limit, the rest at EOF, the last three lines kept; a failing channel
+    reads as an OSError (relay's end)."""
+    from appliance.launcher.output import relay
+    from appliance.launcher.ssh.worker import _StderrTail
+
+    class Chan:
+        def __init__(self, chunks):
+            self.chunks = list(chunks)
+
+        def recv_stderr(self, n):
+            item = self.chunks.pop(0) if self.chunks else b""
+            if isinstance(item, Exception):
+                raise item
+            return item
+
+    tail = _StderrTail(Chan([b"one\ntw", b"o\n", b"x" * 10, b"y\nthree\nlast"]))
+    assert [tail.readline(4) for _ in range(8)] == [b"one\n", b"two\n", b"xxxx", b"xxxx", b"xxy\n", b"thre",
+                                                      b"e\n", b"last"]
+    assert tail.readline(4) == b"" and tail.tail == ["thre", "e", "last"]
+    got: list[bytes] = []
+    relay(_StderrTail(Chan([b"one\ntw", b"o\n", b"last"])), got.append)
+    assert got == [b"one\n", b"two\n", b"last"]
+    tail = _StderrTail(Chan([b"a\nb\nc\nd\n"]))
+    assert [tail.readline(MAX_LINE) for _ in range(5)] == [b"a\n", b"b\n", b"c\n", b"d\n", b""]
+    assert tail.tail == ["b", "c", "d"]
+    broken = _StderrTail(Chan([b"partial", EOFError("socket closed")]))
+    with pytest.raises(OSError, match="socket closed"):
+        broken.readline(MAX_LINE)
+    got = []
+    relay(_StderrTail(Chan([b"ok\n", EOFError("gone")])), got.append)
+    assert got == [b"ok\n"]
