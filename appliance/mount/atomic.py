@@ -2,7 +2,8 @@
 
 What it owns: ``save_atomically(write, path)`` (write a temporary file next to ``path``, fsync
 it, rename it over ``path``, fsync the directory) and the JSON helpers built on it
-(``write_json``; ``read_json``, which answers None for a missing or unparseable file), and
+(``write_json``; ``read_json``, which answers None for a missing or unparseable file),
+``read_with_mtime`` (a file's text and modification time, read from one open file), and
 ``remove_temporaries(path)``: the temporary files a writer killed mid-save left next to ``path``.
 
 Env vars: none. Failure modes: ``OSError`` from the file system (the temporary file is removed
@@ -66,3 +67,12 @@ def read_json(path: str) -> Optional[Any]:
             return json.load(f)
     except (FileNotFoundError, ValueError):
         return None
+
+
+def read_with_mtime(path: str) -> tuple[Optional[str], Optional[float]]:
+    """(text, mtime) of ``path``, both from one open file; (None, None) when there is none."""
+    try:
+        with open(path) as f:
+            return f.read(), os.fstat(f.fileno()).st_mtime
+    except FileNotFoundError:
+        return None, None

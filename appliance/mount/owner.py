@@ -39,6 +39,8 @@ from typing import Callable, Optional
 
 from appliance.common.knobs import ConfigError, read
 
+from .atomic import read_with_mtime
+
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 GONE_STATES = ("exited", "dead", "created", "removing")
 
@@ -149,11 +151,8 @@ def this_owner(what: str = "", host: Optional[str] = None, job: str = "") -> Own
 def read_owner(path: str) -> tuple[Optional[Owner], Optional[float]]:
     """(owner, mtime) of the lock at ``path``; (None, None) when there is none, (None, mtime)
     when its record cannot be parsed (still being written, or damaged)."""
-    try:
-        with open(path) as f:
-            mtime = os.fstat(f.fileno()).st_mtime
-            text = f.read()
-    except FileNotFoundError:
+    text, mtime = read_with_mtime(path)
+    if text is None:
         return None, None
     try:
         return Owner.from_json(text), mtime

@@ -31,7 +31,7 @@ import secrets
 import time
 from typing import Optional
 
-from .atomic import write_json
+from .atomic import read_with_mtime, write_json
 from .layout import Layout, check_name
 
 
@@ -67,11 +67,8 @@ def _path(layout: Layout, name: str) -> str:
 
 
 def _read(path: str) -> tuple[Optional[Registration], Optional[float]]:
-    try:
-        with open(path) as f:
-            mtime = os.fstat(f.fileno()).st_mtime
-            text = f.read()
-    except FileNotFoundError:
+    text, mtime = read_with_mtime(path)
+    if text is None:
         return None, None
     try:
         return Registration.from_json(json.loads(text)), mtime
