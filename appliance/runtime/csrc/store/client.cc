@@ -253,6 +253,21 @@ void check_key(const std::string& key) {
 void check_timeout(int64_t timeout_ms) {
   if (timeout_ms < 0) throw Error(Code::kInvalid, "store timeout must not be negative, got " + std::to_string(timeout_ms));
 }
+
+// The body of a request naming several keys and a timeout (WAIT, GET_MANY); `doing` words the
+// refusal of too many keys ("waiting for", "reading").
+Writer keys_request(const std::vector<std::string>& keys, int64_t timeout_ms, const char* doing) {
+  check_timeout(timeout_ms);
+  if (keys.size() > kMaxWaitKeys) throw Error(Code::kInvalid, std::string(doing) + " " + std::to_string(keys.size()) + " store keys at once");
+  Writer b;
+  b.u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) {
+    check_key(k);
+    b.str(k);
+  }
+  b.i64(timeout_ms);
+  return b;
+}
 }  // namespace
 
 void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
@@ -280,15 +295,7 @@ std::vector<uint8_t> TcpStoreClient::get(const std::string& key, int64_t timeout
 }
 
 void TcpStoreClient::wait(const std::vector<std::string>& keys, int64_t timeout_ms) {
-  check_timeout(timeout_ms);
-  if (keys.size() > kMaxWaitKeys) throw Error(Code::kInvalid, "waiting for " + std::to_string(keys.size()) + " store keys at once");
-  Writer b;
-  b.u32(static_cast<uint32_t>(keys.size()));
-  for (const auto& k : keys) {
-    check_key(k);
-    b.str(k);
-  }
-  b.i64(timeout_ms);
+  Writer b = keys_request(keys, timeout_ms, "waiting for");
   Frame f = impl_->call(kWait, b, deadline_after_ms(timeout_ms + kReplyGraceMs));
   open_reply(f, impl_->where).expect_done();
 }
@@ -306,15 +313,7 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
 }
 
 std::vector<std::vector<uint8_t>> TcpStoreClient::get_many(const std::vector<std::string>& keys, int64_t timeout_ms) {
-  check_timeout(timeout_ms);
-  if (keys.size() > kMaxWaitKeys) throw Error(Code::kInvalid, "reading " + std::to_string(keys.size()) + " store keys at once");
-  Writer b;
-  b.u32(static_cast<uint32_t>(keys.size()));
-  for (const auto& k : keys) {
-    check_key(k);
-    b.str(k);
-  }
-  b.i64(timeout_ms);
+  Writer b = keys_request(keys, timeout_ms, "reading");
   Frame f = impl_->call(kGetMany, b, deadline_after_ms(timeout_ms + kReplyGraceMs));
   Reader r(f.payload.data(), f.payload.size(), "store reply from " + impl_->where);
   r.u64();
