@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -33,6 +34,15 @@ pytest_plugins = [
     "fixtures.gpu",      # modules marked gpu are collected only where torch sees a GPU
     "fixtures.tiers",    # a test using a tier's fixtures or helpers must carry the tier's marker
 ]
+
+
+def pytest_configure(config):
+    # Tests press Ctrl-C on launchers they start, which inherit this process's disposition. A test
+    # run started in the background (`cmd &` in a script, some CI runners) inherits an ignored
+    # SIGINT, which the launcher rightly keeps ignored (nohup semantics): give the processes the
+    # tests start the terminal's default, so those tests test the launcher, not how pytest began.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):
