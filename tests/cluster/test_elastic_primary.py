@@ -71,16 +71,6 @@ def _registered(cluster, host: str):
         return None
 
 
-def _job_python(cluster, host: str, settle_s: float = 5.0) -> list[str]:
-    """Python processes of a job (ranks, remote stubs) still in a host, beside its heartbeat."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        left = [p for p in cluster.processes(host) if "python" in p and "appliance.cluster.heartbeat" not in p]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
-
-
 def test_an_elastic_primary_trains_on_while_a_secondary_is_killed_and_another_starts(cluster):
     c = cluster
     c.secondary("node2")
@@ -125,7 +115,7 @@ def test_an_elastic_primary_trains_on_while_a_secondary_is_killed_and_another_st
 
         # nothing left behind: no primary container, no job process in any live secondary
         assert [x.name for x in c.ours() if "primary" in x.name] == []
-        assert _job_python(c, "node2") == [] and _job_python(c, "node4") == []
+        assert c.job_python("node2") == [] and c.job_python("node4") == []
     finally:
         if p.poll() is None:
             p.kill()

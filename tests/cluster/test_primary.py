@@ -34,16 +34,6 @@ def _workers(cluster, host: str) -> list[str]:
     return [p for p in cluster.processes(host) if " -m train" in p]
 
 
-def _python(cluster, host: str, settle_s: float = 5.0) -> list[str]:
-    """Python processes (ranks, remote stubs) still in a host, allowing ``settle_s`` for exits in flight."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        left = [p for p in cluster.processes(host) if "python" in p and "appliance.cluster.heartbeat" not in p]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
-
-
 def _torch_load(cluster, path: str) -> dict:
     """Load a checkpoint inside the image (the host may lack torch), return its summary."""
     code = ("import json, torch; c = torch.load(%r, weights_only=False); "
@@ -77,7 +67,7 @@ def test_training_runs_across_two_containers(two_hosts):
     assert sorted(os.listdir(model)) == ["checkpoint.pt", "metrics.json"]  # no temporary left
     assert not os.path.exists(os.path.join(c.shared, "locks", "run-digits.lock"))  # released
     # Nothing left behind: no worker on the secondary, no primary container.
-    assert _python(c, "node2") == []
+    assert c.job_python("node2") == []
     assert [x.name for x in c.ours()] == [f"appliance-{node2}"]
 
 
@@ -108,8 +98,6 @@ def test_users_train_module_on_the_share_wins_and_horovod_names_work(two_hosts):
         os.unlink(os.path.join(c.shared, "train.py"))
 
 
-
-
 def test_second_job_on_a_run_is_refused_and_ctrl_c_stops_every_host(two_hosts):
     c = two_hosts
     node2 = c.host("node2")
@@ -133,7 +121,7 @@ def test_second_job_on_a_run_is_refused_and_ctrl_c_stops_every_host(two_hosts):
         pytest.fail("the primary did not stop within 40 s of SIGINT")
     assert first.returncode == 130, out[-3000:]
     assert time.monotonic() - t0 < 30
-    assert _python(c, "node2") == []
+    assert c.job_python("node2") == []
     assert [x.name for x in c.ours()] == [f"appliance-{node2}"]
     assert not os.path.exists(lock)
 
@@ -156,7 +144,7 @@ def test_killing_a_secondary_stops_the_job_naming_it(two_hosts):
     assert proc.returncode != 0 and elapsed < 30
     failure = [l for l in out.splitlines() if l.startswith("appliance launch:")]
     assert failure and node3 in failure[-1], out[-3000:]
-    assert _python(c, "node2") == []
+    assert c.job_python("node2") == []
     assert not [x for x in c.ours() if x.labels.get("appliance.role") == "primary"]
 
 
