@@ -307,7 +307,7 @@ def train_epochs(args, hvd, torch, state, data, described: str, checkpoint_dir: 
         else:
             at = f" from epoch {state.epoch}, step {state.batch}" if state.batch or state.history else ""
             print(f"training an MLP on {len(x_train)} digits with {size} rank(s){at}, global batch {batch_size} "
-                  f"(rank r takes every {size}th sample), {steps_per_epoch} steps/epoch", flush=True)
+                  f"(rank r takes every {size}-th sample from index r), {steps_per_epoch} steps/epoch", flush=True)
     while state.epoch <= args.epochs:
         started = time.perf_counter()
         model.train()
