@@ -9,15 +9,7 @@ namespace appliance {
 
 StarNegotiator::StarNegotiator(NegotiatorOptions o, NegotiationObserver* observer)
     : o_(o), observer_(observer), cache_(o.cache_capacity) {
-  if (o_.rank == 0) {
-    CoordinatorOptions co;
-    co.size = o_.size;
-    co.fusion_threshold = o_.fusion_threshold;
-    co.cycle_time_ms = o_.cycle_time_ms;
-    co.stall_check_s = o_.stall_check_s;
-    co.stall_shutdown_s = o_.stall_shutdown_s;
-    coord_ = std::make_unique<Coordinator>(co);
-  }
+  if (o_.rank == 0) coord_ = make_coordinator(o_);
 }
 
 std::vector<int> StarNegotiator::control_peers() const {
@@ -58,10 +50,7 @@ void StarNegotiator::receive(int from, const std::vector<uint8_t>& payload, Time
     const CtrlType type = peek_ctrl_type(payload, who);
     if (type == CtrlType::kReady && coord_) return on_ready(from, payload, now, out);
     if (type == CtrlType::kPlan && !coord_ && from == 0) {
-      return emit(decode_plan(payload, cache_, o_.size, who, [this](int32_t id) {
-                    auto it = set_sizes_.find(id);
-                    return it == set_sizes_.end() ? 0 : it->second;
-                  }),
+      return emit(decode_plan(payload, cache_, o_.size, who, [this](int32_t id) { return sets_.size_of(id); }),
                   out);
     }
     if (type == CtrlType::kResend && !coord_ && from == 0) return on_resend(payload, out);
@@ -172,16 +161,9 @@ Negotiator::Time StarNegotiator::next_deadline() const {
 }
 
 void StarNegotiator::add_process_set(int32_t id, const std::vector<int>& members) {
-  if (coord_) {
-    std::string why = coord_->add_process_set(id, members);
-    APPLIANCE_ASSERT(why.empty(), why);
-  }
-  set_sizes_[id] = static_cast<int>(members.size());
+  sets_.add(coord_.get(), id, members);
 }
 
-void StarNegotiator::remove_process_set(int32_t id) {
-  if (coord_) coord_->remove_process_set(id);
-  set_sizes_.erase(id);
-}
+void StarNegotiator::remove_process_set(int32_t id) { sets_.remove(coord_.get(), id); }
 
 }  // namespace appliance

@@ -21,6 +21,7 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
+#include "engine/coordination.h"
 #include "engine/negotiator.h"
 
 namespace appliance {
@@ -58,7 +59,7 @@ class StarNegotiator final : public Negotiator {
   std::unique_ptr<Coordinator> coord_;  // rank 0 only
   std::unordered_map<std::string, Pending> pending_;
   std::vector<Request> fresh_;           // submitted since the last flush
-  std::map<int32_t, int> set_sizes_;     // every registered process set -> its number of ranks
+  ProcessSetSizes sets_;
   uint64_t plans_ = 0;                   // plans emitted so far (READY's epoch)
   Time next_stall_check_{};  // the first tick checks
 };

@@ -27,15 +27,7 @@ std::vector<int> tree_subtree(int rank, int size) {
 
 TreeNegotiator::TreeNegotiator(NegotiatorOptions o, NegotiationObserver* observer)
     : o_(o), observer_(observer), cache_(o.cache_capacity), parent_(tree_parent(o.rank)), children_(tree_children(o.rank, o.size)) {
-  if (root()) {
-    CoordinatorOptions co;
-    co.size = o_.size;
-    co.fusion_threshold = o_.fusion_threshold;
-    co.cycle_time_ms = o_.cycle_time_ms;
-    co.stall_check_s = o_.stall_check_s;
-    co.stall_shutdown_s = o_.stall_shutdown_s;
-    coord_ = std::make_unique<Coordinator>(co);
-  }
+  if (root()) coord_ = make_coordinator(o_);
 }
 
 std::vector<int> TreeNegotiator::control_peers() const {
@@ -189,10 +181,7 @@ void TreeNegotiator::apply(const DownMsg& m, Plan plan, Time now, Negotiated& ou
   seq_ = m.seq;
   for (uint32_t id : m.evict) cache_.erase(id);
   if (!root() && !m.plan.empty())
-    plan = decode_plan(m.plan, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) {
-      auto it = set_sizes_.find(id);
-      return it == set_sizes_.end() ? 0 : it->second;
-    });
+    plan = decode_plan(m.plan, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) { return sets_.size_of(id); });
   for (const PlanEntry& e : plan.entries)
     for (size_t i = 0; i < e.names.size(); ++i) {
       if (const uint32_t id = cache_.id_of(e.names[i])) {  // its next readiness is a new report
@@ -330,16 +319,9 @@ Negotiator::Time TreeNegotiator::next_deadline() const {
 }
 
 void TreeNegotiator::add_process_set(int32_t id, const std::vector<int>& members) {
-  if (coord_) {
-    std::string why = coord_->add_process_set(id, members);
-    APPLIANCE_ASSERT(why.empty(), why);
-  }
-  set_sizes_[id] = static_cast<int>(members.size());
+  sets_.add(coord_.get(), id, members);
 }
 
-void TreeNegotiator::remove_process_set(int32_t id) {
-  if (coord_) coord_->remove_process_set(id);
-  set_sizes_.erase(id);
-}
+void TreeNegotiator::remove_process_set(int32_t id) { sets_.remove(coord_.get(), id); }
 
 }  // namespace appliance

@@ -39,6 +39,7 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/response_cache.h"
+#include "engine/coordination.h"
 #include "engine/messages.h"
 #include "engine/negotiator.h"
 
@@ -95,7 +96,7 @@ class TreeNegotiator final : public Negotiator {
   std::unique_ptr<Coordinator> coord_;  // root only
   int parent_ = -1;
   std::vector<int> children_;
-  std::map<int32_t, int> set_sizes_;
+  ProcessSetSizes sets_;
   bool ended_ = false;
 
   std::unordered_map<std::string, Mine> mine_;
