@@ -25,7 +25,8 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | BREAKING | every member still running joined again | ``breaking``: ``form`` | FORMING |
 | BREAKING | a member silent over SSH, or not back within ``--elastic-timeout`` | ``breaking``: blacklist, ``Remove`` | BREAKING |
 | any | a worker exits non-zero (or cannot start) | ``failure``: blacklist its host, ``Remove`` its other workers; a worker that never joined a round only holds new workers off its host | same / BREAKING |
-| any | every member failed or lost its host | ``check_doomed``: ``End`` naming every rank and its exit | ENDED |
+| FORMING, RUNNING, BREAKING | every member failed or lost its host | ``check_doomed`` | FAILING |
+| FAILING | the members still stopping have exited, or the stop grace passed | ``failing``: ``End`` naming every rank and its exit, with Horovod's phrase | ENDED |
 | any | a worker exits 0 | ``on_exited``: ``Remove`` workers that never joined | FINISHING |
 | FINISHING | every worker exited / one failed | ``finishing``: ``End`` 0 / its code | ENDED |
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
@@ -82,6 +83,7 @@ class Machine:
         self.notices = 0
         self.silent: frozenset = frozenset()
         self.outcome: End | None = None
+        self.failing_since = 0.0
         self._out: list[Action] = []
 
     def handle(self, event: Any, now: float) -> list[Action]:
@@ -137,7 +139,7 @@ def on_joined(m: Machine, ev: Joined, now: float) -> None:
     if w is None or not w.alive:
         m.emit(Answer(ev.wid, {"error": f"worker {ev.wid} is not part of this job"}))
         return
-    if m.phase is Phase.FINISHING:
+    if m.phase in (Phase.FINISHING, Phase.FAILING):
         m.emit(Answer(ev.wid, {"error": "the job is ending"}))
         return
     if w.leaving:
@@ -165,6 +167,8 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
     if w is None or not w.alive:
         return
     w.exit_code, w.joined = ev.code, False
+    if m.phase is Phase.FAILING:
+        return
     if m.phase is Phase.FINISHING:
         if ev.code != 0 and not w.leaving:
             m.end(exit_code(ev.code), f"{w.name()} {describe_exit(ev.code)}", w.rank, w.host)
@@ -172,7 +176,7 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
     if w.leaving:
         if m.is_member(w) and m.phase in (Phase.FORMING, Phase.RUNNING):
             break_round(m, f"{w.name()} left", now)
-        check_doomed(m)
+        check_doomed(m, now)
         return
     if ev.code == 0:
         m.phase = Phase.FINISHING
@@ -243,7 +247,7 @@ def failure(m: Machine, w: WorkerRec, why: str, now: float) -> None:
               f"{_when(until, now)}")
         if m.is_member(w) and m.phase is Phase.FORMING:
             break_round(m, f"{w.name()} failed", now)
-        check_doomed(m)
+        check_doomed(m, now)
         return
     until = m.membership.blacklist(w.host, now)
     m.say(f"{w.name()} {why}; host {w.host} is blacklisted {_when(until, now)}")
@@ -254,18 +258,26 @@ def failure(m: Machine, w: WorkerRec, why: str, now: float) -> None:
         if m.phase in (Phase.FORMING, Phase.RUNNING):
             break_round(m, f"{w.name()} failed", now)
         m.round.failed = True
-    check_doomed(m)
+    check_doomed(m, now)
 
 
-def check_doomed(m: Machine) -> None:
+def check_doomed(m: Machine, now: float) -> None:
     """Every member of the round failed or lost its host: nobody holds the training state and
-    nobody can take it on; end the job at once, naming every rank (Horovod's failure message)."""
+    nobody can take it on; the job fails (``failing``) once the members still stopping exit."""
     if m.round is None or m.phase not in (Phase.FORMING, Phase.RUNNING, Phase.BREAKING):
         return
     members = m.members()
     lost = [w for w in members if w.failed or (w.exit_code not in (None, 0) and not w.leaving)
-            or (w.leaving and m.membership.is_blacklisted(w.host, 0.0))]
-    if len(lost) < len(members) or not any(w.failed for w in members):
+            or (w.leaving and m.membership.is_blacklisted(w.host, now))]
+    if len(lost) == len(members) and any(w.failed for w in members):
+        m.phase, m.failing_since = Phase.FAILING, now
+
+
+def failing(m: Machine, now: float) -> None:
+    """End the failed job naming every rank (Horovod's failure message), once every member has
+    exited (so its own exit code is named) or the stop grace has passed."""
+    members = m.members()
+    if any(w.alive for w in members) and now - m.failing_since <= m.s.stop_grace_s:
         return
     first = next((w for w in members if w.failed and w.exit_code is not None), None)
     every = "every rank failed" if all(w.exit_code not in (None, 0) for w in members) else "every host failed"
@@ -302,6 +314,8 @@ def reap(m: Machine, now: float) -> None:
 def advance(m: Machine, now: float) -> None:
     if m.phase is Phase.FINISHING:
         finishing(m, now)
+    elif m.phase is Phase.FAILING:
+        failing(m, now)
     elif m.phase is Phase.WAITING:
         if m.discovered:
             form(m, now)

@@ -1,7 +1,7 @@
 """What the elastic state machine knows of its workers and rounds: records and the job's phase, no logic.
 
 What it owns: ``Phase`` (where the job stands: waiting for slots, a round forming, running or
-breaking, the job finishing, ended), ``WorkerRec`` (one worker process of the job: the number the
+breaking, the job finishing or failing, ended), ``WorkerRec`` (one worker process of the job: the number the
 machine gave it at spawn, its host and slot, exit code, whether a join of it is held and what it
 sent, the last round it was released into and its rank there, and why it is leaving) and ``Round``
 (one layout of the job: its members, slots, whether state must be synced, and whether a member
@@ -22,6 +22,7 @@ class Phase(enum.Enum):
     RUNNING = "running"        # the round was released: its members train
     BREAKING = "breaking"      # the round ended; waiting for its members still running to join again
     FINISHING = "finishing"    # a worker exited 0: the job ends when the others have exited
+    FAILING = "failing"        # every member failed or lost its host: the job fails once they have exited
     ENDED = "ended"            # the outcome is known
 
 
