@@ -20,6 +20,8 @@ from appliance.launcher.elastic.machine import HOROVOD_FAILED, TRANSITIONS, Mach
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
 from appliance.launcher.elastic.records import Phase
 
+pytestmark = pytest.mark.timeout(60)
+
 
 class Job:
     """A machine, a fake clock and every action it returned."""

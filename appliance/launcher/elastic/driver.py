@@ -203,8 +203,10 @@ class ElasticDriver:
                 self.mech.remove([self.handles[a.wid]])
         elif isinstance(a, Kill):
             h = self.handles.get(a.wid)
-            if h is not None:
-                self.mech.remove([h]) if a.term else h.signal(signal.SIGKILL)
+            if h is not None and a.term:
+                self.mech.remove([h])
+            elif h is not None:
+                h.signal(signal.SIGKILL)
         elif isinstance(a, Answer):
             ticket = self.tickets.pop(a.wid, None)
             if ticket is not None:
