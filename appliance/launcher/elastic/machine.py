@@ -60,6 +60,7 @@ class Settings:
     stop_grace_s: float = 3.0
     verbose: bool = False
     silent_s: float = 2.5
+    discovery_interval_s: float = 1.0
 
 
 class Machine:
@@ -84,6 +85,7 @@ class Machine:
         self.silent: frozenset = frozenset()
         self.outcome: End | None = None
         self.failing_since = 0.0
+        self.clamped: set[str] = set()  # hosts whose slot count was said to be cut down
         self._out: list[Action] = []
 
     def handle(self, event: Any, now: float) -> list[Action]:
@@ -202,7 +204,8 @@ def on_discovered(m: Machine, ev: Discovered, now: float) -> None:
         m.discovery_error = ""
     m.membership.update(ev.hosts, now)
     m.discovered = True
-    for host in m.membership.clamped:
+    for host in set(m.membership.clamped) - m.clamped:
+        m.clamped.add(host)
         m.say(f"host {host} lists {ev.hosts[host]} slots; an elastic job uses at most "
               f"{m.membership.hosts[host].slots} on one host")
 
@@ -212,7 +215,7 @@ def on_discovery_failed(m: Machine, ev: DiscoveryFailed, now: float) -> None:
         m.end(1, ev.message)
         return
     if ev.message != m.discovery_error:
-        m.say(f"{ev.message} (retrying)")
+        m.say(f"{ev.message} (retrying every {m.s.discovery_interval_s:g} s)")
     m.discovery_error = ev.message
 
 
