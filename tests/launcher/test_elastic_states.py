@@ -396,3 +396,22 @@ def test_no_class_of_the_elastic_launcher_is_over_250_lines():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 assert node.end_lineno - node.lineno + 1 <= 250, f"{path.name}: class {node.name}"
+
+
+def test_a_host_whose_workers_fail_before_the_first_round_completes_is_dropped_and_the_rest_start():
+    """Horovod's test_rank_and_size_with_host_failure: host-2's workers fail before the first
+    rendezvous completes; the job starts with host-1's 2 ranks (size 2, cross size 1)."""
+    job = Job(np=2, min_np=2, max_np=4)
+    job.feed(Discovered({"host-1": 2, "host-2": 2}))
+    job.feed(HostOpened("host-1", None))
+    job.feed(HostOpened("host-2", None))
+    assert len(job.of(Spawn)) == 4
+    job.feed(Joined(0, {}))
+    job.feed(Joined(1, {}))
+    job.feed(Exited(2, 1))
+    job.feed(Exited(3, 1))
+    assert "host host-2 is blacklisted for good" in job.said()
+    release = job.of(Release)[-1]
+    assert [(m.wid, m.slot.rank, m.slot.size, m.slot.cross_size) for m in release.members] == [(0, 0, 2, 1),
+                                                                                              (1, 1, 2, 1)]
+    assert job.m.membership.resets == 0 and job.m.outcome is None   # the first release: no reset
