@@ -260,7 +260,11 @@ def test_a_member_that_does_not_join_a_new_round_in_time_is_dropped():
     job.feed(Discovered({"a": 1, "b": 1, "c": 1}))
     job.feed(HostOpened("c", None))
     assert job.phase is Phase.FORMING
-    job.feed(Tick(), dt=6)
+    job.feed(Tick(), dt=2)
+    assert "round 2 waits for worker 2 (host c) to join (at most 5 s, --elastic-timeout)" not in job.said()
+    job.feed(Tick(), dt=1)
+    assert job.said().count("round 2 waits for worker 2 (host c) to join (at most 5 s, --elastic-timeout)") == 1
+    job.feed(Tick(), dt=3)
     assert "did not join round 2 within 5 s" in job.said()
 
 

@@ -46,6 +46,7 @@ from .events import (Action, Answer, Discovered, DiscoveryFailed, End, Exited, H
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .records import Phase, Round, WorkerRec
 
+LATE_S = 10.0  # a round that has waited this long for members says which (once)
 HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
 
 
@@ -359,6 +360,17 @@ def forming(m: Machine, now: float) -> None:
             if not w.joined:
                 failure(m, w, f"did not join round {cur.id} within {m.s.timeout_s:g} s", now)
                 remove(m, w, "did not join in time", now)
+    else:
+        say_late(m, [w for w in members if not w.joined], "to join", cur.formed_at, now)
+
+
+def say_late(m: Machine, late: list[WorkerRec], what: str, since: float, now: float) -> None:
+    """Once per round, when it has waited ``LATE_S`` for members: name them and the deadline."""
+    cur = m.round
+    if late and not cur.late_said and now - since > min(LATE_S, m.s.timeout_s / 2):
+        cur.late_said = True
+        names = ", ".join(w.name() for w in late[:4]) + (f" and {len(late) - 4} more" if len(late) > 4 else "")
+        m.say(f"round {cur.id} waits for {names} {what} (at most {m.s.timeout_s:g} s, --elastic-timeout)")
 
 
 def running(m: Machine, now: float) -> None:
@@ -384,6 +396,8 @@ def breaking(m: Machine, now: float) -> None:
         for w in back:
             failure(m, w, f"did not come back within {m.s.timeout_s:g} s after round {cur.id} ended", now)
             remove(m, w, "did not come back in time", now)
+    else:
+        say_late(m, back, "to come back for a new round", cur.broken_at, now)
 
 
 def short_of_slots(m: Machine, needed: int, flag: str, now: float, keep: bool) -> bool:

@@ -61,7 +61,8 @@ class Round:
     formed_at: float
     broken_at: float = 0.0
     failed: bool = False   # a member failed or its runtime did: the next round syncs
-    notified: tuple = ()   # the target its members were last told about
+    notified: tuple = ()   # (target, result, notice number) its members were last told about
+    late_said: bool = False  # it said which members it waits for
 
 
 __all__ = ["Phase", "Round", "WorkerRec"]
