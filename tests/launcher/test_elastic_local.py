@@ -10,6 +10,11 @@ The same scenarios over real sshd hosts are in ``ssh/test_elastic_ssh.py``.
 """
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -174,3 +179,191 @@ def test_a_transient_discovery_failure_is_retried_and_said_once(tmp_path, capfd)
         assert err.count("exited with code 7: broken") == 1 and err.count("works again") == 1, err
         assert check_consistent(job.done(), 40) == [1] * 40
         assert job.leftovers() == []
+
+
+# -- Horovod's semantics where the appliance used to differ, and the bad-input cases ---------------
+def _notices(job: ElasticJob) -> dict[int, list[float]]:
+    return {w: json.loads(t) for w, t in job._files("notice").items()}
+
+
+def test_a_new_host_is_announced_to_the_members_at_discovery_before_its_workers_start(tmp_path):
+    """Horovod's elastic test program waits 3 s for the notice: it must come within a discovery
+    interval (0.2 s here) of the script listing the host, before any worker starts there."""
+    with ElasticJob(tmp_path, steps=50, commit=2, hosts=f"{A}:1") as job:
+        job.start(1, max_np=3)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        listed = time.time()
+        job.set_hosts(f"{A}:1,{B}:2")
+        job.wait_for(lambda: 0 in _notices(job), limit=10, what="the notice")
+        told = _notices(job)[0][0] - listed
+        job.wait_for(lambda: 1 in job.pids(), limit=10, what="a worker on the new host")
+        started = (tmp_path / "pid.1").stat().st_mtime - listed
+        print(f"\nnotice {told:.2f} s after the host was listed; its first worker's pid {started:.2f} s")
+        assert told < 1.5 and told < started, (told, started)
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        assert 3 in check_consistent(job.done(), 50)
+        assert job.leftovers() == []
+
+
+def test_every_rank_on_two_hosts_failing_at_once_ends_the_job_within_5_s(tmp_path):
+    """All 4 ranks (2 hosts x 2) raise at the same step: the job fails at once with Horovod's
+    phrase, naming every rank and its exit, and nothing is left."""
+    HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
+    with ElasticJob(tmp_path, steps=40, commit=1, step_s=0.1) as job:
+        for w in range(4):
+            job.switch("fail", w, 6)
+        job.start(4, min_np=1, hosts=f"{A}:2,{B}:2", elastic_timeout=60)
+        job.wait_for(lambda: len(job.progress()) == 4 and min(p["step"] for p in job.progress().values()) >= 5,
+                     what="step 5 on every rank")
+        failed = max(p["t"] for p in job.progress().values())
+        r = job.wait(60)
+        took = time.time() - failed
+        print(f"\nevery rank failed: the launch returned {took:.2f} s after the last step")
+        assert r.returncode != 0 and HOROVOD_FAILED in r.reason, r.reason
+        for rank in range(4):  # each rank with its own exit (a host's last rank may be stopped first)
+            assert f"rank {rank}, host {(A, A, B, B)[rank]}) exited with code 1" in r.reason or \
+                f"rank {rank}, host {(A, A, B, B)[rank]}) was killed by signal 15" in r.reason, r.reason
+        assert r.reason.count("exited with code 1") >= 2, r.reason
+        assert took < 5.0, took
+        assert job.done() == {} and job.leftovers() == []
+
+
+def test_a_new_worker_failing_before_it_joins_does_not_stop_the_members(tmp_path, capfd):
+    """One host runs every member; the worker started for its new slot exits 1 at start. The
+    members train on to the end; the host takes no new worker (no cool-down: for good)."""
+    with ElasticJob(tmp_path, steps=40, commit=2, hosts="localhost:2") as job:
+        (tmp_path / "crash_from").write_text("2")
+        job.start(2, min_np=1, max_np=4, elastic_timeout=15)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.set_hosts("localhost:3")
+        r = job.wait(90)
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 40) == [2] * 40 and sorted(job.done()) == [0, 1]
+        assert sorted(job.pids()) == [0, 1, 2]          # one try, not respawned
+        assert capfd.readouterr().err.count("before it joined a round") == 1
+        assert job.leftovers() == []
+
+
+def test_with_a_cooldown_a_new_worker_that_keeps_failing_is_retried_and_said_each_time(tmp_path, capfd):
+    with ElasticJob(tmp_path, steps=60, commit=2, hosts="localhost:2") as job:
+        (tmp_path / "crash_from").write_text("2")
+        job.start(2, min_np=1, max_np=4, blacklist_cooldown_range=(1, 2))
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.set_hosts("localhost:3")
+        r = job.wait(90)
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 60) == [2] * 60
+        tries = len(job.pids()) - 2
+        assert tries >= 1 and capfd.readouterr().err.count("before it joined a round") == tries
+        assert job.leftovers() == []
+
+
+def test_an_empty_discovery_output_for_a_few_seconds_keeps_the_job(tmp_path):
+    """A script that prints nothing for a while (an API hiccup): the workers, the only holders of
+    the state, keep training; the job neither shrinks nor fails."""
+    with ElasticJob(tmp_path, steps=60, commit=2, hosts=f"{A}:2") as job:
+        job.start(2, min_np=1)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.set_hosts("")
+        time.sleep(2.0)
+        job.set_hosts(f"{A}:2")
+        r = job.wait(90)
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 60) == [2] * 60
+        assert all(d["resets"] == 0 for d in job.done().values()), job.done()
+        assert job.leftovers() == []
+
+
+@pytest.mark.parametrize("limit, ok", [(1, False), (2, True)])
+def test_the_reset_limit_with_hosts_changing_twice(tmp_path, limit, ok):
+    """Horovod's test_reset_limit: one host, then two, then only the second: two resets."""
+    with ElasticJob(tmp_path, steps=80, commit=2, hosts=f"{A}:2") as job:
+        job.start(2, min_np=2, max_np=4, reset_limit=limit)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.set_hosts(f"{A}:2,{B}:2")
+        job.wait_size(4)
+        job.set_hosts(f"{B}:2")
+        r = job.wait(90)
+        if ok:
+            assert r.returncode == 0, r.reason
+            assert check_consistent(job.done(), 80)[-1] == 2
+        else:
+            assert r.returncode == 1, r.reason
+            assert ("Horovod was shutdown because number of resets during elastic job exceeded limit: 1"
+                    in r.reason), r.reason
+        assert job.leftovers() == []
+
+
+def test_max_np_unset_runs_every_listed_slot(tmp_path):
+    """-np 2 --min-np 2 -H a:2,b:2 without --max-np: 4 ranks, as horovodrun."""
+    import dataclasses
+
+    from appliance.launcher import LaunchConfig
+    from appliance.launcher.run import run
+
+    with ElasticJob(tmp_path, steps=6) as job:
+        config = LaunchConfig.create(job.command(), 2, hosts=f"{A}:2,{B}:2", min_np=2, timeout=60,
+                                     env={"APPLIANCE_STOP_GRACE": "1"})
+        config = dataclasses.replace(config, elastic=dataclasses.replace(config.elastic, max_np=None))
+        r = run(config, echo=False, capture=True)
+        assert r.returncode == 0, r.reason
+        assert check_consistent(job.done(), 6) == [4] * 6
+        assert job.leftovers() == []
+
+
+def test_a_discovery_run_in_flight_when_the_job_ends_is_killed(tmp_path):
+    """The script hangs from its third run on: when the job ends, nothing of it is left."""
+    from fixtures.elastic import alive
+
+    with ElasticJob(tmp_path, steps=30, hosts=f"{A}:1") as job:
+        n, pids = tmp_path / "runs", tmp_path / "hung.pid"
+        job.script.write_text(f"#!/bin/sh\nn=$(cat {n} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {n}\n"
+                              f"if [ $n -ge 3 ]; then echo $$ > {pids}; exec sleep 100000; fi\ncat {job.hosts_file}\n")
+        job.start(1, env={"APPLIANCE_DISCOVERY_TIMEOUT": "0"})
+        r = job.wait(90)
+        assert r.returncode == 0, r.reason
+        pid = int(pids.read_text())
+        end = time.monotonic() + 3
+        while alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not alive(pid), "the hung discovery run outlived the job"
+        assert job.leftovers() == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_hung_first_discovery_ends_the_launcher_at_once(tmp_path, sig):
+    from fixtures.elastic import alive
+
+    script, pids = tmp_path / "h.sh", tmp_path / "hung.pid"
+    script.write_text(f"#!/bin/sh\necho $$ > {pids}\nexec sleep 100000\n")
+    script.chmod(0o755)
+    p = subprocess.Popen([sys.executable, "-m", "appliance", "launch", "-np", "1", "--min-np", "1",
+                          "--host-discovery-script", str(script), "--", sys.executable, "-c", "pass"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                         env={**os.environ, "APPLIANCE_DISCOVERY_TIMEOUT": "0"})
+    try:
+        end = time.monotonic() + 30
+        while not pids.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert pids.exists(), "the discovery script never ran"
+        time.sleep(0.3)
+        sent = time.monotonic()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=10)
+        took = time.monotonic() - sent
+        assert p.returncode == 128 + sig and took < 2.0, (p.returncode, took, err.decode(errors="replace"))
+        pid = int(pids.read_text())
+        end = time.monotonic() + 2
+        while alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not alive(pid)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+        if pids.exists():
+            try:
+                os.kill(int(pids.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

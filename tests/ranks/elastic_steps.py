@@ -11,9 +11,12 @@ test can aim them at one worker while the job runs):
 - ``fail.W`` (content: a step number): worker W raises RuntimeError at that step (exits 1);
 - ``kill.W``: worker W SIGKILLs itself at that step;
 - ``hang.W``: worker W stops stepping there (sleeps) without failing;
-- ``stop`` (for every worker): the job finishes after that step instead of STEPS.
+- ``stop`` (for every worker): the job finishes after that step instead of STEPS;
+- ``crash_from`` (content: a worker number): every worker numbered that or higher exits 1 at
+  start, before it joins a round (a new worker that cannot start).
 Evidence, per worker number W (APPLIANCE_ELASTIC_WORKER): ``pid.W`` (its pid), ``born.W`` (when
-its process started until its imports were done: its own start), ``up.W`` (its
+its process started until its imports were done: its own start), ``notice.W`` (JSON list: the
+time of every host-change notice the worker's state received), ``up.W`` (its
 rank and size after each round), ``step.W`` (rank, size, step after every step; rewritten) and,
 at the end, ``done.W`` (JSON: worker, rank, size, step, w, sizes, resets, syncs).
 """
@@ -80,11 +83,19 @@ def bcast_object(obj):
 
 write("pid", str(os.getpid()))
 write("born", json.dumps({"own_start": OWN_START}))
+if switch_at("crash_from") is not None and WID >= switch_at("crash_from"):
+    sys.exit(f"worker {WID}: failing at start as asked")
 rt.init()
+notices = []
 counters = {"resets": 0, "syncs": 0}
 
 
 class State(ObjectState):
+    def on_hosts_updated(self, timestamp, update_res):
+        notices.append(time.time())
+        write("notice", json.dumps(notices))
+        super().on_hosts_updated(timestamp, update_res)
+
     def sync(self):
         counters["syncs"] += 1
         super().sync()

@@ -36,7 +36,7 @@ def run_elastic(config: LaunchConfig, *, echo: bool = True, capture: bool = Fals
         trap = stack.enter_context(SignalTrap(handle_signals))
         stack.enter_context(mech)
         fault_dir = mech.open_elastic()
-        sink = stack.enter_context(OutputSink(config.elastic.max_np, echo=echo, capture=capture,
+        sink = stack.enter_context(OutputSink(config.elastic.max_np or config.np, echo=echo, capture=capture,
                                               output_dir=config.output_dir, stdout=stdout, stderr=stderr))
         reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[fault_dir]))
         if reaper.error:

@@ -10,13 +10,18 @@ What it owns (no I/O, no threads; every clock reading is passed in as ``now``):
   a cool-down range (MIN, MAX), until ``now`` + MIN·2^n plus up to MIN of jitter, capped at MAX,
   where n counts the host's earlier blacklistings (10, 20, 40... for MIN 10). ``target(now)``
   is where workers should run: each available host's slots in host order, at most ``max_np``
-  in all. ``count_reset()`` counts one membership change against ``reset_limit``.
+  in all (``None``: every listed slot, as Horovod's launcher without ``--max-np``); it is built
+  from the listed slots, never one entry per ``max_np``, and a host counts at most
+  ``MAX_HOST_SLOTS`` slots (``clamped`` names the hosts cut down by the last ``update``).
+  ``hold(host, now)`` keeps new workers off a host whose new worker failed before it joined a
+  round, without taking the host's running workers out (the same cool-down as the blacklist).
+  ``count_reset()`` counts one membership change against ``reset_limit``.
 - ``layout(members, order)``: the rank of every worker of a round: hosts in ``order``, each
   host's workers by slot, local and cross ranks as horovodrun gives them
   (``appliance.common.ranks.cross_of``).
 
-Env vars: none. Failure modes: ``ResetLimitExceeded`` (its message names the limit) from
-``count_reset``; nothing else raises.
+Env vars: none. Failure modes: ``ResetLimitExceeded`` (its message names the limit and carries
+Horovod's sentence for it) from ``count_reset``; nothing else raises.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ import random
 from typing import Callable, Iterable, Mapping, Sequence
 
 from appliance.common.ranks import Slot, cross_of
+
+MAX_HOST_SLOTS = 1024  # slots of one host an elastic job uses at most (a host listing more is cut down)
 
 
 class HostUpdate(enum.IntFlag):
@@ -49,6 +56,8 @@ class HostState:
     seq: int = 0                      # when it last became available (lower = older)
     failures: int = 0                 # times it was blacklisted
     blacklisted_until: float | None = None  # None = not blacklisted; math.inf = for good
+    holds: int = 0                    # times a new worker there failed before it joined a round
+    held_until: float | None = None   # no new worker starts there before this (math.inf = never)
 
 
 def cooldown_s(failures: int, cooldown_range: tuple[float, float], jitter: float) -> float:
@@ -62,7 +71,7 @@ def cooldown_s(failures: int, cooldown_range: tuple[float, float], jitter: float
 class Membership:
     """Hosts, the blacklist and the reset count of one elastic job (see the module docstring)."""
 
-    def __init__(self, min_np: int, max_np: int, cooldown_range: tuple[float, float] | None = None,
+    def __init__(self, min_np: int, max_np: int | None, cooldown_range: tuple[float, float] | None = None,
                  reset_limit: int | None = None, rand: Callable[[], float] = random.random):
         self.min_np, self.max_np = min_np, max_np
         self.cooldown_range, self.reset_limit = cooldown_range, reset_limit
@@ -71,6 +80,7 @@ class Membership:
         self._rand = rand
         self._seq = 0
         self._available: dict[str, int] = {}  # the available hosts as of the last update/blacklist
+        self.clamped: list[str] = []  # hosts whose listed slots the last update cut to MAX_HOST_SLOTS
 
     # -- queries ------------------------------------------------------------------------------
     def is_blacklisted(self, host: str, now: float) -> bool:
@@ -92,14 +102,32 @@ class Membership:
 
     def target(self, now: float) -> list[tuple[str, int]]:
         """(host, slot index) of every slot that should run a worker: hosts oldest first, each
-        host's slots in order, at most ``max_np`` in all."""
+        host's slots in order, at most ``max_np`` in all (``None``: no limit)."""
         out: list[tuple[str, int]] = []
+        left = math.inf if self.max_np is None else self.max_np
         for name, slots in self.available(now):
-            for index in range(slots):
-                if len(out) == self.max_np:
-                    return out
-                out.append((name, index))
+            n = int(min(slots, left))
+            out.extend((name, index) for index in range(n))
+            left -= n
+            if left <= 0:
+                break
         return out
+
+    def is_held(self, host: str, now: float) -> bool:
+        """Whether new workers must not start on ``host`` now (see ``hold``)."""
+        h = self.hosts.get(host)
+        return h is not None and h.held_until is not None and now < h.held_until
+
+    def hold(self, host: str, now: float) -> float:
+        """A new worker on ``host`` failed before it joined a round: no new worker starts there
+        until the returned time (``math.inf``: for good); its running workers stay."""
+        h = self.hosts.setdefault(host, HostState(host))
+        if self.is_held(host, now):
+            return h.held_until
+        h.holds += 1
+        h.held_until = (math.inf if self.cooldown_range is None else
+                        now + cooldown_s(h.holds, self.cooldown_range, self._rand()))
+        return h.held_until
 
     def next_cooldown_end(self, now: float) -> float | None:
         """When the next blacklisted host may come back (None: none will)."""
@@ -113,8 +141,11 @@ class Membership:
         for h in self.hosts.values():
             if h.blacklisted_until is not None and now >= h.blacklisted_until:
                 h.blacklisted_until = None  # the cool-down is over: the host may come back
+        self.clamped = []
         for name, slots in discovered.items():
-            self.hosts.setdefault(name, HostState(name)).slots = int(slots)
+            if int(slots) > MAX_HOST_SLOTS:
+                self.clamped.append(name)
+            self.hosts.setdefault(name, HostState(name)).slots = min(int(slots), MAX_HOST_SLOTS)
         for name, h in self.hosts.items():
             if name not in discovered:
                 h.slots = 0
@@ -136,7 +167,8 @@ class Membership:
         if self.reset_limit is not None and self.resets >= self.reset_limit:
             raise ResetLimitExceeded(f"the job changed its membership {self.resets} time"
                                      f"{'s' if self.resets != 1 else ''} and --reset-limit {self.reset_limit} "
-                                     "allows no more")
+                                     "allows no more (Horovod was shutdown because number of resets during "
+                                     f"elastic job exceeded limit: {self.reset_limit})")
         self.resets += 1
         return self.resets
 
@@ -186,4 +218,4 @@ def layout(members: Iterable[tuple[int, str, int]], order: Sequence[str]) -> dic
     return out
 
 
-__all__ = ["HostUpdate", "HostState", "Membership", "ResetLimitExceeded", "cooldown_s", "layout"]
+__all__ = ["MAX_HOST_SLOTS", "HostUpdate", "HostState", "Membership", "ResetLimitExceeded", "cooldown_s", "layout"]

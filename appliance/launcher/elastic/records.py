@@ -1,19 +1,29 @@
-"""What the elastic driver knows of its workers and rounds: two records, no logic.
+"""What the elastic state machine knows of its workers and rounds: records and the job's phase, no logic.
 
-What it owns: ``WorkerRec`` (one worker process of the job: the number the driver gave it at
-spawn, its host and slot, its mechanism handle, exit code, pending join, watch stream, the last
-round it was released into and its rank there, and why it is leaving) and ``Round`` (one layout
-of the job: its members, slots, whether state must be synced, and whether it was released,
-broken or failed). ``driver.ElasticDriver`` creates and changes them on its one thread.
+What it owns: ``Phase`` (where the job stands: waiting for slots, a round forming, running or
+breaking, the job finishing or failing, ended), ``WorkerRec`` (one worker process of the job: the number the
+machine gave it at spawn, its host and slot, exit code, whether a join of it is held and what it
+sent, the last round it was released into and its rank there, and why it is leaving) and ``Round``
+(one layout of the job: its members, slots, whether state must be synced, and whether a member
+failed). ``machine`` creates and changes them; nothing here touches a process or a socket (the
+I/O shell, ``driver``, keeps the processes, tickets and streams by worker number).
 
 Env vars: none. Failure modes: none (plain data).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import enum
 
-from .rendezvous import Stream, Ticket
+
+class Phase(enum.Enum):
+    WAITING = "waiting"        # no round: waiting for discovery, host checks or enough slots
+    FORMING = "forming"        # a round is laid out; its members have not all joined yet
+    RUNNING = "running"        # the round was released: its members train
+    BREAKING = "breaking"      # the round ended; waiting for its members still running to join again
+    FINISHING = "finishing"    # a worker exited 0: the job ends when the others have exited
+    FAILING = "failing"        # every member failed or lost its host: the job fails once they have exited
+    ENDED = "ended"            # the outcome is known
 
 
 @dataclasses.dataclass
@@ -21,17 +31,17 @@ class WorkerRec:
     wid: int
     host: str
     index: int                      # its slot on the host
-    handle: Any = None              # the mechanism's worker
     exit_code: int | None = None
-    leaving: str = ""               # why the driver removed it ("" = it is not leaving)
+    leaving: str = ""               # why the machine removed it ("" = it is not leaving)
     leaving_since: float = 0.0
     asked_to_leave: bool = False    # answered "removed" at a join: it exits by itself, TERM only after the grace
-    ticket: Ticket | None = None    # its pending join
+    killed: bool = False            # SIGKILLed after the second grace: nothing more to send
+    joined: bool = False            # a join of it is held (unanswered)
     join: dict = dataclasses.field(default_factory=dict)
     last: int = 0                   # the last round it was released into
     in_round: bool = False          # released into ``last`` and not back since
-    stream: Stream | None = None
     rank: int | None = None         # its rank in the last round it was released into
+    failed: bool = False            # it failed (exit, start, timeout, silence): its host was blacklisted
 
     @property
     def alive(self) -> bool:
@@ -49,10 +59,10 @@ class Round:
     slots: dict
     sync: bool
     formed_at: float
-    released: bool = False
-    broken: bool = False
     broken_at: float = 0.0
     failed: bool = False   # a member failed or its runtime did: the next round syncs
+    notified: tuple = ()   # (target, result, notice number) its members were last told about
+    late_said: bool = False  # it said which members it waits for
 
 
-__all__ = ["Round", "WorkerRec"]
+__all__ = ["Phase", "Round", "WorkerRec"]

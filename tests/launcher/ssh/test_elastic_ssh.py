@@ -155,3 +155,67 @@ def test_a_hosts_network_cut_mid_training(cluster, tmp_path):
         assert sizes[:10] == [3] * 10 and sizes[-1] == 2
         assert sorted(job.done()) == [0, 1]
         assert job.leftovers() == []
+
+
+# -- Horovod's semantics on two real hosts ------------------------------------------------------------
+def test_a_new_host_is_announced_within_a_discovery_interval_before_it_is_checked(cluster, tmp_path):
+    """Horovod's elastic test program waits 3 s for the notice and then fails: rank 0 (this
+    machine) must get it within ~1.5 s of the script listing host 1, before the SSH check and
+    before any worker starts there."""
+    h1, _ = cluster.hosts
+    with ElasticJob(tmp_path, steps=60, commit=2, hosts="localhost:1") as job:
+        start(job, 1, max_np=3)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        listed = time.time()
+        job.set_hosts(f"localhost:1,{h1.address}:2")
+        job.wait_for(lambda: (tmp_path / "notice.0").exists(), limit=10, what="rank 0's notice")
+        told = json.loads((tmp_path / "notice.0").read_text())[0] - listed
+        job.wait_for(lambda: (tmp_path / "born.1").exists(), limit=30, what="a worker on host 1")
+        born = json.loads((tmp_path / "born.1").read_text())
+        print(f"\nnotice {told:.2f} s after host 1 was listed")
+        assert told < 1.5, told
+        job.wait_size(3)
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        assert born and 3 in check_consistent(job.done(), 60)
+        assert job.leftovers() == []
+
+
+def test_every_rank_on_two_hosts_failing_at_once_ends_the_job_within_5_s(cluster, tmp_path):
+    HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=40, commit=1, step_s=0.1) as job:
+        for w in range(4):
+            job.switch("fail", w, 6)
+        start(job, 4, min_np=1, hosts=f"{h1.address}:2,{h2.address}:2", elastic_timeout=60)
+        job.wait_for(lambda: len(job.progress()) == 4 and min(p["step"] for p in job.progress().values()) >= 5,
+                     what="step 5 on every rank")
+        failed = max(p["t"] for p in job.progress().values())
+        r = job.wait(60)
+        took = time.time() - failed
+        print(f"\nevery rank failed: the launch returned {took:.2f} s after the last step")
+        assert r.returncode != 0 and HOROVOD_FAILED in r.reason, r.reason
+        for rank, host in enumerate((h1, h1, h2, h2)):
+            assert f"rank {rank}, host {host.address})" in r.reason, r.reason
+        assert took < 5.0, took
+        assert job.done() == {} and job.leftovers() == []
+
+
+@pytest.mark.parametrize("limit, ok", [(1, False), (2, True)])
+def test_the_reset_limit_with_hosts_changing_twice(cluster, tmp_path, limit, ok):
+    """Horovod's test_reset_limit on two hosts: host 1, then hosts 1 and 2, then host 2 alone."""
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=80, commit=2, hosts=f"{h1.address}:2") as job:
+        start(job, 2, min_np=2, max_np=4, reset_limit=limit)
+        job.wait_for(lambda: job.max_step() >= 3, what="the first steps")
+        job.set_hosts(f"{h1.address}:2,{h2.address}:2")
+        job.wait_size(4)
+        job.set_hosts(f"{h2.address}:2")
+        r = job.wait()
+        if ok:
+            assert r.returncode == 0, r.reason
+            assert check_consistent(job.done(), 80)[-1] == 2
+        else:
+            assert r.returncode == 1 and ("Horovod was shutdown because number of resets during elastic job "
+                                          "exceeded limit: 1") in r.reason, r.reason
+        assert job.leftovers() == []
