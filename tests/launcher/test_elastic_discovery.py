@@ -5,6 +5,7 @@ the script as an argv with a timeout, with errors that name the script and the l
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -108,3 +109,69 @@ def test_the_script_runs_without_a_shell_from_path(tmp_path, monkeypatch):
 def test_fixed_hosts_are_always_the_same():
     d = FixedDiscovery({"a": 2, "b": 1})
     assert d.find() == {"a": 2, "b": 1} and d.find() is not d.find()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_close_from_another_thread_ends_a_run_in_flight_and_later_finds(tmp_path):
+    marker = tmp_path / "child.pid"
+    path = script(tmp_path, f"#!/bin/sh\nsleep 1000 &\necho $! > {marker}\nexec sleep 1000\n", "hangs.sh")
+    d = ScriptDiscovery(path, None, 60.0, os.environ)
+    outcome: list[BaseException | dict] = []
+
+    def run():
+        try:
+            outcome.append(d.find())
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            outcome.append(e)
+
+    finder = threading.Thread(target=run, daemon=True)
+    finder.start()
+    for _ in range(200):  # the script has started its background child
+        if marker.exists() and marker.read_text().strip():
+            break
+        time.sleep(0.05)
+    child = int(marker.read_text())
+    run_in_flight = d._run
+    assert run_in_flight is not None
+    script_pid = run_in_flight.proc.pid
+    try:
+        start = time.monotonic()
+        d.close()
+        finder.join(timeout=5)
+        assert not finder.is_alive() and time.monotonic() - start < 3.0
+        assert isinstance(outcome[0], DiscoveryError) and "closed" in str(outcome[0]), outcome
+        for _ in range(100):
+            if _gone(child) and _gone(script_pid):
+                break
+            time.sleep(0.05)
+        assert _gone(script_pid), "the script outlived close()"
+        assert _gone(child), "the script's background child outlived close()"
+        with pytest.raises(DiscoveryError, match="closed"):
+            d.find()
+        d.close()  # again: nothing happens
+    finally:
+        for pid in (child, script_pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_close_before_a_run_and_on_the_fixed_list(tmp_path):
+    d = ScriptDiscovery(script(tmp_path, "#!/bin/sh\necho a:1\n"), None, 5.0, os.environ)
+    assert d.find() == {"a": 1}
+    with d:
+        pass
+    with pytest.raises(DiscoveryError, match="closed"):
+        d.find()
+    f = FixedDiscovery({"a": 1})
+    f.close()
+    with pytest.raises(DiscoveryError, match="closed"):
+        f.find()
