@@ -30,7 +30,8 @@ Then one request per connection:
   ``HostUpdateResult`` flags, for the members of round R) and ``{"wait": true}`` keepalives.
 
 Env vars: none. Failure modes: ``RendezvousError`` for a closed connection, a timeout, a
-malformed or oversized frame or a failed proof (the message says which).
+malformed or oversized frame (anything that does not decode: bad UTF-8, bad JSON, nesting too
+deep) or a failed proof (the message says which); nothing else escapes the handshake.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class RendezvousError(RuntimeError):
 
 
 def proof(secret: bytes, side: str, job: str, worker: int, nonce: str) -> str:
-    msg = "\0".join((side, job, str(int(worker)), nonce)).encode()
+    msg = "\0".join((side, job, str(int(worker)), nonce)).encode("utf-8", "surrogatepass")
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
@@ -97,10 +98,11 @@ class Channel:
         (length,) = _LEN.unpack(self._read(_LEN.size, deadline))
         if length > MAX_FRAME:
             raise RendezvousError(f"frame of {length} bytes announced (at most {MAX_FRAME})")
+        body = self._read(length, deadline)
         try:
-            obj = json.loads(self._read(length, deadline))
-        except ValueError as e:
-            raise RendezvousError(f"malformed frame: {e}") from None
+            obj = json.loads(body)
+        except Exception as e:  # noqa: BLE001 - bad UTF-8, bad JSON, nesting too deep (RecursionError), ...
+            raise RendezvousError(f"malformed frame: {type(e).__name__}: {e!s:.120}") from None
         if not isinstance(obj, dict):
             raise RendezvousError("malformed frame: not an object")
         return obj
@@ -121,10 +123,15 @@ def server_hello(chan: Channel, secret: bytes, job: str, timeout: float = 10.0) 
     if hello.get("v") != VERSION or hello.get("job") != job or not isinstance(worker, int) or isinstance(worker, bool):
         chan.send({"error": "not a worker of this job"})
         raise RendezvousError("a peer that is not a worker of this job")
-    if not hmac.compare_digest(str(hello.get("proof", "")), proof(secret, "worker", job, worker, nonce)):
+    given, theirs = hello.get("proof"), hello.get("nonce")
+    if not isinstance(theirs, str) or len(theirs) > 256:
+        chan.send({"error": "not a worker of this job"})
+        raise RendezvousError(f"worker {worker}: a hello without a usable nonce")
+    if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                              proof(secret, "worker", job, worker, nonce).encode()):
         chan.send({"error": "the proof of the job secret does not match"})
         raise RendezvousError(f"worker {worker}: the proof of the job secret does not match")
-    chan.send({"proof": proof(secret, "driver", job, worker, str(hello.get("nonce", "")))})
+    chan.send({"proof": proof(secret, "driver", job, worker, theirs)})
     return worker
 
 
@@ -147,7 +154,9 @@ def connect(addr: str, secret: bytes, job: str, worker: int, timeout: float = 10
         answer = chan.recv(timeout)
         if "error" in answer:
             raise RendezvousError(f"the elastic driver at {addr} refused worker {worker}: {answer['error']}")
-        if not hmac.compare_digest(str(answer.get("proof", "")), proof(secret, "driver", job, worker, mine)):
+        given = answer.get("proof")
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                                  proof(secret, "driver", job, worker, mine).encode()):
             raise RendezvousError(f"{addr} could not prove the job secret: not this job's driver")
     except BaseException:
         chan.close()
