@@ -4,7 +4,8 @@ What it owns: ``parse_hosts_output`` (the discovery script's output format, Horo
 per line, ``host:slots`` or ``host`` (then ``--slots-per-host``, default 1); IPv6 addresses in
 brackets, ``[::1]:2``; blank lines and ``#`` comments skipped; the same line twice counts once),
 ``ScriptDiscovery`` (runs the script as an argv, never through a shell, in a session of its own,
-bounded by ``APPLIANCE_DISCOVERY_TIMEOUT``; its whole process group is killed on timeout) and
+bounded by ``APPLIANCE_DISCOVERY_TIMEOUT``; its whole process group is killed on timeout; its
+output is read as it comes and a run that prints more than ``MAX_OUTPUT`` bytes fails) and
 ``FixedDiscovery`` (the -H/--hostfile/Slurm hosts, for fault tolerance over a fixed list). Both
 answer ``find() -> {host: slots}`` in the order the hosts were printed, and ``close()``
 (thread-safe, also as a context manager): a run in flight is killed with its process group and
@@ -17,7 +18,7 @@ The MPI Operator's ``/etc/mpi/discover_hosts.sh`` (plain host names, one per lin
 
 Env vars: none read (``ElasticConfig`` carries the interval and timeout); the script runs with
 the launcher's environment. Failure modes: ``DiscoveryError`` naming the script and the reason:
-missing, not executable, exit status, timeout, the malformed line, or closed.
+missing, not executable, exit status, timeout, too much output, the malformed line, or closed.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Mapping
 
 from ..hosts import HostsError, check_host_name, parse_slots
 
-MAX_OUTPUT = 1 << 20  # bytes of script output read at most
+MAX_OUTPUT = 1 << 20  # bytes of script output a run may print; more fails the run
 _STDERR_KEPT = 1 << 16  # bytes of the script's stderr kept (its last line is shown)
 
 
@@ -132,7 +133,7 @@ class ScriptDiscovery:
                 raise DiscoveryError(f"host discovery script {self.script}: cannot run it: {e.strerror}") from None
             self._run = run
         try:
-            out, err, status = run.collect(self.timeout_s)
+            out, err, status = run.collect(self.timeout_s, MAX_OUTPUT)
         finally:
             run.cancel()  # anything it left behind in its session
             with self._lock:
@@ -140,6 +141,9 @@ class ScriptDiscovery:
             run.close()
         if status == "cancelled":
             raise self._closed_error()
+        if status == "too much":
+            raise DiscoveryError(f"host discovery script {self.script}: its output exceeded {MAX_OUTPUT} bytes "
+                                 "(nothing of it is used)")
         if status == "timeout":
             raise DiscoveryError(f"host discovery script {self.script}: did not finish within {self.timeout_s:g} s "
                                  "(APPLIANCE_DISCOVERY_TIMEOUT)")
@@ -148,7 +152,7 @@ class ScriptDiscovery:
             last = (err.decode(errors="replace").strip().splitlines() or [""])[-1]
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             raise DiscoveryError(f"host discovery script {self.script} {how}" + (f": {last}" if last else ""))
-        return parse_hosts_output(out[:MAX_OUTPUT].decode(errors="replace"), f"host discovery script {self.script}",
+        return parse_hosts_output(out.decode(errors="replace"), f"host discovery script {self.script}",
                                   self.default_slots)
 
 
@@ -171,8 +175,9 @@ class _Run:
         self._reaped = False
         self._fds_closed = False
 
-    def collect(self, timeout_s: float) -> tuple[bytes, bytes, str]:
-        """(stdout, stderr, "done" | "timeout" | "cancelled"); the pipes are closed after."""
+    def collect(self, timeout_s: float, max_output: int) -> tuple[bytes, bytes, str]:
+        """(stdout, stderr, "done" | "timeout" | "cancelled" | "too much"): read as it comes, at
+        most ``max_output`` bytes of stdout kept (one more ends the run as "too much")."""
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         out, err = bytearray(), bytearray()
         streams = {self.proc.stdout.fileno(): out, self.proc.stderr.fileno(): err}
@@ -201,6 +206,10 @@ class _Run:
                     buf += chunk
                     if key.fd == self.proc.stderr.fileno() and len(buf) > _STDERR_KEPT:
                         del buf[:len(buf) - _STDERR_KEPT]  # only its last line is ever shown
+                    elif buf is out and len(out) > max_output:
+                        status = "too much"
+                if status != "done":
+                    break
         if status == "done":
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
