@@ -23,6 +23,7 @@ many slots exist.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from typing import Callable, Iterable, Sequence
@@ -46,25 +47,33 @@ class Host:
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:%\-]+$")  # host names, IPv4, IPv6 (with %scope)
+_DIGITS = re.compile(r"^-?[0-9]{1,18}$")  # ASCII digits only: int() would take "1_0" and "٢"
 
 
 def check_host_name(raw: str, where: str) -> str:
     """``raw`` as a host name (brackets of an IPv6 address removed); ``HostsError`` naming ``where``
-    when it holds anything but letters, digits and ``_ . : % -``."""
+    when it holds anything but letters, digits and ``_ . : % -``, or a colon outside an IPv6
+    address (``localhost:2:3`` is neither a host nor ``host:slots``)."""
     name = raw.strip()
     if name.startswith("[") and name.endswith("]"):
         name = name[1:-1]  # [v6 address]
     if not name or not _NAME.match(name) or name.count(":") == 1:  # one colon: "host:slots" in the wrong place
         raise HostsError(f"{where}: {raw.strip()!r} is not a host name")
+    if ":" in name:
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            raise HostsError(f"{where}: {raw.strip()!r} is not a host name (only an IPv6 address holds colons; "
+                             "with slots it is written [address]:slots)") from None
     return name
 
 
 def parse_slots(raw: str, where: str) -> int:
-    """A slot count (a whole number, at least 1); ``HostsError`` naming ``where`` otherwise."""
-    try:
-        n = int(raw.strip())
-    except ValueError:
-        raise HostsError(f"{where}: slots must be a whole number, got {raw.strip()!r}") from None
+    """A slot count (ASCII digits, at least 1); ``HostsError`` naming ``where`` otherwise."""
+    text = raw.strip()
+    if not _DIGITS.match(text):
+        raise HostsError(f"{where}: slots must be a whole number, got {text!r}")
+    n = int(text)
     if n < 1:
         raise HostsError(f"{where}: slots must be at least 1, got {n}")
     return n
@@ -115,20 +124,29 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         body = line.split("#", 1)[0].strip()
         if not body:
             continue
-        fields = body.split()
-        name = check_host_name(fields[0], where)
-        slots = 1
-        for field in fields[1:]:
-            key, eq, value = field.partition("=")
-            if key != "slots" or not eq:
-                raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
-            slots = parse_slots(value, where)
-        if len(fields) > 2:
-            raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
-        hosts.append(Host(name, slots))
+        try:
+            hosts.append(_hostfile_line(body, line, where))
+        except HostsError as e:
+            if repr(line.strip()) in str(e):
+                raise
+            raise HostsError(f"{e} (line {line.strip()!r})") from None
     if not hosts:
         raise HostsError(f"{source}: no hosts in the file")
     return _check_unique(hosts, source)
+
+
+def _hostfile_line(body: str, line: str, where: str) -> Host:
+    fields = body.split()
+    name = check_host_name(fields[0], where)
+    slots = 1
+    for field in fields[1:]:
+        key, eq, value = field.partition("=")
+        if key != "slots" or not eq:
+            raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
+        slots = parse_slots(value, where)
+    if len(fields) > 2:
+        raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
+    return Host(name, slots)
 
 
 def read_hostfile(path: str | os.PathLike) -> list[Host]:
