@@ -12,6 +12,7 @@ flag or variable.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Mapping, Sequence
@@ -172,9 +173,12 @@ class ElasticConfig:
         if not lo <= np or (hi is not None and not np <= hi):
             raise ConfigError(f"expected --min-np <= -np <= --max-np, got {lo} <= {np} <= "
                               f"{'(unbounded)' if hi is None else hi}")
-        timeout = read("HOROVOD_ELASTIC_TIMEOUT", env) if elastic_timeout is None else float(elastic_timeout)
-        if not timeout > 0:
-            raise ConfigError(f"--elastic-timeout must be positive, got {timeout!r}")
+        if elastic_timeout is None:
+            timeout = read("HOROVOD_ELASTIC_TIMEOUT", env)  # refused there, naming the variable
+        else:
+            timeout = float(elastic_timeout)
+            if not (math.isfinite(timeout) and timeout > 0):
+                raise ConfigError(f"--elastic-timeout must be positive, got {elastic_timeout!r}")
         if reset_limit is not None and int(reset_limit) < 0:
             raise ConfigError(f"--reset-limit must not be negative, got {reset_limit}")
         cooldown = None

@@ -95,3 +95,20 @@ def test_inside_an_allocation_a_discovery_script_means_ssh_and_min_np_alone_mean
     with pytest.raises(ConfigError, match="--host-discovery-script"):
         launcher_of(config(["-np", "2", "--host-discovery-script", "d.sh", "--launcher", "srun", "python"],
                            environ=slurm))
+
+
+@pytest.mark.parametrize("name", ["HOROVOD_ELASTIC_TIMEOUT", "APPLIANCE_DISCOVERY_INTERVAL",
+                                  "APPLIANCE_DISCOVERY_TIMEOUT"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_elastic_knobs_must_be_positive_and_are_refused_by_their_own_name(name, value):
+    with pytest.raises(ConfigError) as e:
+        config(["-np", "2", "--min-np", "1", "python", "x.py"], environ={name: value})
+    msg = str(e.value)
+    assert msg.startswith(f"{name}={value!r}: must be a positive number") and "--elastic-timeout" not in msg.split(
+        "(")[0], msg
+    # the flag given wins over the variable, and is the one named when it is wrong
+    if name == "HOROVOD_ELASTIC_TIMEOUT":
+        assert config(["-np", "2", "--min-np", "1", "--elastic-timeout", "5", "python", "x.py"],
+                      environ={name: value}).elastic.timeout_s == 5.0
+        with pytest.raises(ConfigError, match="--elastic-timeout must be positive"):
+            config(["-np", "2", "--min-np", "1", "--elastic-timeout", value, "python", "x.py"], environ={})

@@ -201,3 +201,9 @@ def test_endless_output_fails_at_the_cap_not_at_the_timeout(tmp_path):
         d.find()
     assert time.monotonic() - start < 30.0  # far below the 60 s timeout
     assert d._run is None
+
+
+def test_a_run_is_always_bounded():
+    for bad in (0, 0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="must be positive"):
+            ScriptDiscovery("d.sh", None, bad, os.environ)

@@ -94,6 +94,8 @@ class ScriptDiscovery:
 
     def __init__(self, script: str, default_slots: int | None, timeout_s: float, environ: Mapping[str, str],
                  cwd: str | None = None):
+        if not timeout_s > 0:
+            raise ValueError(f"the discovery timeout must be positive, got {timeout_s!r}")  # a run is always bounded
         self.script, self.default_slots, self.timeout_s = script, default_slots, timeout_s
         self.environ, self.cwd = dict(environ), cwd
         self._lock = threading.Lock()
@@ -178,7 +180,7 @@ class _Run:
     def collect(self, timeout_s: float, max_output: int) -> tuple[bytes, bytes, str]:
         """(stdout, stderr, "done" | "timeout" | "cancelled" | "too much"): read as it comes, at
         most ``max_output`` bytes of stdout kept (one more ends the run as "too much")."""
-        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        deadline = time.monotonic() + timeout_s
         out, err = bytearray(), bytearray()
         streams = {self.proc.stdout.fileno(): out, self.proc.stderr.fileno(): err}
         status = "done"
@@ -187,8 +189,8 @@ class _Run:
                 sel.register(fd, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             while len(sel.get_map()) > 1:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     status = "timeout"
                     break
                 ready = sel.select(left)
@@ -211,7 +213,7 @@ class _Run:
                 if status != "done":
                     break
         if status == "done":
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = max(0.0, deadline - time.monotonic())
             try:
                 self.proc.wait(timeout=left)  # output closed: it has ended, or it will within the limit
             except subprocess.TimeoutExpired:
