@@ -5,7 +5,8 @@ The driver (the launcher, ``appliance.launcher.elastic``) serves it; every worke
 floor because both planes speak it; it imports no plane.
 
 Framing: a 4-byte big-endian length, then that many bytes of one UTF-8 JSON object; a length
-above ``MAX_FRAME`` is refused before anything is read or allocated.
+above ``MAX_FRAME`` (``MAX_HELLO`` for the worker's hello, the one frame a stranger can send) is
+refused before anything is read or allocated.
 
 Handshake: both sides prove they hold the job's secret without sending it (HMAC-SHA256 over a
 fresh nonce of the other side, the job id and the worker number)::
@@ -46,6 +47,7 @@ from typing import Any
 
 VERSION = 1
 MAX_FRAME = 1 << 20
+MAX_HELLO = 4096           # a worker's hello is far smaller; a stranger cannot make the driver hold more
 KEEPALIVE_S = 2.0          # the driver's "wait" frames while it holds a request or a watch
 SILENCE_S = 15.0           # a worker gives up on a driver it has not heard from for this long
 _LEN = struct.Struct(">I")
@@ -93,11 +95,11 @@ class Channel:
             buf += chunk
         return bytes(buf)
 
-    def recv(self, timeout: float | None = None) -> dict:
+    def recv(self, timeout: float | None = None, max_frame: int = MAX_FRAME) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
         (length,) = _LEN.unpack(self._read(_LEN.size, deadline))
-        if length > MAX_FRAME:
-            raise RendezvousError(f"frame of {length} bytes announced (at most {MAX_FRAME})")
+        if length > max_frame:
+            raise RendezvousError(f"frame of {length} bytes announced (at most {max_frame})")
         body = self._read(length, deadline)
         try:
             obj = json.loads(body)
@@ -118,7 +120,7 @@ def server_hello(chan: Channel, secret: bytes, job: str, timeout: float = 10.0) 
     """The driver's half of the handshake; returns the worker number the peer proved."""
     nonce = secrets.token_hex(16)
     chan.send({"v": VERSION, "nonce": nonce})
-    hello = chan.recv(timeout)
+    hello = chan.recv(timeout, MAX_HELLO)
     worker = hello.get("worker")
     if hello.get("v") != VERSION or hello.get("job") != job or not isinstance(worker, int) or isinstance(worker, bool):
         chan.send({"error": "not a worker of this job"})
@@ -174,5 +176,5 @@ def request(chan: Channel, message: dict[str, Any], silence_s: float = SILENCE_S
             return answer
 
 
-__all__ = ["VERSION", "MAX_FRAME", "KEEPALIVE_S", "SILENCE_S", "RendezvousError", "Channel", "proof",
+__all__ = ["VERSION", "MAX_FRAME", "MAX_HELLO", "KEEPALIVE_S", "SILENCE_S", "RendezvousError", "Channel", "proof",
            "server_hello", "connect", "request"]

@@ -302,3 +302,19 @@ def test_a_flood_of_idle_connections_under_a_1024_fd_limit_does_not_stop_the_ser
             proc.wait()
     text = err_path.read_text()
     assert "Traceback" not in text and "left out" in text, text[-3000:]
+
+
+def test_a_hello_bigger_than_any_workers_is_refused_before_it_is_read():
+    lines: list[str] = []
+    s = RendezvousServer(Driver(), b"secret", "job1", host="127.0.0.1", log=rdv_server.RefusalLog(lines.append))
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            assert "nonce" in rdv.Channel(c).recv(5.0)
+            c.sendall(struct.pack(">I", rdv.MAX_HELLO + 1) + b"{")
+            try:
+                assert c.recv(4096) == b""  # closed at once, not after the handshake's 10 s
+            except ConnectionResetError:
+                pass
+        assert _wait(lambda: bool(lines)) and f"announced (at most {rdv.MAX_HELLO})" in lines[0], lines
+    finally:
+        s.close()
