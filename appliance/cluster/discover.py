@@ -85,7 +85,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
     def skipped(path: str, why: str) -> None:
-        print(f"appliance discover: skipped {path}: {why}", file=sys.stderr)
+        safe = "".join(c if c.isprintable() else "?" for c in path)  # a file name cannot forge a line
+        print(f"appliance discover: skipped {safe}: {why}", file=sys.stderr)
 
     for line in host_lines(registrations(Layout(shared), on_skip=skipped), time.time(), stale, args.port):
         print(line)

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Sequence
 from appliance.common.ranks import Slot, cross_of
 from appliance.common.slurm import SlurmAllocation, SlurmEnvError
 
-__all__ = ["Host", "HostsError", "Slot", "check_host_name", "parse_slots", "parse_hosts", "parse_hostfile",
+__all__ = ["Host", "HostsError", "Slot", "check_host_name", "shown", "parse_slots", "parse_hosts", "parse_hostfile",
            "read_hostfile", "allocation_hosts",
            "hosts_from", "total_slots", "assign_ranks", "merge_hosts", "used_hosts"]
 
@@ -50,6 +50,14 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:%\-]+$")  # host names, IPv4, IPv6 (with %sco
 _DIGITS = re.compile(r"^-?[0-9]{1,18}$")  # ASCII digits only: int() would take "1_0" and "٢"
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a message, at most ``limit`` characters of it (a line of a megabyte
+    makes no readable error)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def check_host_name(raw: str, where: str) -> str:
     """``raw`` as a host name (brackets of an IPv6 address removed); ``HostsError`` naming ``where``
     when it holds anything but letters, digits and ``_ . : % -``, or a colon outside an IPv6
@@ -58,12 +66,12 @@ def check_host_name(raw: str, where: str) -> str:
     if name.startswith("[") and name.endswith("]"):
         name = name[1:-1]  # [v6 address]
     if not name or not _NAME.match(name) or name.count(":") == 1:  # one colon: "host:slots" in the wrong place
-        raise HostsError(f"{where}: {raw.strip()!r} is not a host name")
+        raise HostsError(f"{where}: {shown(raw.strip())} is not a host name")
     if ":" in name:
         try:
             ipaddress.IPv6Address(name)
         except ValueError:
-            raise HostsError(f"{where}: {raw.strip()!r} is not a host name (only an IPv6 address holds colons; "
+            raise HostsError(f"{where}: {shown(raw.strip())} is not a host name (only an IPv6 address holds colons; "
                              "with slots it is written [address]:slots)") from None
     return name
 
@@ -72,7 +80,7 @@ def parse_slots(raw: str, where: str) -> int:
     """A slot count (ASCII digits, at least 1); ``HostsError`` naming ``where`` otherwise."""
     text = raw.strip()
     if not _DIGITS.match(text):
-        raise HostsError(f"{where}: slots must be a whole number, got {text!r}")
+        raise HostsError(f"{where}: slots must be a whole number, got {shown(text)}")
     n = int(text)
     if n < 1:
         raise HostsError(f"{where}: slots must be at least 1, got {n}")
@@ -95,7 +103,7 @@ def parse_hosts(spec: str) -> list[Host]:
     """
     hosts = []
     for i, entry in enumerate(spec.split(",")):
-        where = f"-H entry {i + 1} ({entry.strip()!r})"
+        where = f"-H entry {i + 1} ({shown(entry.strip())})"
         entry = entry.strip()
         if not entry:
             raise HostsError(f"-H {spec!r}: entry {i + 1} is empty")
@@ -127,9 +135,9 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         try:
             hosts.append(_hostfile_line(body, line, where))
         except HostsError as e:
-            if repr(line.strip()) in str(e):
+            if shown(line.strip()) in str(e):
                 raise
-            raise HostsError(f"{e} (line {line.strip()!r})") from None
+            raise HostsError(f"{e} (line {shown(line.strip())})") from None
     if not hosts:
         raise HostsError(f"{source}: no hosts in the file")
     return _check_unique(hosts, source)
@@ -142,10 +150,10 @@ def _hostfile_line(body: str, line: str, where: str) -> Host:
     for field in fields[1:]:
         key, eq, value = field.partition("=")
         if key != "slots" or not eq:
-            raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
+            raise HostsError(f"{where}: expected 'host slots=N', got {shown(line.strip())}")
         slots = parse_slots(value, where)
     if len(fields) > 2:
-        raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
+        raise HostsError(f"{where}: expected 'host slots=N', got {shown(line.strip())}")
     return Host(name, slots)
 
 

@@ -166,3 +166,16 @@ def test_a_stale_time_that_is_not_a_positive_number_is_refused(tmp_path, stale):
     out = subprocess.run([sys.executable, "-m", "appliance.cluster.discover", str(tmp_path), "--stale", stale],
                          env=_env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "--stale must be a positive number of seconds" in out.stderr, out.stderr
+
+
+def test_a_file_name_cannot_forge_a_line(tmp_path):
+    layout = Layout(str(tmp_path)).ensure()
+    os.makedirs(layout.secondaries, exist_ok=True)
+    with open(layout.secondary_path("node1"), "w") as f:
+        json.dump(GOOD, f)
+    with open(os.path.join(layout.secondaries, "x\nappliance discover: forged.json"), "w") as f:
+        f.write("[]")
+    out = subprocess.run([sys.executable, "-m", "appliance.cluster.discover", str(tmp_path), "--stale", "1e9"],
+                         env=_env(), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["node1:1"], (out.stdout, out.stderr)
+    assert len(out.stderr.splitlines()) == 1 and "x?appliance discover: forged.json" in out.stderr, out.stderr

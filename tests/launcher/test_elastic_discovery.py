@@ -207,3 +207,10 @@ def test_a_run_is_always_bounded():
     for bad in (0, 0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="must be positive"):
             ScriptDiscovery("d.sh", None, bad, os.environ)
+
+
+def test_a_huge_malformed_line_makes_a_short_error():
+    for text in ("x" * 1_000_000 + ";\n", "host:" + "1" * 500_000 + "\n", "a:b:" + "c" * 900_000 + "\n"):
+        with pytest.raises(DiscoveryError) as e:
+            parse_hosts_output(text, "host discovery script d.sh")
+        assert "host discovery script d.sh, line 1" in str(e.value) and len(str(e.value)) < 600, len(str(e.value))

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Mapping
 
-from ..hosts import HostsError, check_host_name, parse_slots
+from ..hosts import HostsError, check_host_name, parse_slots, shown
 
 MAX_OUTPUT = 1 << 20  # bytes of script output a run may print; more fails the run
 _STDERR_KEPT = 1 << 16  # bytes of the script's stderr kept (its last line is shown)
@@ -48,7 +48,7 @@ def parse_hosts_output(text: str, source: str, default_slots: int | None = None)
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        where = f"{source}, line {number} ({line!r})"
+        where = f"{source}, line {number} ({shown(line)})"
         name, slots = line, None
         if line.startswith("["):
             close = line.find("]")
