@@ -210,7 +210,12 @@ class RendezvousServer:
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
                 continue
             backoff = _BACKOFF_MIN_S
-            self._start(sock, peer)
+            try:
+                self._start(sock, peer)
+            except Exception as e:  # noqa: BLE001 - memory and the like: this connection is lost, never the loop
+                self._forget(sock)
+                self.log.admit("(accept)", f"{_PREFIX}cannot serve {peer[0]}: {type(e).__name__}: {e}")
+                self._closed.wait(_BACKOFF_MAX_S)
 
     def _start(self, sock: socket.socket, peer: Any) -> None:
         sock.settimeout(None)
