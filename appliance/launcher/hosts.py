@@ -26,6 +26,9 @@ import dataclasses
 import ipaddress
 import os
 import re
+import select
+import stat
+import time
 from typing import Callable, Iterable, Sequence
 
 from appliance.common.ranks import Slot, cross_of
@@ -157,16 +160,47 @@ def _hostfile_line(body: str, line: str, where: str) -> Host:
     return Host(name, slots)
 
 
+MAX_HOSTFILE = 16 << 20  # bytes
+PIPE_WAIT_S = 10.0
+
+
 def read_hostfile(path: str | os.PathLike) -> list[Host]:
-    """Read and parse a hostfile; a missing or unreadable file is a ``HostsError`` naming it."""
+    """Read and parse a hostfile; a missing or unreadable file is a ``HostsError`` naming it, and
+    so is anything but a regular file or a pipe (a pipe is read for at most ``PIPE_WAIT_S``; a FIFO
+    with no writer is empty) or one over ``MAX_HOSTFILE``."""
+    name = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
-        raise HostsError(f"hostfile {os.fspath(path)!r}: {e.strerror}") from None
+        raise HostsError(f"hostfile {name!r}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise HostsError(f"hostfile {name!r}: not a regular file or a pipe")
+        data = bytearray()
+        deadline = time.monotonic() + PIPE_WAIT_S  # a pipe (--hostfile <(...)) gets this long to say it all
+        while len(data) <= MAX_HOSTFILE:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise HostsError(f"hostfile {name!r}: the pipe said nothing more for {PIPE_WAIT_S:g} s") from None
+                continue
+            if not chunk:
+                break  # the end (a FIFO with no writer ends at once)
+            data += chunk
+    except OSError as e:
+        raise HostsError(f"hostfile {name!r}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_HOSTFILE:
+        raise HostsError(f"hostfile {name!r}: larger than {MAX_HOSTFILE} bytes")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HostsError(f"hostfile {os.fspath(path)!r}: not text ({e.reason})") from None
-    return parse_hostfile(text, os.fspath(path))
+        raise HostsError(f"hostfile {name!r}: not text ({e.reason})") from None
+    return parse_hostfile(text, name)
 
 
 def allocation_hosts(allocation: SlurmAllocation) -> list[Host]:

@@ -153,3 +153,28 @@ def test_ipv6_addresses_still_pass_bare_or_in_brackets():
     assert parse_hosts("::1,[fe80::1%eth0]:2,[::ffff:10.0.0.1]:3") == [
         Host("::1", 1), Host("fe80::1%eth0", 2), Host("::ffff:10.0.0.1", 3)]
     assert parse_hostfile("::1 slots=2\n", "f") == [Host("::1", 2)]
+
+
+@pytest.mark.timeout(20)
+def test_a_hostfile_that_is_not_a_regular_file_is_refused_never_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "hosts.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(HostsError, match="no hosts in the file"):
+        read_hostfile(fifo)  # no writer: empty at once, never waited on
+    r, w = os.pipe()  # --hostfile <(echo ...): a pipe with its writer is read
+    os.write(w, b"h1 slots=2\n")
+    os.close(w)
+    try:
+        assert read_hostfile(f"/proc/self/fd/{r}") == [Host("h1", 2)]
+    finally:
+        os.close(r)
+    for path, words in ((tmp_path, "not a regular file or a pipe"), ("/dev/zero", "not a regular file or a pipe")):
+        with pytest.raises(HostsError) as e:
+            read_hostfile(path)
+        assert str(path) in str(e.value) and words in str(e.value), str(e.value)
+    bad = tmp_path / "latin1"
+    bad.write_bytes(b"h\xe9 slots=1\n")
+    with pytest.raises(HostsError, match="not text"):
+        read_hostfile(bad)
