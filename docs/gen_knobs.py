@@ -26,6 +26,7 @@ TYPE_NAMES = {
     "_bool": "boolean (1/0, true/false)",
     "_rank_int": "integer >= 0",
     "_nonneg_float": "number >= 0",
+    "_pos_float": "number > 0",
     "parse_size": "bytes (K/M/G suffix)",
     "_port": "TCP port",
     "parse_launcher": "auto, ssh, srun or local",

@@ -11,12 +11,15 @@ job's). It is an ordinary host discovery script: ``appliance primary --min-np N`
 lines out).
 
 Env vars: APPLIANCE_SHARED (the default SHARED), APPLIANCE_SECONDARY_STALE. Failure modes: exit 2
-with one line when SHARED is not a directory; no registration at all prints nothing (the driver
+with one line when SHARED is not a directory or ``--stale`` is not a positive number; a file under
+``secondaries/`` that is not a usable record (``mount.registry``) is skipped with one line on
+stderr naming it, and the others are printed; no registration at all prints nothing (the driver
 then waits, up to ``--elastic-timeout``, for ``-np`` slots).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -74,10 +77,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as e:
         print(f"appliance discover: {e}", file=sys.stderr)
         return 2
+    if args.stale is not None and not (math.isfinite(args.stale) and args.stale > 0):
+        print(f"appliance discover: --stale must be a positive number of seconds, got {args.stale!r}", file=sys.stderr)
+        return 2
     if not os.path.isdir(shared):
         print(f"appliance discover: shared directory {shared} does not exist", file=sys.stderr)
         return 2
-    for line in host_lines(registrations(Layout(shared)), time.time(), stale, args.port):
+
+    def skipped(path: str, why: str) -> None:
+        safe = "".join(c if c.isprintable() else "?" for c in path)  # a file name cannot forge a line
+        print(f"appliance discover: skipped {safe}: {why}", file=sys.stderr)
+
+    for line in host_lines(registrations(Layout(shared), on_skip=skipped), time.time(), stale, args.port):
         print(line)
     return 0
 

@@ -16,6 +16,7 @@ the variable, the value and the knob's doc.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Mapping
 
@@ -64,6 +65,13 @@ def _nonneg_float(s: str) -> float:
     f = float(s)
     if f < 0:
         raise ValueError("must not be negative")
+    return f
+
+
+def _pos_float(s: str) -> float:
+    f = float(s)
+    if not (math.isfinite(f) and f > 0):
+        raise ValueError("must be a positive number")
     return f
 
 
@@ -172,9 +180,9 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_BIND", _bind, "none", "CPU binding of ranks: none (the kernel places them) or core (the ranks of a host split its CPUs into disjoint slices by local rank, as mpirun --bind-to core)"),
     Knob("APPLIANCE_LAUNCHER", parse_launcher, "auto", "how launch starts ranks: auto (srun inside a Slurm allocation without -H/--hostfile, else ssh), ssh, srun or local (launch: --launcher)"),
     # Elastic jobs (launch: --min-np, --max-np, --host-discovery-script; docs/elastic.md).
-    Knob("HOROVOD_ELASTIC_TIMEOUT", _nonneg_float, 600.0, "seconds an elastic job waits for at least --min-np slots (and for the members of a new round) before it fails (launch: --elastic-timeout)"),
-    Knob("APPLIANCE_DISCOVERY_INTERVAL", _nonneg_float, 1.0, "seconds between two runs of the host discovery script of an elastic job"),
-    Knob("APPLIANCE_DISCOVERY_TIMEOUT", _nonneg_float, 10.0, "seconds one run of the host discovery script may take before it counts as failed"),
+    Knob("HOROVOD_ELASTIC_TIMEOUT", _pos_float, 600.0, "seconds an elastic job waits for at least --min-np slots (and for the members of a new round) before it fails (launch: --elastic-timeout)"),
+    Knob("APPLIANCE_DISCOVERY_INTERVAL", _pos_float, 1.0, "seconds between two runs of the host discovery script of an elastic job"),
+    Knob("APPLIANCE_DISCOVERY_TIMEOUT", _pos_float, 10.0, "seconds one run of the host discovery script may take before it counts as failed"),
     Knob("HOROVOD_ELASTIC", _bool, False, "set by the launcher for the workers of an elastic job: init() asks the driver for its round"),
     Knob("APPLIANCE_ELASTIC_ADDR", str, "", "set by the launcher for the workers of an elastic job: host:port of its driver's rendezvous"),
     Knob("APPLIANCE_ELASTIC_WORKER", _rank_int, None, "set by the launcher for the workers of an elastic job: this worker's number (unique for the job's life)"),

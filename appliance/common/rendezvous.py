@@ -5,7 +5,8 @@ The driver (the launcher, ``appliance.launcher.elastic``) serves it; every worke
 floor because both planes speak it; it imports no plane.
 
 Framing: a 4-byte big-endian length, then that many bytes of one UTF-8 JSON object; a length
-above ``MAX_FRAME`` is refused before anything is read or allocated.
+above ``MAX_FRAME`` (``MAX_HELLO`` for the worker's hello, the one frame a stranger can send) is
+refused before anything is read or allocated.
 
 Handshake: both sides prove they hold the job's secret without sending it (HMAC-SHA256 over a
 fresh nonce of the other side, the job id and the worker number)::
@@ -30,7 +31,8 @@ Then one request per connection:
   ``HostUpdateResult`` flags, for the members of round R) and ``{"wait": true}`` keepalives.
 
 Env vars: none. Failure modes: ``RendezvousError`` for a closed connection, a timeout, a
-malformed or oversized frame or a failed proof (the message says which).
+malformed or oversized frame (anything that does not decode: bad UTF-8, bad JSON, nesting too
+deep) or a failed proof (the message says which); nothing else escapes the handshake.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from typing import Any
 
 VERSION = 1
 MAX_FRAME = 1 << 20
+MAX_HELLO = 4096           # a worker's hello is far smaller; a stranger cannot make the driver hold more
 KEEPALIVE_S = 2.0          # the driver's "wait" frames while it holds a request or a watch
 SILENCE_S = 15.0           # a worker gives up on a driver it has not heard from for this long
 _LEN = struct.Struct(">I")
@@ -55,7 +58,7 @@ class RendezvousError(RuntimeError):
 
 
 def proof(secret: bytes, side: str, job: str, worker: int, nonce: str) -> str:
-    msg = "\0".join((side, job, str(int(worker)), nonce)).encode()
+    msg = "\0".join((side, job, str(int(worker)), nonce)).encode("utf-8", "surrogatepass")
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
@@ -92,15 +95,16 @@ class Channel:
             buf += chunk
         return bytes(buf)
 
-    def recv(self, timeout: float | None = None) -> dict:
+    def recv(self, timeout: float | None = None, max_frame: int = MAX_FRAME) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
         (length,) = _LEN.unpack(self._read(_LEN.size, deadline))
-        if length > MAX_FRAME:
-            raise RendezvousError(f"frame of {length} bytes announced (at most {MAX_FRAME})")
+        if length > max_frame:
+            raise RendezvousError(f"frame of {length} bytes announced (at most {max_frame})")
+        body = self._read(length, deadline)
         try:
-            obj = json.loads(self._read(length, deadline))
-        except ValueError as e:
-            raise RendezvousError(f"malformed frame: {e}") from None
+            obj = json.loads(body)
+        except Exception as e:  # noqa: BLE001 - bad UTF-8, bad JSON, nesting too deep (RecursionError), ...
+            raise RendezvousError(f"malformed frame: {type(e).__name__}: {e!s:.120}") from None
         if not isinstance(obj, dict):
             raise RendezvousError("malformed frame: not an object")
         return obj
@@ -116,15 +120,20 @@ def server_hello(chan: Channel, secret: bytes, job: str, timeout: float = 10.0) 
     """The driver's half of the handshake; returns the worker number the peer proved."""
     nonce = secrets.token_hex(16)
     chan.send({"v": VERSION, "nonce": nonce})
-    hello = chan.recv(timeout)
+    hello = chan.recv(timeout, MAX_HELLO)
     worker = hello.get("worker")
     if hello.get("v") != VERSION or hello.get("job") != job or not isinstance(worker, int) or isinstance(worker, bool):
         chan.send({"error": "not a worker of this job"})
         raise RendezvousError("a peer that is not a worker of this job")
-    if not hmac.compare_digest(str(hello.get("proof", "")), proof(secret, "worker", job, worker, nonce)):
+    given, theirs = hello.get("proof"), hello.get("nonce")
+    if not isinstance(theirs, str) or len(theirs) > 256:
+        chan.send({"error": "not a worker of this job"})
+        raise RendezvousError(f"worker {worker}: a hello without a usable nonce")
+    if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                              proof(secret, "worker", job, worker, nonce).encode()):
         chan.send({"error": "the proof of the job secret does not match"})
         raise RendezvousError(f"worker {worker}: the proof of the job secret does not match")
-    chan.send({"proof": proof(secret, "driver", job, worker, str(hello.get("nonce", "")))})
+    chan.send({"proof": proof(secret, "driver", job, worker, theirs)})
     return worker
 
 
@@ -147,7 +156,9 @@ def connect(addr: str, secret: bytes, job: str, worker: int, timeout: float = 10
         answer = chan.recv(timeout)
         if "error" in answer:
             raise RendezvousError(f"the elastic driver at {addr} refused worker {worker}: {answer['error']}")
-        if not hmac.compare_digest(str(answer.get("proof", "")), proof(secret, "driver", job, worker, mine)):
+        given = answer.get("proof")
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                                  proof(secret, "driver", job, worker, mine).encode()):
             raise RendezvousError(f"{addr} could not prove the job secret: not this job's driver")
     except BaseException:
         chan.close()
@@ -165,5 +176,5 @@ def request(chan: Channel, message: dict[str, Any], silence_s: float = SILENCE_S
             return answer
 
 
-__all__ = ["VERSION", "MAX_FRAME", "KEEPALIVE_S", "SILENCE_S", "RendezvousError", "Channel", "proof",
+__all__ = ["VERSION", "MAX_FRAME", "MAX_HELLO", "KEEPALIVE_S", "SILENCE_S", "RendezvousError", "Channel", "proof",
            "server_hello", "connect", "request"]

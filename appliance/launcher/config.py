@@ -12,6 +12,7 @@ flag or variable.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Mapping, Sequence
@@ -130,7 +131,7 @@ class ElasticConfig:
     """An elastic job's rules, with Horovod's meanings (``docs/elastic.md``).
 
     The job starts once ``-np`` slots are available, then runs on every available slot up to
-    ``max_np`` and waits (up to ``timeout_s``) whenever fewer than ``min_np`` remain. Hosts come
+    ``max_np`` (None, when --max-np is not given: every available slot, as Horovod) and waits (up to ``timeout_s``) whenever fewer than ``min_np`` remain. Hosts come
     from ``discovery_script`` (``host:slots`` or ``host`` lines; ``slots_per_host`` for the latter)
     or, without one, from the fixed host list (-H, --hostfile, a Slurm allocation): then it is
     fault tolerance over those hosts. ``reset_limit``: how many membership changes the job may
@@ -139,7 +140,7 @@ class ElasticConfig:
     """
 
     min_np: int
-    max_np: int
+    max_np: int | None
     discovery_script: str | None = None
     slots_per_host: int | None = None
     timeout_s: float = 600.0
@@ -166,14 +167,18 @@ class ElasticConfig:
         if slots_per_host is not None and slots_per_host < 1:
             raise ConfigError(f"--slots-per-host must be at least 1, got {slots_per_host}")
         lo = np if min_np is None else int(min_np)
-        hi = np if max_np is None else int(max_np)
+        hi = None if max_np is None else int(max_np)  # Horovod's: not given means unbounded
         if lo < 1:
             raise ConfigError(f"--min-np must be at least 1, got {lo}")
-        if not lo <= np <= hi:
-            raise ConfigError(f"expected --min-np <= -np <= --max-np, got {lo} <= {np} <= {hi}")
-        timeout = read("HOROVOD_ELASTIC_TIMEOUT", env) if elastic_timeout is None else float(elastic_timeout)
-        if not timeout > 0:
-            raise ConfigError(f"--elastic-timeout must be positive, got {timeout!r}")
+        if not lo <= np or (hi is not None and not np <= hi):
+            raise ConfigError(f"expected --min-np <= -np <= --max-np, got {lo} <= {np} <= "
+                              f"{'(unbounded)' if hi is None else hi}")
+        if elastic_timeout is None:
+            timeout = read("HOROVOD_ELASTIC_TIMEOUT", env)  # refused there, naming the variable
+        else:
+            timeout = float(elastic_timeout)
+            if not (math.isfinite(timeout) and timeout > 0):
+                raise ConfigError(f"--elastic-timeout must be positive, got {elastic_timeout!r}")
         if reset_limit is not None and int(reset_limit) < 0:
             raise ConfigError(f"--reset-limit must not be negative, got {reset_limit}")
         cooldown = None

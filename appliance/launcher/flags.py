@@ -170,7 +170,7 @@ def add_elastic_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                    help="fewest ranks to train with; below it the job waits for hosts (default: -np)")
     g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
-                   help="most ranks to run, however many slots appear (default: -np)")
+                   help="most ranks to run, however many slots appear (default: unbounded, every available slot)")
     g.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, metavar="N",
                    help="slots of a host the discovery script prints without :slots (default 1)")
     g.add_argument("--host-discovery-script", dest="host_discovery_script", metavar="SCRIPT",

@@ -23,14 +23,18 @@ many slots exist.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
+import select
+import stat
+import time
 from typing import Callable, Iterable, Sequence
 
 from appliance.common.ranks import Slot, cross_of
 from appliance.common.slurm import SlurmAllocation, SlurmEnvError
 
-__all__ = ["Host", "HostsError", "Slot", "check_host_name", "parse_slots", "parse_hosts", "parse_hostfile",
+__all__ = ["Host", "HostsError", "Slot", "check_host_name", "shown", "parse_slots", "parse_hosts", "parse_hostfile",
            "read_hostfile", "allocation_hosts",
            "hosts_from", "total_slots", "assign_ranks", "merge_hosts", "used_hosts"]
 
@@ -46,25 +50,41 @@ class Host:
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:%\-]+$")  # host names, IPv4, IPv6 (with %scope)
+_DIGITS = re.compile(r"^-?[0-9]{1,18}$")  # ASCII digits only: int() would take "1_0" and "٢"
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a message, at most ``limit`` characters of it (a line of a megabyte
+    makes no readable error)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def check_host_name(raw: str, where: str) -> str:
     """``raw`` as a host name (brackets of an IPv6 address removed); ``HostsError`` naming ``where``
-    when it holds anything but letters, digits and ``_ . : % -``."""
+    when it holds anything but letters, digits and ``_ . : % -``, or a colon outside an IPv6
+    address (``localhost:2:3`` is neither a host nor ``host:slots``)."""
     name = raw.strip()
     if name.startswith("[") and name.endswith("]"):
         name = name[1:-1]  # [v6 address]
     if not name or not _NAME.match(name) or name.count(":") == 1:  # one colon: "host:slots" in the wrong place
-        raise HostsError(f"{where}: {raw.strip()!r} is not a host name")
+        raise HostsError(f"{where}: {shown(raw.strip())} is not a host name")
+    if ":" in name:
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            raise HostsError(f"{where}: {shown(raw.strip())} is not a host name (only an IPv6 address holds colons; "
+                             "with slots it is written [address]:slots)") from None
     return name
 
 
 def parse_slots(raw: str, where: str) -> int:
-    """A slot count (a whole number, at least 1); ``HostsError`` naming ``where`` otherwise."""
-    try:
-        n = int(raw.strip())
-    except ValueError:
-        raise HostsError(f"{where}: slots must be a whole number, got {raw.strip()!r}") from None
+    """A slot count (ASCII digits, at least 1); ``HostsError`` naming ``where`` otherwise."""
+    text = raw.strip()
+    if not _DIGITS.match(text):
+        raise HostsError(f"{where}: slots must be a whole number, got {shown(text)}")
+    n = int(text)
     if n < 1:
         raise HostsError(f"{where}: slots must be at least 1, got {n}")
     return n
@@ -86,7 +106,7 @@ def parse_hosts(spec: str) -> list[Host]:
     """
     hosts = []
     for i, entry in enumerate(spec.split(",")):
-        where = f"-H entry {i + 1} ({entry.strip()!r})"
+        where = f"-H entry {i + 1} ({shown(entry.strip())})"
         entry = entry.strip()
         if not entry:
             raise HostsError(f"-H {spec!r}: entry {i + 1} is empty")
@@ -115,32 +135,72 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         body = line.split("#", 1)[0].strip()
         if not body:
             continue
-        fields = body.split()
-        name = check_host_name(fields[0], where)
-        slots = 1
-        for field in fields[1:]:
-            key, eq, value = field.partition("=")
-            if key != "slots" or not eq:
-                raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
-            slots = parse_slots(value, where)
-        if len(fields) > 2:
-            raise HostsError(f"{where}: expected 'host slots=N', got {line.strip()!r}")
-        hosts.append(Host(name, slots))
+        try:
+            hosts.append(_hostfile_line(body, line, where))
+        except HostsError as e:
+            if shown(line.strip()) in str(e):
+                raise
+            raise HostsError(f"{e} (line {shown(line.strip())})") from None
     if not hosts:
         raise HostsError(f"{source}: no hosts in the file")
     return _check_unique(hosts, source)
 
 
+def _hostfile_line(body: str, line: str, where: str) -> Host:
+    fields = body.split()
+    name = check_host_name(fields[0], where)
+    slots = 1
+    for field in fields[1:]:
+        key, eq, value = field.partition("=")
+        if key != "slots" or not eq:
+            raise HostsError(f"{where}: expected 'host slots=N', got {shown(line.strip())}")
+        slots = parse_slots(value, where)
+    if len(fields) > 2:
+        raise HostsError(f"{where}: expected 'host slots=N', got {shown(line.strip())}")
+    return Host(name, slots)
+
+
+MAX_HOSTFILE = 16 << 20  # bytes
+PIPE_WAIT_S = 10.0
+
+
 def read_hostfile(path: str | os.PathLike) -> list[Host]:
-    """Read and parse a hostfile; a missing or unreadable file is a ``HostsError`` naming it."""
+    """Read and parse a hostfile; a missing or unreadable file is a ``HostsError`` naming it, and
+    so is anything but a regular file or a pipe (a pipe is read for at most ``PIPE_WAIT_S``; a FIFO
+    with no writer is empty) or one over ``MAX_HOSTFILE``."""
+    name = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
-        raise HostsError(f"hostfile {os.fspath(path)!r}: {e.strerror}") from None
+        raise HostsError(f"hostfile {name!r}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise HostsError(f"hostfile {name!r}: not a regular file or a pipe")
+        data = bytearray()
+        deadline = time.monotonic() + PIPE_WAIT_S  # a pipe (--hostfile <(...)) gets this long to say it all
+        while len(data) <= MAX_HOSTFILE:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise HostsError(f"hostfile {name!r}: the pipe said nothing more for {PIPE_WAIT_S:g} s") from None
+                continue
+            if not chunk:
+                break  # the end (a FIFO with no writer ends at once)
+            data += chunk
+    except OSError as e:
+        raise HostsError(f"hostfile {name!r}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_HOSTFILE:
+        raise HostsError(f"hostfile {name!r}: larger than {MAX_HOSTFILE} bytes")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HostsError(f"hostfile {os.fspath(path)!r}: not text ({e.reason})") from None
-    return parse_hostfile(text, os.fspath(path))
+        raise HostsError(f"hostfile {name!r}: not text ({e.reason})") from None
+    return parse_hostfile(text, name)
 
 
 def allocation_hosts(allocation: SlurmAllocation) -> list[Host]:

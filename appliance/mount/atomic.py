@@ -3,11 +3,14 @@
 What it owns: ``save_atomically(write, path)`` (write a temporary file next to ``path``, fsync
 it, rename it over ``path``, fsync the directory) and the JSON helpers built on it
 (``write_json``; ``read_json``, which answers None for a missing or unparseable file),
-``read_with_mtime`` (a file's text and modification time, read from one open file), and
+``read_with_mtime`` (a file's text and modification time, read from one open file),
+``read_small`` (the same for a file anyone may have put there: never blocks, never reads more
+than a bound; ``NotReadable`` says why it is not a small regular UTF-8 file) and
 ``remove_temporaries(path)``: the temporary files a writer killed mid-save left next to ``path``.
 
 Env vars: none. Failure modes: ``OSError`` from the file system (the temporary file is removed
-and the old ``path`` left as it was); whatever ``write`` raises, after the same cleanup.
+and the old ``path`` left as it was); whatever ``write`` raises, after the same cleanup;
+``NotReadable`` from ``read_small``.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import glob
 import json
 import os
 import socket
+import stat
 from typing import Any, Callable, Optional
 
 
@@ -76,3 +80,40 @@ def read_with_mtime(path: str) -> tuple[Optional[str], Optional[float]]:
             return f.read(), os.fstat(f.fileno()).st_mtime
     except FileNotFoundError:
         return None, None
+
+
+class NotReadable(ValueError):
+    """A file that is there but is not a small regular UTF-8 file; the message says why."""
+
+
+def read_small(path: str, limit: int) -> tuple[Optional[str], Optional[float]]:
+    """(text, mtime) of ``path``, both from one open file; (None, None) when there is none. Never
+    blocks (opened non-blocking, checked to be a regular file on the open descriptor) and never
+    reads more than ``limit`` bytes; ``NotReadable`` for anything else (a directory, a FIFO, a
+    device, a symlink loop, more than ``limit`` bytes, not UTF-8)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        raise NotReadable(e.strerror or str(e)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotReadable("not a regular file")
+        data = bytearray()
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > limit:
+            raise NotReadable(f"larger than {limit} bytes")
+        try:
+            return data.decode("utf-8"), st.st_mtime
+        except UnicodeDecodeError:
+            raise NotReadable("not UTF-8 text") from None
+    except OSError as e:
+        raise NotReadable(e.strerror or str(e)) from None
+    finally:
+        os.close(fd)

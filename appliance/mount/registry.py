@@ -7,7 +7,11 @@ token per registration) and the operations on it: ``register()`` (write it atomi
 ``beat()`` (touch it: its modification time is the heartbeat; False once the record is gone or
 belongs to another registration of that name), ``unregister()`` (remove it, only if it is still
 ours), ``registrations()`` (every readable record with its heartbeat time) and ``live()`` (those
-whose heartbeat is younger than ``stale_after_s``, oldest registration first).
+whose heartbeat is younger than ``stale_after_s``, oldest registration first). Every record is
+checked field by field (an object; a plain name; port and slots whole numbers, not booleans; a
+finite ``started``); anything else in the directory (not JSON, not UTF-8, a directory, a FIFO,
+a symlink loop, a file over ``MAX_RECORD_BYTES``) is skipped, without blocking, and said through
+``registrations``' ``on_skip``.
 
 Who writes: a secondary container registers itself once its sshd answers and beats while it
 runs (``appliance.cluster.heartbeat``); ``appliance secondary --stop`` unregisters it before it
@@ -17,8 +21,9 @@ seconds (``is_live``: modification times, so the hosts' clocks and the share's m
 agree); its record stays until a secondary of that name registers again, and is ignored.
 
 Env vars: none read here. Failure modes: ``ValueError`` for a name that is not a plain file name;
-records that cannot be parsed are skipped by the readers (one being written is atomic, so that
-means damage); ``OSError`` from the file system propagates from the writers.
+records that cannot be read or parsed are skipped by the readers (one being written is atomic, so
+that means damage or a stranger's file); ``OSError`` from the file system propagates from the
+writers.
 """
 from __future__ import annotations
 
@@ -26,13 +31,16 @@ import contextlib
 import dataclasses
 import glob
 import json
+import math
 import os
 import secrets
 import time
-from typing import Optional
+from typing import Callable, Optional
 
-from .atomic import read_with_mtime, write_json
+from .atomic import read_small, write_json
 from .layout import Layout, check_name
+
+MAX_RECORD_BYTES = 64 * 1024  # a record is a few hundred bytes; anything longer is not one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,28 +60,55 @@ class Registration:
                    started=time.time(), token=secrets.token_hex(8))
 
     @classmethod
-    def from_json(cls, data: dict) -> "Registration":
+    def from_json(cls, data: object) -> "Registration":
+        """A record's JSON as a ``Registration``; ``ValueError`` saying which field is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a JSON object but {type(data).__name__}")
+        for key in ("name", "ssh_port", "slots"):
+            if key not in data:
+                raise ValueError(f"no {key!r}")
+        if not isinstance(data["name"], str):
+            raise ValueError("'name' is not a string")
+        check_name("secondary", data["name"])
+        for key, low, high in (("ssh_port", 1, 65535), ("slots", 1, None)):
+            v = data[key]
+            if type(v) is not int or v < low or (high is not None and v > high):  # noqa: E721 - bool is not a count
+                raise ValueError(f"{key!r} must be a whole number from {low}" + (f" to {high}" if high else "")
+                                 + f", got {json.dumps(v)[:40]}")
+        for key in ("container", "hostname", "token"):
+            if not isinstance(data.get(key, ""), str):
+                raise ValueError(f"{key!r} is not a string")
+        started = data.get("started", 0.0)
+        if type(started) not in (int, float) or not math.isfinite(started):
+            raise ValueError(f"'started' must be a finite number, got {json.dumps(started)[:40]}")
         fields = {f.name for f in dataclasses.fields(cls)}
-        reg = cls(**{k: v for k, v in data.items() if k in fields})
-        check_name("secondary", reg.name)
-        if not (isinstance(reg.ssh_port, int) and 0 < reg.ssh_port < 65536 and isinstance(reg.slots, int)
-                and reg.slots > 0):
-            raise ValueError(f"secondary {reg.name}: bad port or slots")
-        return reg
+        values = {k: v for k, v in data.items() if k in fields}
+        values["started"] = float(started)
+        return cls(**values)
 
 
 def _path(layout: Layout, name: str) -> str:
     return layout.secondary_path(name)
 
 
-def _read(path: str) -> tuple[Optional[Registration], Optional[float]]:
-    text, mtime = read_with_mtime(path)
+def _load(path: str) -> tuple[Optional[Registration], Optional[float]]:
+    """(record, heartbeat) of ``path``; (None, None) when it is gone; ``ValueError`` saying why it
+    is not a record."""
+    text, mtime = read_small(path, MAX_RECORD_BYTES)
     if text is None:
         return None, None
     try:
-        return Registration.from_json(json.loads(text)), mtime
-    except (ValueError, TypeError):
-        return None, mtime
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON ({type(e).__name__})") from None
+    return Registration.from_json(data), mtime
+
+
+def _read(path: str) -> tuple[Optional[Registration], Optional[float]]:
+    try:
+        return _load(path)
+    except ValueError:  # NotReadable too
+        return None, None
 
 
 def register(layout: Layout, reg: Registration) -> str:
@@ -107,13 +142,25 @@ def unregister(layout: Layout, name: str, token: Optional[str] = None) -> bool:
     return False
 
 
-def registrations(layout: Layout) -> list[tuple[Registration, float]]:
-    """Every readable record with its heartbeat (modification) time, oldest registration first."""
+def registrations(layout: Layout, on_skip: Optional[Callable[[str, str], None]] = None
+                  ) -> list[tuple[Registration, float]]:
+    """Every readable record with its heartbeat (modification) time, oldest registration first;
+    ``on_skip(path, why)`` once for each file that is not a usable record."""
     found = []
-    for path in glob.glob(os.path.join(glob.escape(layout.secondaries), "*.json")):
-        reg, mtime = _read(path)
-        if reg is not None and mtime is not None and os.path.basename(path) == f"{reg.name}.json":
-            found.append((reg, mtime))
+    for path in sorted(glob.glob(os.path.join(glob.escape(layout.secondaries), "*.json"))):
+        try:
+            reg, mtime = _load(path)
+        except ValueError as e:
+            if on_skip is not None:
+                on_skip(path, str(e))
+            continue
+        if reg is None or mtime is None:
+            continue  # removed meanwhile
+        if os.path.basename(path) != f"{reg.name}.json":
+            if on_skip is not None:
+                on_skip(path, f"it names {reg.name!r}, not the file's name")
+            continue
+        found.append((reg, mtime))
     return sorted(found, key=lambda r: (r[0].started, r[0].name))
 
 

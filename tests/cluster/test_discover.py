@@ -3,6 +3,7 @@ heartbeat (heartbeat.py): pure logic with the time passed in, then real files an
 and the launcher's discovery-script machinery running the generated script."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,12 +12,15 @@ import sys
 import threading
 import time
 
+import pytest
+
 from appliance.cluster.discover import host_lines, write_script
 from appliance.cluster.heartbeat import keep_alive
 from appliance.launcher.elastic.discovery import ScriptDiscovery
 from appliance.mount import Layout
 from appliance.mount.registry import Registration, register, registrations
 from fixtures import ROOT
+from fixtures.bad_records import BAD_CASES, GOOD, make_bad_entry
 
 
 def _reg(name: str, port: int = 12345, slots: int = 1, started: float = 0.0) -> Registration:
@@ -139,3 +143,39 @@ def test_the_heartbeat_gives_up_naming_the_port_when_sshd_never_answers(tmp_path
                           "--wait", "0.5", "--shared", str(tmp_path)], env=_env(), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 1 and f"port {port}" in out.stderr and "not registered" in out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_the_discovery_command_skips_one_bad_file_with_one_line(tmp_path, case):
+    layout = Layout(str(tmp_path)).ensure()
+    os.makedirs(layout.secondaries, exist_ok=True)
+    with open(layout.secondary_path("node1"), "w") as f:
+        json.dump(GOOD, f)
+    bad = os.path.join(layout.secondaries, "bad.json")
+    make_bad_entry(case, bad)
+    out = subprocess.run([sys.executable, "-m", "appliance.cluster.discover", str(tmp_path), "--stale", "1e9"],
+                         env=_env(), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["node1:1"], (out.stdout, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and f"skipped {bad}: " in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("stale", ["-1", "nan", "0", "inf"])
+def test_a_stale_time_that_is_not_a_positive_number_is_refused(tmp_path, stale):
+    out = subprocess.run([sys.executable, "-m", "appliance.cluster.discover", str(tmp_path), "--stale", stale],
+                         env=_env(), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--stale must be a positive number of seconds" in out.stderr, out.stderr
+
+
+def test_a_file_name_cannot_forge_a_line(tmp_path):
+    layout = Layout(str(tmp_path)).ensure()
+    os.makedirs(layout.secondaries, exist_ok=True)
+    with open(layout.secondary_path("node1"), "w") as f:
+        json.dump(GOOD, f)
+    with open(os.path.join(layout.secondaries, "x\nappliance discover: forged.json"), "w") as f:
+        f.write("[]")
+    out = subprocess.run([sys.executable, "-m", "appliance.cluster.discover", str(tmp_path), "--stale", "1e9"],
+                         env=_env(), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["node1:1"], (out.stdout, out.stderr)
+    assert len(out.stderr.splitlines()) == 1 and "x?appliance discover: forged.json" in out.stderr, out.stderr

@@ -1,6 +1,6 @@
 """Horovod's elastic command line on ``appliance launch``, ``horovodrun`` and the cluster plane's
 parser (``launcher.flags`` -> ``LaunchConfig.elastic``): the flags and their aliases, Horovod's
-defaults (min and max default to -np, 600 s from HOROVOD_ELASTIC_TIMEOUT), when a job is elastic,
+defaults (min defaults to -np, max to unbounded, 600 s from HOROVOD_ELASTIC_TIMEOUT), when a job is elastic,
 and the combinations refused with a line naming the flag."""
 from __future__ import annotations
 
@@ -24,17 +24,28 @@ def test_static_jobs_have_no_elastic_config():
 def test_each_of_min_max_and_a_discovery_script_makes_a_job_elastic_with_horovods_defaults():
     e = config(["-np", "4", "--min-np", "2", "-H", "a:2,b:2", "python", "x.py"]).elastic
     assert (e.min_np, e.max_np, e.discovery_script, e.timeout_s, e.reset_limit, e.cooldown_range) == (
-        2, 4, None, 600.0, None, None)
+        2, None, None, 600.0, None, None)
     e = config(["-np", "2", "--max-num-proc", "8", "python", "x.py"]).elastic
     assert (e.min_np, e.max_np) == (2, 8)
     e = config(["-np", "3", "--host-discovery-script", "./d.sh", "--slots", "4", "python", "x.py"],
                environ={"HOROVOD_ELASTIC_TIMEOUT": "30", "APPLIANCE_DISCOVERY_INTERVAL": "0.2"}).elastic
     assert (e.min_np, e.max_np, e.discovery_script, e.slots_per_host, e.timeout_s, e.discovery_interval_s) == (
-        3, 3, "./d.sh", 4, 30.0, 0.2)
+        3, None, "./d.sh", 4, 30.0, 0.2)
     e = config(["-np", "2", "--min-num-proc", "1", "--elastic-timeout", "5", "--reset-limit", "3",
                 "--blacklist-cooldown-range", "10", "100", "-H", "a:1,b:1", "python", "x.py"],
                environ={"HOROVOD_ELASTIC_TIMEOUT": "30"}).elastic
     assert (e.timeout_s, e.reset_limit, e.cooldown_range) == (5.0, 3, (10.0, 100.0))
+
+
+def test_max_np_not_given_is_unbounded_as_horovodrun_and_given_is_checked():
+    # horovodrun --help: "If not specified, then will be unbounded"; -np 2 --min-np 2 -H a:2,b:2 runs 4
+    for argv in (["-np", "2", "--min-np", "2", "-H", "a:2,b:2"], ["-np", "2", "--host-discovery-script", "d.sh"]):
+        assert config([*argv, "python", "x.py"]).elastic.max_np is None
+        assert hr.parse([*argv, "python", "x.py"]).flags.launch_config(["python"], environ={}).elastic.max_np is None
+    assert config(["-np", "2", "--max-np", "2", "python", "x.py"]).elastic.max_np == 2
+    assert config(["-np", "2", "--min-np", "1", "--max-np", "1000000000", "python", "x.py"]).elastic.max_np == 10 ** 9
+    with pytest.raises(ConfigError, match=r"expected --min-np <= -np <= --max-np, got 3 <= 2 <= \(unbounded\)"):
+        config(["-np", "2", "--min-np", "3", "python", "x.py"])
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -84,3 +95,20 @@ def test_inside_an_allocation_a_discovery_script_means_ssh_and_min_np_alone_mean
     with pytest.raises(ConfigError, match="--host-discovery-script"):
         launcher_of(config(["-np", "2", "--host-discovery-script", "d.sh", "--launcher", "srun", "python"],
                            environ=slurm))
+
+
+@pytest.mark.parametrize("name", ["HOROVOD_ELASTIC_TIMEOUT", "APPLIANCE_DISCOVERY_INTERVAL",
+                                  "APPLIANCE_DISCOVERY_TIMEOUT"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_elastic_knobs_must_be_positive_and_are_refused_by_their_own_name(name, value):
+    with pytest.raises(ConfigError) as e:
+        config(["-np", "2", "--min-np", "1", "python", "x.py"], environ={name: value})
+    msg = str(e.value)
+    assert msg.startswith(f"{name}={value!r}: must be a positive number") and "--elastic-timeout" not in msg.split(
+        "(")[0], msg
+    # the flag given wins over the variable, and is the one named when it is wrong
+    if name == "HOROVOD_ELASTIC_TIMEOUT":
+        assert config(["-np", "2", "--min-np", "1", "--elastic-timeout", "5", "python", "x.py"],
+                      environ={name: value}).elastic.timeout_s == 5.0
+        with pytest.raises(ConfigError, match="--elastic-timeout must be positive"):
+            config(["-np", "2", "--min-np", "1", "--elastic-timeout", value, "python", "x.py"], environ={})

@@ -175,3 +175,42 @@ def test_close_before_a_run_and_on_the_fixed_list(tmp_path):
     f.close()
     with pytest.raises(DiscoveryError, match="closed"):
         f.find()
+
+
+def test_output_over_the_cap_fails_the_run_with_one_line_never_a_cut(tmp_path):
+    from appliance.launcher.elastic.discovery import MAX_OUTPUT
+
+    a, b = "localhost:2\n", "127.0.0.1:2\n"
+    fits = tmp_path / "fits.txt"  # exactly MAX_OUTPUT bytes: both hosts are read
+    fits.write_text(a + "#" + "x" * (MAX_OUTPUT - len(a) - len(b) - 2) + "\n" + b)
+    assert fits.stat().st_size == MAX_OUTPUT
+    path = script(tmp_path, f"#!/bin/sh\ncat {fits}\n", "fits.sh")
+    assert ScriptDiscovery(path, None, 10.0, os.environ).find() == {"localhost": 2, "127.0.0.1": 2}
+    over = tmp_path / "over.txt"  # the probe's case: one byte more used to cut "127.0.0.1:2" to "127.0.0.1"
+    over.write_text(a + "#" + "x" * (MAX_OUTPUT - len(a) - len(b) - 1) + "\n" + b)
+    path = script(tmp_path, f"#!/bin/sh\ncat {over}\n", "over.sh")
+    with pytest.raises(DiscoveryError, match=f"output exceeded {MAX_OUTPUT} bytes"):
+        ScriptDiscovery(path, None, 10.0, os.environ).find()
+
+
+def test_endless_output_fails_at_the_cap_not_at_the_timeout(tmp_path):
+    path = script(tmp_path, "#!/bin/sh\nexec yes localhost:1\n", "endless.sh")
+    d = ScriptDiscovery(path, None, 60.0, os.environ)
+    start = time.monotonic()
+    with pytest.raises(DiscoveryError, match="output exceeded"):
+        d.find()
+    assert time.monotonic() - start < 30.0  # far below the 60 s timeout
+    assert d._run is None
+
+
+def test_a_run_is_always_bounded():
+    for bad in (0, 0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="must be positive"):
+            ScriptDiscovery("d.sh", None, bad, os.environ)
+
+
+def test_a_huge_malformed_line_makes_a_short_error():
+    for text in ("x" * 1_000_000 + ";\n", "host:" + "1" * 500_000 + "\n", "a:b:" + "c" * 900_000 + "\n"):
+        with pytest.raises(DiscoveryError) as e:
+            parse_hosts_output(text, "host discovery script d.sh")
+        assert "host discovery script d.sh, line 1" in str(e.value) and len(str(e.value)) < 600, len(str(e.value))

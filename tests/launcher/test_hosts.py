@@ -119,3 +119,62 @@ def test_assign_ranks_too_many_processes_says_how_many_slots():
     assert "-np 4" in msg and "3 slots on 2 hosts" in msg and "a:2,b:1" in msg
     with pytest.raises(HostsError, match="at least 1"):
         assign_ranks([Host("a", 2)], 0)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("localhost:2:3", ["'localhost:2:3' is not a host name", "[address]:slots"]),
+    ("a:b:c", ["'a:b:c' is not a host name"]),
+    ("[::1]:2:3", ["whole number", "'2:3'"]),
+    ("localhost:1_0", ["whole number", "'1_0'"]),
+    ("localhost:\u0662", ["whole number"]),
+    ("localhost:+3", ["whole number"]),
+    ("localhost:" + "9" * 5000, ["whole number"]),
+])
+def test_hosts_and_slots_are_parsed_strictly_in_h_hostfiles_and_discovery(entry, words):
+    from appliance.launcher.elastic.discovery import DiscoveryError, parse_hosts_output
+    from appliance.launcher.hosts import shown
+
+    with pytest.raises(HostsError) as e:
+        parse_hosts(f"good:1,{entry}")
+    assert "entry 2" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+    host, _, slots = entry.rpartition(":") if not entry.startswith("localhost:2") and entry.count(":") == 1 else (
+        entry, "", "")
+    hostfile_line = f"{host} slots={slots}" if slots else entry
+    with pytest.raises(HostsError) as e:
+        parse_hostfile(f"good slots=1\n{hostfile_line}\n", "hosts.txt")
+    assert str(e.value).startswith("hosts.txt:2:") and shown(hostfile_line) in str(e.value), str(e.value)
+    assert len(str(e.value)) < 600
+    with pytest.raises(DiscoveryError) as e:
+        parse_hosts_output(f"good:1\n{entry}\n", "host discovery script d.sh")
+    assert "host discovery script d.sh, line 2" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_ipv6_addresses_still_pass_bare_or_in_brackets():
+    assert parse_hosts("::1,[fe80::1%eth0]:2,[::ffff:10.0.0.1]:3") == [
+        Host("::1", 1), Host("fe80::1%eth0", 2), Host("::ffff:10.0.0.1", 3)]
+    assert parse_hostfile("::1 slots=2\n", "f") == [Host("::1", 2)]
+
+
+@pytest.mark.timeout(20)
+def test_a_hostfile_that_is_not_a_regular_file_is_refused_never_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "hosts.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(HostsError, match="no hosts in the file"):
+        read_hostfile(fifo)  # no writer: empty at once, never waited on
+    r, w = os.pipe()  # --hostfile <(echo ...): a pipe with its writer is read
+    os.write(w, b"h1 slots=2\n")
+    os.close(w)
+    try:
+        assert read_hostfile(f"/proc/self/fd/{r}") == [Host("h1", 2)]
+    finally:
+        os.close(r)
+    for path, words in ((tmp_path, "not a regular file or a pipe"), ("/dev/zero", "not a regular file or a pipe")):
+        with pytest.raises(HostsError) as e:
+            read_hostfile(path)
+        assert str(path) in str(e.value) and words in str(e.value), str(e.value)
+    bad = tmp_path / "latin1"
+    bad.write_bytes(b"h\xe9 slots=1\n")
+    with pytest.raises(HostsError, match="not text"):
+        read_hostfile(bad)

@@ -10,6 +10,7 @@ import pytest
 from appliance.mount import Layout
 from appliance.mount.registry import (Registration, beat, is_live, live, register, registrations,
                                       unregister)
+from fixtures.bad_records import BAD_CASES, GOOD, make_bad_entry
 
 
 def test_a_registration_is_live_until_stale_after_its_last_beat():
@@ -68,3 +69,21 @@ def test_damaged_and_misnamed_records_are_skipped(tmp_path):
 
 def test_no_secondaries_directory_means_no_registrations(tmp_path):
     assert registrations(Layout(str(tmp_path / "nothing"))) == []
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_one_bad_entry_is_skipped_once_and_the_others_are_read(tmp_path, case):
+    layout = Layout(str(tmp_path)).ensure()
+    os.makedirs(layout.secondaries, exist_ok=True)
+    register(layout, Registration.create("node2", 12345, 2))
+    with open(layout.secondary_path("node1"), "w") as f:
+        json.dump(GOOD, f)
+    bad = os.path.join(layout.secondaries, "bad.json")
+    make_bad_entry(case, bad)
+    skipped = []
+    found = registrations(layout, on_skip=lambda path, why: skipped.append((path, why)))
+    assert [r.name for r, _ in found] == ["node1", "node2"]
+    assert len(skipped) == 1 and skipped[0][0] == bad and skipped[0][1], skipped
+    assert all(type(r.slots) is int and type(r.ssh_port) is int for r, _ in found)
+    assert [r.name for r in live(layout, 3600.0)] == ["node1", "node2"]

@@ -83,6 +83,22 @@ def test_handshake_outcomes_in_process():
     assert "meant for rank 2, this is rank 1" in who["connector_error"]
 
 
+
+def test_a_wrong_job_id_is_refused_without_telling_this_jobs_id(capfd):
+    server = T.StoreServer("127.0.0.1", 0, b"sec", "real-job-7f3a")
+    for claimed in (b"deadbeef", b"evil\nappliance: forged line\x1b[2J"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+            s.sendall(T.encode_frame(HELLO, 0, hello_payload(claimed, 0, STORE_RANK, STORE_CHANNEL, os.urandom(32))))
+            typ, seq, p = recv_frame(s)
+            assert (typ, seq) == (ABORT, 0), typ
+            said = abort_message(p)
+            assert "wrong job id" in said and "real-job-7f3a" not in said, said
+    del server
+    err = capfd.readouterr().err
+    assert "real-job-7f3a" not in err, err
+    assert not any(line.startswith("appliance: forged line") for line in err.splitlines()), err
+
+
 def by_hand_proof(sock, secret, job, rank, expect, ch, nonce_c=None):
     """Run the connector side by hand; returns (verdict type, payload, hello, proof frames)."""
     nonce_c = nonce_c or os.urandom(32)

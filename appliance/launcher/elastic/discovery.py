@@ -4,7 +4,8 @@ What it owns: ``parse_hosts_output`` (the discovery script's output format, Horo
 per line, ``host:slots`` or ``host`` (then ``--slots-per-host``, default 1); IPv6 addresses in
 brackets, ``[::1]:2``; blank lines and ``#`` comments skipped; the same line twice counts once),
 ``ScriptDiscovery`` (runs the script as an argv, never through a shell, in a session of its own,
-bounded by ``APPLIANCE_DISCOVERY_TIMEOUT``; its whole process group is killed on timeout) and
+bounded by ``APPLIANCE_DISCOVERY_TIMEOUT``; its whole process group is killed on timeout; its
+output is read as it comes and a run that prints more than ``MAX_OUTPUT`` bytes fails) and
 ``FixedDiscovery`` (the -H/--hostfile/Slurm hosts, for fault tolerance over a fixed list). Both
 answer ``find() -> {host: slots}`` in the order the hosts were printed, and ``close()``
 (thread-safe, also as a context manager): a run in flight is killed with its process group and
@@ -17,7 +18,7 @@ The MPI Operator's ``/etc/mpi/discover_hosts.sh`` (plain host names, one per lin
 
 Env vars: none read (``ElasticConfig`` carries the interval and timeout); the script runs with
 the launcher's environment. Failure modes: ``DiscoveryError`` naming the script and the reason:
-missing, not executable, exit status, timeout, the malformed line, or closed.
+missing, not executable, exit status, timeout, too much output, the malformed line, or closed.
 """
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ import threading
 import time
 from typing import Mapping
 
-from ..hosts import HostsError, check_host_name, parse_slots
+from ..hosts import HostsError, check_host_name, parse_slots, shown
 
-MAX_OUTPUT = 1 << 20  # bytes of script output read at most
+MAX_OUTPUT = 1 << 20  # bytes of script output a run may print; more fails the run
 _STDERR_KEPT = 1 << 16  # bytes of the script's stderr kept (its last line is shown)
 
 
@@ -47,7 +48,7 @@ def parse_hosts_output(text: str, source: str, default_slots: int | None = None)
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        where = f"{source}, line {number} ({line!r})"
+        where = f"{source}, line {number} ({shown(line)})"
         name, slots = line, None
         if line.startswith("["):
             close = line.find("]")
@@ -93,6 +94,8 @@ class ScriptDiscovery:
 
     def __init__(self, script: str, default_slots: int | None, timeout_s: float, environ: Mapping[str, str],
                  cwd: str | None = None):
+        if not timeout_s > 0:
+            raise ValueError(f"the discovery timeout must be positive, got {timeout_s!r}")  # a run is always bounded
         self.script, self.default_slots, self.timeout_s = script, default_slots, timeout_s
         self.environ, self.cwd = dict(environ), cwd
         self._lock = threading.Lock()
@@ -132,7 +135,7 @@ class ScriptDiscovery:
                 raise DiscoveryError(f"host discovery script {self.script}: cannot run it: {e.strerror}") from None
             self._run = run
         try:
-            out, err, status = run.collect(self.timeout_s)
+            out, err, status = run.collect(self.timeout_s, MAX_OUTPUT)
         finally:
             run.cancel()  # anything it left behind in its session
             with self._lock:
@@ -140,6 +143,9 @@ class ScriptDiscovery:
             run.close()
         if status == "cancelled":
             raise self._closed_error()
+        if status == "too much":
+            raise DiscoveryError(f"host discovery script {self.script}: its output exceeded {MAX_OUTPUT} bytes "
+                                 "(nothing of it is used)")
         if status == "timeout":
             raise DiscoveryError(f"host discovery script {self.script}: did not finish within {self.timeout_s:g} s "
                                  "(APPLIANCE_DISCOVERY_TIMEOUT)")
@@ -148,7 +154,7 @@ class ScriptDiscovery:
             last = (err.decode(errors="replace").strip().splitlines() or [""])[-1]
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             raise DiscoveryError(f"host discovery script {self.script} {how}" + (f": {last}" if last else ""))
-        return parse_hosts_output(out[:MAX_OUTPUT].decode(errors="replace"), f"host discovery script {self.script}",
+        return parse_hosts_output(out.decode(errors="replace"), f"host discovery script {self.script}",
                                   self.default_slots)
 
 
@@ -171,9 +177,10 @@ class _Run:
         self._reaped = False
         self._fds_closed = False
 
-    def collect(self, timeout_s: float) -> tuple[bytes, bytes, str]:
-        """(stdout, stderr, "done" | "timeout" | "cancelled"); the pipes are closed after."""
-        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+    def collect(self, timeout_s: float, max_output: int) -> tuple[bytes, bytes, str]:
+        """(stdout, stderr, "done" | "timeout" | "cancelled" | "too much"): read as it comes, at
+        most ``max_output`` bytes of stdout kept (one more ends the run as "too much")."""
+        deadline = time.monotonic() + timeout_s
         out, err = bytearray(), bytearray()
         streams = {self.proc.stdout.fileno(): out, self.proc.stderr.fileno(): err}
         status = "done"
@@ -182,8 +189,8 @@ class _Run:
                 sel.register(fd, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             while len(sel.get_map()) > 1:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     status = "timeout"
                     break
                 ready = sel.select(left)
@@ -201,8 +208,12 @@ class _Run:
                     buf += chunk
                     if key.fd == self.proc.stderr.fileno() and len(buf) > _STDERR_KEPT:
                         del buf[:len(buf) - _STDERR_KEPT]  # only its last line is ever shown
+                    elif buf is out and len(out) > max_output:
+                        status = "too much"
+                if status != "done":
+                    break
         if status == "done":
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = max(0.0, deadline - time.monotonic())
             try:
                 self.proc.wait(timeout=left)  # output closed: it has ended, or it will within the limit
             except subprocess.TimeoutExpired:

@@ -118,7 +118,10 @@ void AcceptorHandshake::on_hello(const Frame& f) {
   if (job_id != me_.job_id) {
     // kMismatch, not kAuth: a rank that re-initialised may reach the previous store
     // generation before it is gone; the store client retries on this code.
-    refuse("job id '" + job_id + "' is not this job's ('" + me_.job_id + "')", true, Code::kMismatch);
+    // This job's id is not told to a peer that has not proved the secret (nor in the line).
+    std::string shown;
+    for (char c : job_id.substr(0, 64)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
+    refuse("wrong job id '" + shown + "'", true, Code::kMismatch);
     return;
   }
   if (expect_rank != me_.rank) {
