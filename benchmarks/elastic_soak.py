@@ -359,7 +359,22 @@ class Soak:
             samples.append(self.sample())
             time.sleep(0.25)
         snap = {k: min(x[k] for x in samples) for k in samples[0]}
-        return {**snap, "size": self.size_now(), "t": time.time()}
+        return {**snap, "size": self.size_now(), "t": time.time(), "process_list": self.process_list()}
+
+    def process_list(self) -> list[str]:
+        """Who the processes are (where, and the first words of the command line), to name a leak."""
+        def cmd(pid: int) -> str:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    words = f.read().split(b"\0")
+            except OSError:
+                return "?"
+            return " ".join(os.path.basename(w.decode(errors="replace")) if i == 0 else w.decode(errors="replace")
+                            for i, w in enumerate(words[:4]) if w)[:100]
+        out = [f"launcher: {cmd(p)}" for p in descendants(self.proc.pid)]
+        for h in self.cluster.hosts:
+            out += [f"{h.address}: {cmd(p)}" for p in h.pids()]
+        return sorted(out)
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -531,6 +546,14 @@ def report(soak: Soak, checks: list[dict], elapsed: float) -> dict:
     print(f"| after the job: workers alive, namespace processes, new /dev/shm segments | "
           f"{len(after.get('workers_alive', []))}, {sum(map(len, after.get('namespace_processes', {}).values()))}, "
           f"{len(after.get('shm_new', []))} | | {'no' if res_ok['nothing left after the job'] else 'YES'} |")
+    if start and end:
+        for k in ("process_list",):
+            before, now = list(start.get(k, [])), list(end.get(k, []))
+            for p in before:
+                if p in now:
+                    now.remove(p)
+            for p in now:
+                print(f"\nat the end, not at the start: {p}")
     print("\n| target (long form) | met |\n|---|---|")
     for name, ok in targets.items():
         print(f"| {name} | {'yes' if ok else 'NO'} |")
