@@ -11,9 +11,9 @@ came from.
 
 Usage: elastic_soak.py OUT STEP_S COMMIT. Runs until ``OUT/stop`` names a step (the job ends after
 it, every worker at the same step). Each worker W (APPLIANCE_ELASTIC_WORKER) appends JSON lines
-to ``OUT/log.W``: ``born`` (pid, hostname, its own start: process start to imports done),
-``round`` (the driver's round number) on every line, ``start`` (each entry into the training function after a sync: rank, size, step, digest),
-``step`` (rank, size, step, digest, ``commit`` true when it committed after this step) and
+to ``OUT/log.W``, each with the driver's round number: ``born`` (pid, hostname, its own start:
+process start to imports done), ``start`` (each entry into the training function after a sync:
+rank, size, step, digest), ``step`` (rank, size, step, digest, ``commit`` true when it committed after this step) and
 ``done``; rank 0 of the last round writes ``OUT/result.json`` (sizes, parameters).
 """
 import hashlib
