@@ -13,8 +13,8 @@ Usage: elastic_soak.py OUT STEP_S COMMIT. Runs until ``OUT/stop`` names a step (
 it, every worker at the same step). Each worker W (APPLIANCE_ELASTIC_WORKER) appends JSON lines
 to ``OUT/log.W``, each with the driver's round number: ``born`` (pid, hostname, its own start:
 process start to imports done), ``start`` (each entry into the training function after a sync:
-rank, size, step, digest), ``step`` (rank, size, step, digest, ``commit`` true when it committed after this step) and
-``done``; rank 0 of the last round writes ``OUT/result.json`` (sizes, parameters).
+rank, size, step, digest), ``step`` (rank, size, step, digest, ``commit`` true when it committed
+after this step) and ``done``; rank 0 of the last round writes ``OUT/result.json`` (sizes, parameters).
 """
 import hashlib
 import json
