@@ -7,7 +7,9 @@ committed state, the ranks agreed at every step, the final model equals a one-pr
 its committed sizes, nothing grew between the start and the end (processes, the launcher's fds
 and threads, /dev/shm; RSS within 10 %) and nothing was left after the job. Recovery times are
 printed, not asserted (the long form's targets are for a quiet machine). The script runs in its
-own session: on a timeout it and everything it started are killed, and its namespaces removed.
+own session: on a timeout it and everything it started are killed, and its namespaces removed. The soak's checker itself is
+tested on logs written here: it finds a lost commit, a round that resumed from no commit, and
+ranks that disagree.
 """
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ from fixtures import ROOT, netns
 
 BENCH = ROOT / "benchmarks"
 
-pytestmark = [pytest.mark.ssh, pytest.mark.slow, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.ssh]
+sys.path.insert(0, str(BENCH))
+import elastic_soak  # noqa: E402  (benchmarks/ is scripts, not a package)
 
 
 def namespaces(pid: int) -> list[str]:
@@ -31,6 +35,8 @@ def namespaces(pid: int) -> list[str]:
     return [line.split()[0] for line in lines if line.startswith(f"{netns.PREFIX}{pid}x")]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(480)
 def test_elastic_soak_short_form(request, tmp_path):
     why = netns.available()
     if why:
@@ -66,3 +72,29 @@ def test_elastic_soak_short_form(request, tmp_path):
     assert all(r["resource_ok"].values()), (r["resources"], tail)
     assert p.returncode == 0, tail
     assert namespaces(p.pid) == [], "namespaces left behind"
+
+
+def test_the_checker_finds_a_lost_commit_a_state_from_no_commit_and_disagreeing_ranks(tmp_path):
+    lines: dict[int, list[dict]] = {0: [], 1: []}
+
+    def ev(**kw):
+        lines[kw["w"]].append(kw)
+
+    for w in (0, 1):
+        ev(ev="start", w=w, t=1.0, round=1, step=0, sum="init", size=2, rank=w)
+    for s in range(1, 9):  # commits at 4 and 8; worker 1 logs another state at step 3
+        for w in (0, 1):
+            ev(ev="step", w=w, t=1.0 + s, round=1, step=s, sum="bad" if (w, s) == (1, 3) else f"s{s}",
+               commit=s % 4 == 0, size=2, rank=w)
+    ev(ev="start", w=0, t=20.0, round=2, step=4, sum="s4", size=1, rank=0)   # the survivor committed 8
+    ev(ev="step", w=0, t=21.0, round=2, step=5, sum="x5", commit=False, size=1, rank=0)
+    for w, evs in lines.items():
+        (tmp_path / f"log.{w}").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    r = elastic_soak.check_job(tmp_path)
+    assert r["committed_steps_lost"] == 4 and r["lost_at"] == [{"round": 2, "resumed_at": 4, "last_commit": 8}]
+    assert r["digest_disagree"] == 1 and r["rounds"] == 2 and r["not_from_a_commit"] == []
+    # a round that starts from a state no commit had
+    ev(ev="start", w=0, t=30.0, round=3, step=8, sum="other", size=1, rank=0)
+    (tmp_path / "log.0").write_text("".join(json.dumps(e) + "\n" for e in lines[0]))
+    r = elastic_soak.check_job(tmp_path)
+    assert r["not_from_a_commit"] == [{"round": 3, "step": 8}] and r["rounds_from_a_commit"] == 2
