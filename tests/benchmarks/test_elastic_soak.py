@@ -27,7 +27,7 @@ BENCH = ROOT / "benchmarks"
 
 pytestmark = [pytest.mark.ssh]
 sys.path.insert(0, str(BENCH))
-import elastic_soak  # noqa: E402  (benchmarks/ is scripts, not a package)
+import elastic_soak_checks  # noqa: E402  (benchmarks/ is scripts, not a package)
 
 
 def namespaces(pid: int) -> list[str]:
@@ -90,11 +90,11 @@ def test_the_checker_finds_a_lost_commit_a_state_from_no_commit_and_disagreeing_
     ev(ev="step", w=0, t=21.0, round=2, step=5, sum="x5", commit=False, size=1, rank=0)
     for w, evs in lines.items():
         (tmp_path / f"log.{w}").write_text("".join(json.dumps(e) + "\n" for e in evs))
-    r = elastic_soak.check_job(tmp_path)
+    r = elastic_soak_checks.check_job(tmp_path)
     assert r["committed_steps_lost"] == 4 and r["lost_at"] == [{"round": 2, "resumed_at": 4, "last_commit": 8}]
     assert r["digest_disagree"] == 1 and r["rounds"] == 2 and r["not_from_a_commit"] == []
     # a round that starts from a state no commit had
     ev(ev="start", w=0, t=30.0, round=3, step=8, sum="other", size=1, rank=0)
     (tmp_path / "log.0").write_text("".join(json.dumps(e) + "\n" for e in lines[0]))
-    r = elastic_soak.check_job(tmp_path)
+    r = elastic_soak_checks.check_job(tmp_path)
     assert r["not_from_a_commit"] == [{"round": 3, "step": 8}] and r["rounds_from_a_commit"] == 2
