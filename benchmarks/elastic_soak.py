@@ -82,6 +82,10 @@ def shm_segments() -> list[str]:
 
 
 class Soak:
+    """One soak: its jobs (one at a time), the discovery listing, the faults and the samples. A
+    context manager: on exit every process it started is killed, a stopped one continued and a cut
+    port brought up, whatever happened."""
+
     def __init__(self, args, cluster, home: Path, shared: Path, out: Path):
         self.args, self.cluster, self.home, self.shared, self.base_out = args, cluster, home, shared, out
         self.rng = random.Random(args.seed)
@@ -162,7 +166,17 @@ class Soak:
             self.proc.wait(10)
         if self.proc is not None:
             for e in Logs(self.out).of("born"):
-                self._signal(e["pid"], signal.SIGKILL)
+                if self.is_worker(e["pid"]):
+                    self._signal(e["pid"], signal.SIGKILL)
+            self.launcher_log.close()
+
+    def is_worker(self, pid: int) -> bool:
+        """Whether ``pid`` is still one of this soak's workers (not a later process given its pid)."""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return str(self.base_out).encode() in f.read() and alive(pid)
+        except OSError:
+            return False
 
     @staticmethod
     def _signal(pid: int, sig: int) -> None:
@@ -321,6 +335,12 @@ class Soak:
         return sorted(out)
 
     # -- the run ---------------------------------------------------------------------------------
+    def __enter__(self) -> "Soak":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill_all()
+
     def run(self) -> None:
         deadline = time.monotonic() + self.args.minutes * 60
         self.start_job()
@@ -360,7 +380,7 @@ class Soak:
         time.sleep(1.0)
         self.resources["after"] = {
             "workers_alive": [b["pid"] for j in self.jobs for b in Logs(Path(j["dir"])).born().values()
-                              if alive(b["pid"])],
+                              if self.is_worker(b["pid"])],
             "namespace_processes": {h.ns: h.pids() for h in self.cluster.hosts if h.pids()},
             "shm_new": sorted(set(shm_segments()) - set(self.shm_before))}
 
@@ -456,11 +476,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
     with netns.keyed_cluster(3, "appliance-elastic-soak-") as (cluster, base, shared, out):
-        soak = Soak(args, cluster, base, shared, out)
-        try:
+        with Soak(args, cluster, base, shared, out) as soak:
             soak.run()
-        finally:
-            soak.kill_all()
         checks = [check_job(Path(j["dir"])) for j in soak.jobs]
         result = report(soak, checks, time.monotonic() - t0)
     if args.json:
