@@ -476,6 +476,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
     with netns.keyed_cluster(3, "appliance-elastic-soak-") as (cluster, base, shared, out):
+        print(f"[soak] work directory: {base}", flush=True)
         with Soak(args, cluster, base, shared, out) as soak:
             soak.run()
         checks = [check_job(Path(j["dir"])) for j in soak.jobs]

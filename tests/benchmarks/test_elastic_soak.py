@@ -37,6 +37,22 @@ def namespaces(pid: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
+def kill_left(stdout: str) -> None:
+    """The launcher and workers of a soak that had to be killed (their own sessions): every process
+    whose command line names its work directory."""
+    work = next((line.split(": ", 1)[1] for line in stdout.splitlines() if line.startswith("[soak] work directory: ")),
+                None)
+    if not work:
+        return
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if work.encode() in f.read():
+                    os.kill(int(d), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
 def test_elastic_soak_short_form(request, tmp_path):
     why = netns.available()
     if why:
@@ -52,9 +68,14 @@ def test_elastic_soak_short_form(request, tmp_path):
     try:
         stdout, stderr = p.communicate(timeout=420)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+        if p.poll() is None:  # SIGTERM: it cleans up itself; then whatever is left of it, by force
+            p.send_signal(signal.SIGTERM)
+            try:
+                stdout, stderr = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                stdout, stderr = p.communicate()
+            kill_left(stdout)
             netns.remove_stale()
     print(stdout)
     assert out.exists(), f"no JSON; exit {p.returncode}:\n{stdout[-3000:]}\n{stderr[-3000:]}"
