@@ -36,7 +36,7 @@ def namespaces(pid: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(540)
 def kill_left(stdout: str) -> None:
     """The launcher and workers of a soak that had to be killed (their own sessions): every process
     whose command line names its work directory."""
