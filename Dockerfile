@@ -17,7 +17,7 @@
 #   gpu  adds NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=compute,utility for the NVIDIA
 #        container toolkit (`docker run --gpus all`; the host driver must support CUDA 13, i.e.
 #        R580 or newer).
-#   cpu  without them: GPUs are never handed to its containers.
+#   cpu  without them.
 #
 # Stages:  os       BASE_IMAGE + runtime packages (python3, OpenMPI, OpenSSH), shared by all
 #          venv     os + /opt/venv with the dependencies (binary wheels only: no compilers needed)
