@@ -6,15 +6,18 @@
 # Classic builder only: no BuildKit syntax, no RUN --mount (DOCKER_BUILDKIT unset or 0).
 #
 # Variants (one Dockerfile, the final stage picks): --target gpu (the default, last stage) and
-# --target cpu, with VARIANT=gpu|cpu choosing the requirements:
-#   gpu  PyPI's torch==2.13.0 (CUDA 13.0 build: the CUDA runtime, cuDNN, cuBLAS and NCCL arrive as
-#        nvidia-* wheels in /opt/venv, so any glibc >= 2.28 base works, no CUDA base needed) and
-#        torchvision==0.28.0; NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=compute,utility
-#        for the NVIDIA container toolkit (`docker run --gpus all`; the host driver must support
-#        CUDA 13, i.e. R580 or newer). The wheels' library dirs are in /etc/ld.so.conf.d, so
-#        libnccl.so.2 and libcudart.so.13 load by name. Without a GPU it runs on CPU tensors
-#        (torch.cuda.is_available() is False). ~5.5 GB.
-#   cpu  the same with a CPU-only torch (whatever the wheelhouse holds) and no torchvision. ~1.4 GB.
+# --target cpu. Both carry the same Python packages, /opt/venv from one `venv` stage (so building
+# both keeps its big layer once):
+#   PyPI's torch==2.13.0 (CUDA 13.0 build: the CUDA runtime, cuDNN, cuBLAS and NCCL arrive as
+#   nvidia-* wheels in /opt/venv, so any glibc >= 2.28 base works, no CUDA base needed) and
+#   torchvision==0.28.0 (PyPI's only build, which needs CUDA torch's libraries: it does not import
+#   beside a CPU-only torch). Without a GPU it runs on CPU tensors (torch.cuda.is_available() is
+#   False). The wheels' library dirs are in /etc/ld.so.conf.d, so libnccl.so.2 and libcudart.so.13
+#   load by name (a dlopen without torch's RPATH). ~5.5 GB.
+#   gpu  adds NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=compute,utility for the NVIDIA
+#        container toolkit (`docker run --gpus all`; the host driver must support CUDA 13, i.e.
+#        R580 or newer).
+#   cpu  without them.
 #
 # Stages:  os       BASE_IMAGE + runtime packages (python3, OpenMPI, OpenSSH), shared by all
 #          venv     os + /opt/venv with the dependencies (binary wheels only: no compilers needed)
@@ -37,7 +40,7 @@
 #
 # Build args: BASE_IMAGE (default appliance-base:bookworm, made by docker/bootstrap-base.sh; an
 # Ubuntu/Debian image with apt, e.g. nvidia/cuda:13.0.0-base-ubuntu24.04, also works),
-# VARIANT (gpu|cpu), OPENMPI_MAJOR (the build fails if the distro's OpenMPI has another major),
+# OPENMPI_MAJOR (the build fails if the distro's OpenMPI has another major),
 # WHEELHOUSE_ID / WHEELHOUSE_PYTHON / WHEELHOUSE_URL (set by build.sh), PIP_INDEX_URL and
 # PIP_EXTRA_INDEX_URL (index mode).
 
@@ -70,11 +73,10 @@ RUN set -eux; \
 # ---------------------------------------------------------------------------------------------
 # Dependencies. docker/pip-install.sh VENV ARGS...: pip install into VENV from the wheelhouse (when
 # build.sh serves one) or the index; it checks the wheelhouse's Python tag and that it answers.
-# The nvidia-* wheels' library dirs (GPU variant) go into /etc/ld.so.conf.d, so libnccl.so.2 and
+# The nvidia-* wheels' library dirs go into /etc/ld.so.conf.d, so libnccl.so.2 and
 # libcudart.so.13 load by name (a dlopen without torch's RPATH); never a driver library (libcuda,
 # libnvidia-ml): those come from the host through the NVIDIA container toolkit.
 FROM os AS venv
-ARG VARIANT=gpu
 ARG WHEELHOUSE_ID
 ARG WHEELHOUSE_PYTHON
 ARG WHEELHOUSE_URL
@@ -83,11 +85,7 @@ ARG PIP_EXTRA_INDEX_URL
 COPY docker/pip-install.sh /usr/local/lib/appliance/pip-install
 COPY docker/requirements.txt docker/requirements-gpu.txt /tmp/req/
 RUN set -eu; \
-    case "$VARIANT" in \
-        cpu) req=/tmp/req/requirements.txt ;; \
-        gpu) req=/tmp/req/requirements-gpu.txt ;; \
-        *) echo "VARIANT=$VARIANT: expected cpu or gpu" >&2; exit 1 ;; \
-    esac; \
+    req=/tmp/req/requirements-gpu.txt; \
     chmod 0755 /usr/local/lib/appliance/pip-install; \
     python3 -m venv /opt/venv; \
     /usr/local/lib/appliance/pip-install /opt/venv -r "$req"; \
@@ -114,7 +112,7 @@ print("torchvision=" + next((d.version for d in m.distributions() if d.metadata[
 # Our wheel, in a stage of its own FROM os: it needs no dependency of /opt/venv, so a change of
 # requirements does not recompile the core, and the CPU and GPU variants share this whole stage
 # through the layer cache (the second variant's build skips it). Its build backend venv depends
-# on build-requirements.txt only (not WHEELHOUSE_ID, which differs between the variants).
+# on build-requirements.txt only (not WHEELHOUSE_ID).
 FROM os AS builder
 ARG DEBIAN_FRONTEND=noninteractive
 ARG WHEELHOUSE_PYTHON

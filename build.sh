@@ -4,12 +4,12 @@
 #   bash build.sh                      GPU image: PyPI's CUDA 13 torch 2.13.0 (+ CUDA runtime and
 #                                      NCCL as nvidia-* wheels) and torchvision 0.28.0, on the
 #                                      debootstrapped Debian base; runs on hosts without a GPU too
-#   bash build.sh --cpu                CPU image: the same with a CPU-only torch, no torchvision
+#   bash build.sh --cpu                CPU image: the same Python packages (PyPI's torchvision
+#                                      needs the CUDA torch), without the NVIDIA toolkit's env
 # Both start from appliance-base:bookworm (made with debootstrap when missing; no registry needed)
-# and install Python packages from a wheelhouse made on the host (cached per variant and Python:
-# APPLIANCE_CACHE_DIR/wheelhouse-{gpu,cpu}-cpXY; the GPU one is ~2.7 GB, fetched from PyPI with
-# pip --isolated, the CPU one uses the host's pip config). The wheelhouse is served to the build
-# over HTTP on a loopback address (docker build --network host), so it is never in the build
+# and install Python packages from a wheelhouse made on the host (cached per Python, one for both
+# variants: APPLIANCE_CACHE_DIR/wheelhouse-gpu-cpXY, ~2.7 GB, fetched from PyPI with pip
+# --isolated). The wheelhouse is served to the build over HTTP on a loopback address (docker build --network host), so it is never in the build
 # context or the image. First GPU build ~6 min (~5 min with the wheelhouse already made), then
 # cached: ~2 s unchanged, ~11 s after a .py change; ~14 GB of free disk at the peak.
 # Options:
@@ -114,7 +114,7 @@ python_of_base() {
 [[ "$base" == appliance-base:bookworm ]] && pyver="${pyver:-3.11}"
 
 # 2. Python packages: a wheelhouse served to the build, or none (index mode).
-build_opts+=(--build-arg "VARIANT=$variant" --target "$variant")
+build_opts+=(--target "$variant")
 server_pid=""
 stop_server() { [[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null || true; }
 trap stop_server EXIT
@@ -124,9 +124,10 @@ if [[ $pkg_mode == wheelhouse ]]; then
     fi
     if [[ -z "$wheelhouse" ]]; then
         pyver="${pyver:-$(python_of_base)}" || die "cannot tell the Python of $base; pass --python X.Y"
-        wheelhouse="${make_wheelhouse:-$CACHE/wheelhouse-$variant-cp${pyver/./}}"
-        say "[2/4] wheelhouse: $wheelhouse (host pip, $variant, Python $pyver)"
-        bash "$ROOT/docker/make-wheelhouse.sh" "$wheelhouse" "--$variant" --python "$pyver" \
+        # One package set for both variants (see Dockerfile): the GPU wheelhouse.
+        wheelhouse="${make_wheelhouse:-$CACHE/wheelhouse-gpu-cp${pyver/./}}"
+        say "[2/4] wheelhouse: $wheelhouse (host pip, Python $pyver)"
+        bash "$ROOT/docker/make-wheelhouse.sh" "$wheelhouse" --gpu --python "$pyver" \
             || die "could not make the wheelhouse $wheelhouse (see above)"
     else
         [[ -d "$wheelhouse" ]] || die "--wheelhouse $wheelhouse: no such directory"
@@ -134,12 +135,8 @@ if [[ $pkg_mode == wheelhouse ]]; then
         say "[2/4] wheelhouse: $wheelhouse (given)"
     fi
     wheelhouse="$(cd "$wheelhouse" && pwd)"
-    if [[ $variant == gpu ]] && compgen -G "$wheelhouse/torch-*+cpu*.whl" >/dev/null; then
-        say "WARNING: the wheelhouse holds a CPU-only torch; the GPU image will not use CUDA"
-    fi
-    wh_variant="$(cat "$wheelhouse/VARIANT" 2>/dev/null || true)"
-    if [[ -n "$wh_variant" && "$wh_variant" != "$variant" ]]; then
-        say "WARNING: $wheelhouse was made for the $wh_variant variant, this is a $variant build"
+    if compgen -G "$wheelhouse/torch-*+cpu*.whl" >/dev/null; then
+        say "WARNING: the wheelhouse holds a CPU-only torch; the image will not use CUDA and PyPI's torchvision will not import"
     fi
     # Its identity for the layer cache: names and sizes of the wheels (a new wheel, a new build).
     wh_id="$(find "$wheelhouse" -maxdepth 1 -name '*.whl' -printf '%f %s\n' | LC_ALL=C sort | sha256sum | cut -c1-16)"

@@ -26,6 +26,7 @@ Docker, the image or the share is missing (one line saying what to run), 2 bad a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -275,18 +276,36 @@ def _add_primary(sub: argparse._SubParsersAction) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     def go() -> int:
-        from .cluster.status import list_containers, render
+        from appliance.common.knobs import read
+        from .cluster.docker import ClusterError
+        from .cluster.status import list_containers, list_secondaries, render, shares_of
 
-        rows = list_containers()
-        render(rows, sys.stdout)
+        if args.shared is not None and not os.path.isdir(args.shared):
+            raise ConfigError(f"--shared {args.shared}: no such directory")
+        stale = read("APPLIANCE_SECONDARY_STALE")
+        try:
+            rows, error = list_containers(), None
+        except ClusterError as e:  # the share's secondaries are still worth showing
+            rows, error = None, e
+        shares = [args.shared] if args.shared is not None else shares_of(rows or [], read("APPLIANCE_SHARED"))
+        render(rows, sys.stdout, list_secondaries(shares, stale), shares)
+        if error is not None:
+            raise error
         return 0
     return _cluster_call("status", go)
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", allow_abbrev=False, help="list the appliance containers here and their health",
+    p = sub.add_parser("status", allow_abbrev=False,
+                       help="list the appliance containers here and the secondaries registered on the share",
                        description="Every container appliance started on this Docker engine (secondaries, primaries), "
-                                   "with state, health, network, SSH port, shared directory and job.")
+                                   "with state, health, network, SSH port, shared directory and job; then the "
+                                   "secondaries registered on the shared directory (name, slots, SSH port, container, "
+                                   "heartbeat age, live or stale after APPLIANCE_SECONDARY_STALE seconds, as an "
+                                   "elastic primary's discovery counts them).")
+    p.add_argument("--shared", metavar="DIR",
+                   help="the shared directory whose secondaries to list (default: APPLIANCE_SHARED and the "
+                        "containers' shared directories)")
     p.set_defaults(func=_status)
 
 

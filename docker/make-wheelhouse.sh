@@ -12,8 +12,9 @@
 #
 #   --cpu (default)  docker/requirements.txt through the host's pip as configured: torch is
 #                    whatever it resolves for torch==2.13.0 (this project's machines hand out a
-#                    local CPU wheel, which keeps the CPU image small). No torchvision: PyPI's
-#                    torchvision needs CUDA torch's libraries and does not import beside CPU torch.
+#                    local CPU wheel). No torchvision: PyPI's torchvision needs CUDA torch's
+#                    libraries and does not import beside CPU torch. build.sh does not use it
+#                    (both images install requirements-gpu.txt); for a wheelhouse of your own.
 #   --gpu            docker/requirements-gpu.txt (+ torchvision) with `pip download --isolated`,
 #                    i.e. straight from PyPI, ignoring the host's pip config and PIP_* env (which
 #                    may serve a CPU torch): PyPI's torch is the CUDA 13 build and brings the CUDA

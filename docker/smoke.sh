@@ -4,9 +4,9 @@
 #   bash docker/smoke.sh [IMAGE]      (default appliance:latest)
 #
 # Checks: our C++ core and torch import from /opt/venv; mpirun is OpenMPI 4; `sshd -t` passes;
-# no host keys, compilers or wheelhouse in the image; for the GPU variant: torch is a CUDA 13 build,
-# torchvision imports, libnccl.so.2 and libcudart.so.13 load by name, the NVIDIA toolkit env is
-# set, and without a GPU torch says CUDA is unavailable; two secondaries on a user-defined bridge
+# no host keys, compilers or wheelhouse in the image; torch is a CUDA 13 build and torchvision
+# imports with its C++ ops (both variants); for the GPU variant: libnccl.so.2 and libcudart.so.13
+# load by name, the NVIDIA toolkit env is set, and without a GPU torch says CUDA is unavailable; two secondaries on a user-defined bridge
 # network become healthy and SSH into each other on port 12345 with a fresh ed25519 cluster key
 # (written to the share with loose modes on purpose: the entrypoint must fix them), a
 # non-interactive session sees /opt/venv/bin on PATH, and sshd offers no method but public keys.
@@ -51,9 +51,9 @@ if [[ "$(docker image inspect -f '{{index .Config.Labels "appliance.base"}}' "$I
     check "no compilers in the image" bash -c \
         "docker run --rm --entrypoint /bin/sh '$IMAGE' -c '! command -v cc c++ gcc g++ cmake'"
 fi
+check "torch is a CUDA 13 build, torchvision imports with its C++ ops (both variants)" \
+    in_image /opt/venv/bin/python -c "import torch, torchvision, torchvision.extension as e; assert torch.__version__.endswith('+cu130'), torch.__version__; assert torch.version.cuda.startswith('13.'); assert e._has_ops()"
 if [[ "$variant" == gpu ]]; then
-    check "torch is a CUDA 13 build, torchvision imports" \
-        in_image /opt/venv/bin/python -c "import torch, torchvision; assert torch.__version__.endswith('+cu130'), torch.__version__; assert torch.version.cuda.startswith('13.')"
     check "libnccl.so.2, libcudart.so.13 load by name" \
         in_image /opt/venv/bin/python -c "import ctypes; ctypes.CDLL('libnccl.so.2'); ctypes.CDLL('libcudart.so.13')"
     check "NVIDIA toolkit env" bash -c \

@@ -1,17 +1,28 @@
-"""``appliance status``: the appliance containers on this Docker engine and their health.
+"""``appliance status``: the appliance containers on this Docker engine and their health, and
+the secondaries registered on the shared mount.
 
 What it owns: ``list_containers()`` (every container labelled ``appliance.managed``, running or
-not, as ``ContainerInfo`` rows) and ``render()`` (a rich table: name, role, state, health,
-network and address, SSH port, shared directory, job, image, age). Containers of other tools
-are never listed. Env vars: none. Failure modes: ``ClusterError`` when Docker is unreachable.
+not, as ``ContainerInfo`` rows), ``list_secondaries()`` (the registrations under
+``SHARED/secondaries/``, read through ``mount.registry``, as ``SecondaryInfo`` rows: name, slots,
+SSH port, container, heartbeat age, live or stale by ``APPLIANCE_SECONDARY_STALE`` as the elastic
+primary's discovery counts them) and ``render()`` (rich tables: the containers' name, role, state,
+health, network and address, SSH port, shared directory, job, image, age; then each share's
+secondaries). Containers of other tools are never listed. Env vars: none read here (the CLI passes
+the share and the stale threshold). Failure modes: ``ClusterError`` when Docker is unreachable;
+a share that is not a directory has no secondaries (a record that cannot be read is skipped by
+the registry).
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import IO, Any, Optional
+import os
+import time
+from typing import IO, Any, Iterable, Optional
 
 from . import docker
+from ..mount import Layout
+from ..mount.registry import is_live, registrations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +42,17 @@ class ContainerInfo:
     @property
     def healthy(self) -> bool:
         return self.state == "running" and self.health in ("healthy", "running")
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondaryInfo:
+    shared: str
+    name: str
+    slots: int
+    ssh_port: int
+    container: str
+    heartbeat_age_s: float
+    live: bool
 
 
 def _age(created: str) -> str:
@@ -59,15 +81,54 @@ def list_containers(client: Optional[Any] = None) -> list[ContainerInfo]:
     return sorted(rows, key=lambda r: (r.role != "secondary", r.name))
 
 
-def render(rows: list[ContainerInfo], out: IO[str]) -> None:
+def list_secondaries(shares: Iterable[str], stale_after_s: float, now: Optional[float] = None) -> list[SecondaryInfo]:
+    """The registrations on each share (one that is not a directory has none), oldest registration
+    first, with their heartbeat age and whether discovery counts them."""
+    now = time.time() if now is None else now
+    rows = []
+    for shared in dict.fromkeys(shares):
+        if not os.path.isdir(shared):
+            continue
+        for reg, beat_at in registrations(Layout(shared)):
+            rows.append(SecondaryInfo(shared=shared, name=reg.name, slots=reg.slots, ssh_port=reg.ssh_port,
+                                      container=reg.container, heartbeat_age_s=max(0.0, now - beat_at),
+                                      live=is_live(beat_at, now, stale_after_s)))
+    return rows
+
+
+def _beat_age(s: float) -> str:
+    return f"{s:.1f}s ago" if s < 120 else f"{int(s) // 60}m ago" if s < 7200 else f"{int(s) // 3600}h ago"
+
+
+def shares_of(rows: Iterable[ContainerInfo], default: str) -> list[str]:
+    """The shares to read: ``default`` and those of the containers, each directory once."""
+    out, seen = [], set()
+    for shared in [default, *(r.shared for r in rows)]:
+        key = os.path.realpath(shared) if shared else ""
+        if shared and key not in seen and os.path.isdir(shared):
+            seen.add(key)
+            out.append(shared)
+    return out
+
+
+def render(rows: Optional[list[ContainerInfo]], out: IO[str], secondaries: Optional[list[SecondaryInfo]] = None,
+           shares: Iterable[str] = ()) -> None:
+    """The containers' table (none when ``rows`` is None: Docker did not answer), then each share's
+    secondaries."""
     from rich.console import Console
     from rich.table import Table
 
     probe = Console(file=out)
     console = Console(file=out, highlight=False, width=probe.width if probe.is_terminal else 220)
-    if not rows:
+    if rows is not None and not rows:
         console.print("no appliance containers here (start one with: appliance secondary --ssh-port 12345)")
-        return
+    elif rows:
+        console.print(_containers_table(rows, Table))
+    if secondaries is not None:
+        _render_secondaries(console, secondaries, shares)
+
+
+def _containers_table(rows: list[ContainerInfo], Table: Any) -> Any:
     table = Table(show_lines=False)
     for col in ("name", "role", "state", "health", "network", "ssh port", "shared", "job", "image", "age"):
         table.add_column(col)
@@ -76,4 +137,22 @@ def render(rows: list[ContainerInfo], out: IO[str]) -> None:
         net = r.network + (f" {r.address}" if r.address else "")
         table.add_row(r.name, r.role, r.state, f"[{color}]{r.health}[/{color}]", net, r.ssh_port, r.shared,
                       r.job or "-", r.image, r.created)
-    console.print(table)
+    return table
+
+
+def _render_secondaries(console: Any, rows: list[SecondaryInfo], shares: Iterable[str]) -> None:
+    from rich.table import Table
+
+    for shared in dict.fromkeys(shares):
+        mine = [r for r in rows if r.shared == shared]
+        if not mine:
+            console.print(f"no secondary registered on {shared}")
+            continue
+        table = Table(title=f"secondaries registered on {shared}", title_justify="left", show_lines=False)
+        for col in ("name", "slots", "ssh port", "container", "heartbeat", "state"):
+            table.add_column(col)
+        for r in mine:
+            state = "[green]live[/green]" if r.live else "[red]stale[/red]"
+            table.add_row(r.name, str(r.slots), str(r.ssh_port), r.container or "-", _beat_age(r.heartbeat_age_s),
+                          state)
+        console.print(table)

@@ -156,7 +156,7 @@ def test_elastic_quick(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
-                                    "launch_ssh.py", "scale.py", "elastic.py"])
+                                    "launch_ssh.py", "scale.py", "elastic.py", "elastic_soak.py"])
 def test_every_script_answers_help(script):
     """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
     SSH ones cannot run here, but must not rot."""
