@@ -320,7 +320,7 @@ def test_a_discovery_run_in_flight_when_the_job_ends_is_killed(tmp_path):
         n, pids = tmp_path / "runs", tmp_path / "hung.pid"
         job.script.write_text(f"#!/bin/sh\nn=$(cat {n} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {n}\n"
                               f"if [ $n -ge 3 ]; then echo $$ > {pids}; exec sleep 100000; fi\ncat {job.hosts_file}\n")
-        job.start(1, env={"APPLIANCE_DISCOVERY_TIMEOUT": "0"})
+        job.start(1, env={"APPLIANCE_DISCOVERY_TIMEOUT": "3600"})
         r = job.wait(90)
         assert r.returncode == 0, r.reason
         pid = int(pids.read_text())
@@ -341,7 +341,7 @@ def test_a_signal_during_a_hung_first_discovery_ends_the_launcher_at_once(tmp_pa
     p = subprocess.Popen([sys.executable, "-m", "appliance", "launch", "-np", "1", "--min-np", "1",
                           "--host-discovery-script", str(script), "--", sys.executable, "-c", "pass"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                         env={**os.environ, "APPLIANCE_DISCOVERY_TIMEOUT": "0"})
+                         env={**os.environ, "APPLIANCE_DISCOVERY_TIMEOUT": "3600"})
     try:
         end = time.monotonic() + 30
         while not pids.exists() and time.monotonic() < end:
