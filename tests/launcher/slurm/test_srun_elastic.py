@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,58 @@ def test_a_node_back_after_its_cooldown_gets_a_new_step(slurm, tmp_path):
     sizes = finished[0]["sizes"]
     assert sizes[:4] == [2] * 4 and 1 in sizes and sizes[-1] == 2 and finished[2]["sizes"] == sizes
     assert slurm.wait_no_strays(5) == {}
+
+
+HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
+
+
+def test_every_rank_on_both_nodes_failing_at_once_ends_the_job_within_5_s(slurm, tmp_path):
+    """All 4 ranks (2 nodes x 2, each rank a step of its own) raise at the same step: the job fails
+    at once with Horovod's phrase, naming every rank and its exit; no step or task is left."""
+    out, home, argv = elastic_launch(slurm, tmp_path, ["-np", "4", "--min-np", "1", "--elastic-timeout", "60"],
+                                     steps=40, commit=1)
+    argv[2] = "--ntasks-per-node=2"
+    argv[-1] = "0.1"
+    for w in range(4):
+        (out / f"fail.{w}").write_text("6")
+    env = {"HOME": str(home), "PYTHONPATH": str(ROOT), "APPLIANCE_DISCOVERY_INTERVAL": "0.2",
+           "APPLIANCE_STOP_GRACE": "1", "APPLIANCE_FAILURE_GRACE": "1"}
+    log = tmp_path / "stderr"
+    with open(log, "w") as f:  # a file, not a pipe: nothing reads it while the test polls
+        p = slurm.popen(argv, env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        steps: dict[int, dict] = {}
+        while time.monotonic() < deadline and p.poll() is None:
+            steps = {}
+            for f in out.glob("step.*"):
+                try:
+                    steps[int(f.name.split(".")[1])] = json.loads(f.read_text())
+                except (ValueError, OSError):
+                    pass
+            if len(steps) == 4 and min(s["step"] for s in steps.values()) >= 5:
+                break
+            time.sleep(0.05)
+        if not (len(steps) == 4 and min(s["step"] for s in steps.values()) >= 5):
+            pytest.fail(f"not every rank reached step 5: {steps}\n{log.read_text()[-3000:]}")
+        failed = max(s["t"] for s in steps.values())
+        p.wait(timeout=60)
+        took = time.time() - failed
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the elastic launch did not end within 60 s of every rank failing:\n{log.read_text()[-3000:]}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait(timeout=10)
+    err = log.read_text()
+    print(f"\nevery rank failed: the launch returned {took:.2f} s after the last step")
+    assert p.returncode != 0 and HOROVOD_FAILED in err, err[-4000:]
+    line = next(ln for ln in err.splitlines() if HOROVOD_FAILED in ln)
+    for rank, node in enumerate(("node1", "node1", "node2", "node2")):
+        assert f"rank {rank}, host {node}) exited with code 1" in line or \
+            f"rank {rank}, host {node}) was killed by signal 15" in line, line
+    assert line.count("exited with code 1") >= 2, line
+    assert took < 5.0, (took, err[-3000:])
+    assert done(out) == {}
+    assert slurm.wait_no_strays(5) == {}
+    assert not list((home / ".appliance" / "slurm").glob("launch-*"))
