@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -219,7 +220,10 @@ def test_every_rank_of_an_elastic_primary_failing_at_once_ends_the_job_within_5_
                  180, "step 5 on all 4 ranks")
         assert p.poll() is None and {s["size"] for s in steps().values()} == {4}, out.text()[-4000:]
         failed = max(s["t"] for s in steps().values())
-        rc = p.wait(timeout=60)
+        try:
+            rc = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the primary did not end within 60 s of every rank failing:\n{out.text()[-4000:]}")
         took = time.time() - failed
         out.thread.join(timeout=30)
         text = out.text()
