@@ -7,6 +7,10 @@ step starts there: the job grows back inside the allocation (Slurm does not let 
 allocation gain nodes, so the allocation's nodes are the most an elastic job can use). Effects
 checked: exit codes, the state the finished workers report (``tests/ranks/elastic_steps.py``),
 the node each worker ran on, and that nothing of the job is left in the cluster.
+
+Every rank on both nodes (2 x 2, so two steps share each node) raising at the same step ends the
+job within 5 s of its last step with Horovod's phrase naming every rank and its exit, with the
+default graces.
 """
 from __future__ import annotations
 
@@ -28,12 +32,13 @@ PY = sys.executable
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(150)]
 
 
-def elastic_launch(slurm, tmp_path: Path, args: list[str], steps: int, commit: int = 2) -> tuple[Path, Path, list]:
+def elastic_launch(slurm, tmp_path: Path, args: list[str], steps: int, commit: int = 2, per_node: int = 1,
+                   step_s: float = 0.05) -> tuple[Path, Path, list]:
     out, home = tmp_path / "out", tmp_path / "home"
     out.mkdir()
     home.mkdir()
-    return out, home, ["salloc", "-N2", "--ntasks-per-node=1", "--no-kill", "--", PY, "-m", "appliance", "launch",
-                       *args, "--", PY, str(WORKER), str(out), str(steps), str(commit), "0.05"]
+    return out, home, ["salloc", "-N2", f"--ntasks-per-node={per_node}", "--no-kill", "--", PY, "-m", "appliance",
+                       "launch", *args, "--", PY, str(WORKER), str(out), str(steps), str(commit), str(step_s)]
 
 
 def run(slurm, argv, home: Path, timeout: float = 100) -> subprocess.CompletedProcess:
@@ -89,9 +94,7 @@ def test_every_rank_on_both_nodes_failing_at_once_ends_the_job_within_5_s(slurm,
     """All 4 ranks (2 nodes x 2, each rank a step of its own) raise at the same step: the job fails
     at once with Horovod's phrase, naming every rank and its exit; no step or task is left."""
     out, home, argv = elastic_launch(slurm, tmp_path, ["-np", "4", "--min-np", "1", "--elastic-timeout", "60"],
-                                     steps=40, commit=1)
-    argv[2] = "--ntasks-per-node=2"
-    argv[-1] = "0.1"
+                                     steps=40, commit=1, per_node=2, step_s=0.1)
     for w in range(4):
         (out / f"fail.{w}").write_text("6")
     env = {"HOME": str(home), "PYTHONPATH": str(ROOT)}  # the default graces: the bound holds without tuning
