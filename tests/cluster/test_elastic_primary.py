@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
 
 import pytest
+from fixtures import RANKS
 from fixtures.waits import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420, func_only=True)]
@@ -177,3 +180,67 @@ def test_a_secondary_stopped_mid_training_leaves_at_a_commit_and_the_job_goes_on
     res = c.run("secondary", "--stop", "--network", c.network, "--name", c.host("node3"), timeout=120)
     assert res.returncode == 0, res.stdout
     assert c.ours() == [] and _registered(c, "node3") is None
+
+
+HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
+
+
+def test_every_rank_of_an_elastic_primary_failing_at_once_ends_the_job_within_5_s(cluster):
+    """Two secondaries with 2 slots each; all 4 ranks raise RuntimeError at the same step
+    (``tests/ranks/elastic_raise_all.py``, run from the shared directory; numpy, not torch: see its
+    docstring): the primary exits
+    non-zero within 5 s of the last step with Horovod's phrase naming every rank and its exit, and
+    nothing is left (no primary container, no job process in the secondaries)."""
+    c = cluster
+    c.secondary("node2", "--slots", "2")
+    c.secondary("node3", "--slots", "2")
+    wait_for(lambda: _registered(c, "node2") and _registered(c, "node3"), 30, "both secondaries registered")
+    out_dir = os.path.join(c.shared, "failall")
+    os.mkdir(out_dir)
+    os.chmod(out_dir, 0o777)
+    shutil.copy(RANKS / "elastic_raise_all.py", os.path.join(c.shared, "elastic_raise_all.py"))
+    p = c.start("primary", "--network", c.network, "-np", "4", "--min-np", "1", "--elastic-timeout", "60",
+                "--", "python", "elastic_raise_all.py", out_dir, "6", "0.2")
+    out = Output(p)
+    n2, n3 = c.host("node2"), c.host("node3")
+
+    def steps() -> dict:
+        found = {}
+        for name in os.listdir(out_dir):
+            if name.startswith("step."):
+                try:
+                    with open(os.path.join(out_dir, name)) as f:
+                        found[name] = json.load(f)
+                except (OSError, ValueError):
+                    pass
+        return found
+
+    try:
+        wait_for(lambda: len(steps()) == 4 and min(s["step"] for s in steps().values()) >= 5 or p.poll() is not None,
+                 180, "step 5 on all 4 ranks")
+        assert p.poll() is None and {s["size"] for s in steps().values()} == {4}, out.text()[-4000:]
+        failed = max(s["t"] for s in steps().values())
+        try:
+            rc = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the primary did not end within 60 s of every rank failing:\n{out.text()[-4000:]}")
+        took = time.time() - failed
+        out.thread.join(timeout=30)
+        text = out.text()
+        print(f"\n[elastic primary] every rank failed: the primary returned {took:.2f} s after the last step",
+              file=sys.stderr)
+        assert rc != 0, text[-4000:]
+        line = next((s for s in text.splitlines() if HOROVOD_FAILED in s), None)
+        assert line is not None, text[-4000:]
+        for rank, host in enumerate((n2, n2, n3, n3)):
+            assert f"rank {rank}, host {host}) exited with code 1" in line or \
+                f"rank {rank}, host {host}) was killed by signal 15" in line, line
+        assert line.count("exited with code 1") >= 2, line
+        timed = "\n".join(f"{t - failed:+7.2f} s {s}" for t, s in out.lines[-40:])
+        assert took < 5.0, f"{took:.2f} s; the primary's last lines, timed from the last step:\n{timed}"
+        assert not any(n.startswith("done.") for n in os.listdir(out_dir))
+        assert [x.name for x in c.ours() if "primary" in x.name] == []
+        assert c.job_python("node2") == [] and c.job_python("node3") == []
+    finally:
+        if p.poll() is None:
+            p.kill()

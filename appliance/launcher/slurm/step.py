@@ -12,7 +12,8 @@ What it owns:
   mount every node shares), removed at the end (and by the reaper if the launcher dies).
 - ``SrunStep``: the running step, shaped like a ``WorkerGroup`` for ``failures.wait_for_end``.
   It runs ``srun --kill-on-bad-exit=1 --label --input=none --ntasks=NP --nodes=K
-  --distribution=arbitrary`` with ``SLURM_HOSTFILE`` listing each rank's node, so rank r runs on
+  --distribution=arbitrary`` (an elastic job's one-rank steps add ``--overlap``: Slurm holds a
+  step back while another step uses the node) with ``SLURM_HOSTFILE`` listing each rank's node, so rank r runs on
   the host ``hosts.assign_ranks`` gave it (the same layout as over SSH), and each task is
   ``python -m appliance.launcher.slurm.task DIR GRACE -- COMMAND`` (its docstring: the rank's
   environment, exit records). The job's secret, id and start timeout travel in srun's
@@ -146,12 +147,14 @@ def srun_env(config: LaunchConfig, plan: envmod.JobPlan, hostfile: str) -> dict[
 
 
 def srun_argv(config: LaunchConfig, slots: Sequence[Slot], d: str, srun: str = "srun",
-              grace_s: float | None = None) -> list[str]:
+              grace_s: float | None = None, overlap: bool = False) -> list[str]:
+    """``overlap``: the step shares the allocation's resources with the job's other steps (an
+    elastic job's steps, one per rank: without it a node's second rank waits for the first to end)."""
     hosts = used_hosts(slots)
     python = config.remote.remote_python or sys.executable
     grace = config.failure_grace_s if grace_s is None else grace_s
     return [srun, "--kill-on-bad-exit=1", "--label", "--input=none", f"--ntasks={len(slots)}",
-            f"--nodes={len(hosts)}", "--distribution=arbitrary",
+            f"--nodes={len(hosts)}", "--distribution=arbitrary", *(["--overlap"] if overlap else []),
             f"--job-name=appliance-{os.path.basename(d)}",
             python, "-m", "appliance.launcher.slurm.task", d, repr(float(grace)), "--",
             *config.command]
@@ -200,16 +203,18 @@ class SrunStep:
     def __init__(self, config: LaunchConfig, slots: Sequence[Slot], plan: envmod.JobPlan, sink: OutputSink,
                  reaper: Reaper | None = None, *, wids: Sequence[int] | None = None,
                  extra_env: dict[str, str] | None = None, exits: queue.Queue | None = None,
-                 grace_s: float | None = None):
+                 grace_s: float | None = None, overlap: bool = False):
         """``wids``: each task's worker number (default: its rank); ``extra_env``: more variables for
         every task; ``exits``: a queue shared by several steps (an elastic job's); ``grace_s``: how
-        long a failed task holds its step (default APPLIANCE_FAILURE_GRACE)."""
+        long a failed task holds its step (default APPLIANCE_FAILURE_GRACE); ``overlap``: srun's
+        ``--overlap`` (``srun_argv``)."""
         self.config, self.slots, self.plan, self.sink, self.reaper = config, list(slots), plan, sink, reaper
         self.dir = plan.fault_dir
         wids = list(wids) if wids is not None else [s.rank for s in slots]
         self.workers = [SrunTask(s, self.dir, self, i, wids[i]) for i, s in enumerate(slots)]
         self.extra_env = dict(extra_env or {})
         self.grace_s = config.failure_grace_s if grace_s is None else grace_s
+        self.overlap = overlap
         self.cancelled = ""  # "the step (scancel)", "the job (time limit)": Slurm's cancel, not the launcher's
         self.returncodes: dict[int, int] = {}
         self.step: str | None = None  # JOB.STEP once a task reported it
@@ -233,7 +238,7 @@ class SrunStep:
             f.write("".join(s.host + "\n" for s in self.slots))
         for w in self.workers:
             self.sink.open_rank(w.rank)
-        argv = srun_argv(self.config, self.slots, self.dir, srun, self.grace_s)
+        argv = srun_argv(self.config, self.slots, self.dir, srun, self.grace_s, self.overlap)
         if self.config.verbose:
             self.sink.message(f"appliance launch: srun: {' '.join(argv)}")
         env = {**srun_env(self.config, self.plan, hostfile), **self.extra_env}
@@ -392,7 +397,8 @@ class Srun:
     """The srun mechanism (``mechanism.Mechanism``): the ranks as tasks of ``srun`` steps. A static
     job is one step for every rank (``--kill-on-bad-exit``: a failed rank ends them all); an elastic
     job runs each rank as a step of its own on its node (a lost node's ranks end alone, and new
-    ranks start as new steps in the allocation)."""
+    ranks start as new steps in the allocation), with ``--overlap`` so that a node's ranks run side
+    by side as a static step's do."""
 
     name = "srun"
 
@@ -479,7 +485,7 @@ class Srun:
         extra = {k: v for k, v in specs[0].env.items() if k != "APPLIANCE_ELASTIC_WORKER"}
         step = SrunStep(self.config, [spec.slot for spec in specs], dataclasses.replace(plan, fault_dir=sub),
                         self._sink, self._reaper, wids=[spec.wid for spec in specs], extra_env=extra,
-                        exits=self._exits, grace_s=0.0)
+                        exits=self._exits, grace_s=0.0, overlap=True)
         self.steps.append(step)
         step.start()
 
