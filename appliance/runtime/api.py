@@ -34,7 +34,7 @@ import numpy as np
 
 from appliance.runtime.config import RuntimeConfig
 from appliance.common import knobs
-from appliance.runtime import elastic, engine
+from appliance.runtime import elastic, engine, procmgr
 from appliance.runtime.engine import Average, Kind, Result, Sum, describe, request
 from appliance.runtime.errors import HorovodInternalError
 from appliance.common.slurm import SlurmTask
@@ -48,12 +48,14 @@ def init(*args, **kwargs) -> None:
     if elastic.enabled():
         _init_elastic()
         return
-    cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
+    cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env, procmgr=procmgr.bootstrap)
     if cfg.options["verbose"] and cfg.rank == 0:
         print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
     try:
         engine.start(cfg)
-    except HorovodInternalError:
+    except HorovodInternalError as e:
+        if cfg.manager:
+            raise procmgr.join_error(e, cfg) from None
         if cfg.rank == 0 and cfg.store_note and _port_taken(cfg.store_port):
             raise HorovodInternalError(
                 f"rank 0 of {cfg.size} cannot host the rendezvous store: port {cfg.store_port} on "
