@@ -29,14 +29,14 @@ class Client:
 
     def __init__(self, env: Mapping[str, str], timeout: float = 600.0):
         fd = env.get("PMI_FD")
+        if not fd and not env.get("PMI_PORT"):
+            raise Pmi1Error("neither PMI_FD nor PMI_PORT is set: not started by a PMI-1 process manager")
         try:
             if fd:
                 self.sock = socket.socket(fileno=os.dup(int(fd)))
-            elif env.get("PMI_PORT"):
+            else:
                 host, _, port = env["PMI_PORT"].rpartition(":")
                 self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-            else:
-                raise Pmi1Error("neither PMI_FD nor PMI_PORT is set: not started by a PMI-1 process manager")
         except (OSError, ValueError) as e:
             raise Pmi1Error(f"cannot reach the PMI-1 server (PMI_FD={fd!r}, PMI_PORT={env.get('PMI_PORT')!r}): {e}") from None
         self.sock.settimeout(timeout)

@@ -51,6 +51,8 @@ def init(*args, **kwargs) -> None:
     cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env, procmgr=procmgr.bootstrap)
     if cfg.options["verbose"] and cfg.rank == 0:
         print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
+        if cfg.manager:
+            print(f"appliance: under {cfg.manager}, {cfg.store_note}", file=sys.stderr, flush=True)
     try:
         engine.start(cfg)
     except HorovodInternalError as e:

@@ -110,14 +110,14 @@ def bootstrap(env: Mapping[str, str], rank: int, size: int) -> Bootstrap:
     if kind == "openmpi":
         if not pmix.server_present(env):
             raise ConfigError(
-                f"rank {rank} of {size}: started by an mpirun (OMPI_COMM_WORLD_SIZE={env.get('OMPI_COMM_WORLD_SIZE')}) "
+                f"started by an mpirun (OMPI_COMM_WORLD_SIZE={env.get('OMPI_COMM_WORLD_SIZE')}) "
                 "without a PMIx server (no PMIX_NAMESPACE / PMIX_SERVER_URI*): use OpenMPI 4 or later, or pass "
                 "-x APPLIANCE_STORE_ADDR=<rank 0 host>:<port> -x APPLIANCE_JOB_SECRET")
         got = pmix.exchange(publish, keys)
     elif kind == "hydra":
         got = pmi1.exchange(env, publish, keys)
     else:
-        raise ConfigError(f"rank {rank} of {size}: no process manager to bootstrap from")
+        raise ConfigError("no process manager to bootstrap from")
     out = Bootstrap(store_addr=got[STORE_KEY], secret_hex=given or got[SECRET_KEY], data_addr=own_address(env),
                     note=f"rank 0 on {got[HOST_KEY]} chose {got[STORE_KEY]} ({got[WHY_KEY]})")
     _cache[key] = out

@@ -1,7 +1,7 @@
 """A Horovod training script as users launch it with mpirun (tests/runtime/test_mpirun_lines.py and
 tests/launcher/ssh/test_mpirun_ssh.py): ``import horovod.torch as hvd``, an allreduce, a few steps of
 SGD under ``hvd.DistributedOptimizer`` with the parameters broadcast from rank 0. It finds the
-``horovod`` compatibility package (shim/) itself, since a remote rank gets only the variables
+``horovod`` compatibility package itself (a ``shim/`` beside it or the checkout's), since a remote rank gets only the variables
 mpirun's ``-x`` passes. Prints one line ``REPORT {json}`` with the rank's layout and results.
 
 Options (the fault tests): ``--die R`` rank R SIGKILLs itself after the first allreduce, and the
@@ -14,7 +14,11 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shim"))
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in (_here, os.path.dirname(_here), os.path.dirname(os.path.dirname(_here))):
+    if os.path.isdir(os.path.join(_d, "shim", "horovod")):  # a copy beside a shim/ link, or the checkout's
+        sys.path.insert(0, os.path.join(_d, "shim"))
+        break
 
 import torch  # noqa: E402
 
