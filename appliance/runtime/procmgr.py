@@ -29,6 +29,7 @@ from typing import Mapping
 
 from appliance.common import netif, pmi1, pmix
 from appliance.common.knobs import ConfigError, read
+from appliance.runtime.errors import HorovodInternalError
 
 STORE_KEY = "appliance.store"
 SECRET_KEY = "appliance.secret"
@@ -125,5 +126,13 @@ def bootstrap(env: Mapping[str, str], rank: int, size: int) -> Bootstrap:
 
 
 def join_error(e: Exception, cfg) -> Exception:
-    """The rendezvous failure of a rank whose store address came from the process manager."""
-    return e
+    """The rendezvous failure of a rank whose store address came from the process manager: a rank
+    that could not connect to the store gets one line naming both hosts and the interface."""
+    text = str(e)
+    if cfg.rank == 0 or "could not connect to the store" not in text:
+        return e
+    why = text.split("could not connect to the store", 1)[1].strip()
+    return HorovodInternalError(
+        f"rank {cfg.rank} on {cfg.host} cannot reach rank 0's store: {cfg.store_note}; {why}. Choose an "
+        "interface every host can reach rank 0's host on (-mca btl_tcp_if_include IFACE or SUBNET, or "
+        "-x HOROVOD_GLOO_IFACE=IFACE)", 0, cfg.host)
