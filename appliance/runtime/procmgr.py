@@ -15,7 +15,7 @@ The secret travels as any of the job's PMI data does (mpirun's daemons hold it a
 the job's ranks only); it is never put in a rank's environment. APPLIANCE_JOB_SECRET passed with
 ``-x`` is used instead, and then nothing secret is published.
 
-Env vars read: OMPI_COMM_WORLD_SIZE / _LOCAL_SIZE, OMPI_MCA_btl_tcp_if_include / _exclude,
+Env vars read: OMPI_COMM_WORLD_SIZE / _LOCAL_SIZE (hydra: MPI_LOCALNRANKS), OMPI_MCA_btl_tcp_if_include / _exclude,
 HOROVOD_GLOO_IFACE, APPLIANCE_JOB_SECRET, PMIX_* and PMI_FD / PMI_RANK / PMI_SIZE (presence).
 Failure modes: ``ConfigError`` with one line naming what is missing (no PMIx server or library,
 no interface the lists admit) or what failed.
@@ -64,7 +64,7 @@ def store_address(env: Mapping[str, str], size: int) -> tuple[str, str, str]:
         var = INCLUDE if env.get(INCLUDE) else EXCLUDE
         name, addr = netif.select(env.get(INCLUDE, ""), env.get(EXCLUDE, ""), var)
         return addr, name, var.replace("OMPI_MCA_", "")
-    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")  # OpenMPI's, hydra's
     if local and int(local) == size:
         return "127.0.0.1", "lo", "every rank on this host"
     addr = netif.route_address()
