@@ -2,7 +2,8 @@
 tests/launcher/ssh/test_mpirun_ssh.py): ``import horovod.torch as hvd``, an allreduce, a few steps of
 SGD under ``hvd.DistributedOptimizer`` with the parameters broadcast from rank 0. It finds the
 ``horovod`` compatibility package itself (a ``shim/`` beside it or the checkout's), since a remote rank gets only the variables
-mpirun's ``-x`` passes. Prints one line ``REPORT {json}`` with the rank's layout and results.
+mpirun's ``-x`` passes. Prints one line ``REPORT {json}`` with the rank's layout and results, its CPU affinity
+and NCCL_DEBUG.
 
 Options (the fault tests): ``--die R`` rank R SIGKILLs itself after the first allreduce, and the
 others go on allreducing until the runtime reports the job failed (``HOROVOD_ERROR ...`` line, exit 3);
@@ -63,7 +64,8 @@ def main() -> int:
     print("REPORT " + json.dumps({
         "rank": r, "size": n, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "sum": total.tolist(),
-        "same_weights": all(w == weights[0] for w in weights), "losses": losses}), flush=True)
+        "same_weights": all(w == weights[0] for w in weights), "losses": losses,
+        "cpus": sorted(os.sched_getaffinity(0)), "nccl_debug": os.environ.get("NCCL_DEBUG")}), flush=True)
     hvd.shutdown()
     return 0
 

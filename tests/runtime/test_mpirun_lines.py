@@ -60,6 +60,23 @@ def test_interface_lists_choose_the_store_address(job):
     assert "btl_tcp_if_include='nosuch9' admits no interface" in out, out[-4000:]
 
 
+def test_binding_is_mpirun_s(job):
+    """-bind-to core: each rank keeps the single CPU mpirun bound it to (the runtime binds nothing);
+    -bind-to none: every rank may run on all of this process's CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    line = "mpirun -np 2 -H localhost:2 -bind-to core -map-by core python train.py"
+    rc, out, left = ml.run(line, job, ml.env(), timeout=180)
+    assert rc == 0 and not left, out[-4000:]
+    bound = [r["cpus"] for r in ml.reports(out).values()]
+    assert len(bound) == 2 and all(len(c) == 1 for c in bound) and bound[0] != bound[1], bound
+    line = "mpirun -np 2 -H localhost:2 -bind-to none python train.py"
+    rc, out, left = ml.run(line, job, ml.env(), timeout=180)
+    assert rc == 0 and not left, out[-4000:]
+    assert [r["cpus"] for r in ml.reports(out).values()] == [cpus, cpus]
+
+
 def _init_alone(job, **env) -> subprocess.CompletedProcess:
     code = "import appliance.runtime as rt; rt.init()"
     return subprocess.run([sys.executable, "-c", code], cwd=job, env=ml.env(**env), capture_output=True,

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
 def _env(ssh_cluster, **extra) -> dict:
     agent = (f"ssh -p {PORT} -i {ssh_cluster.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
              "-o BatchMode=yes -o LogLevel=ERROR")
-    return ml.env(HOME=ssh_cluster.home, OMPI_MCA_plm_rsh_agent=agent, NCCL_DEBUG="WARN", **extra)
+    return ml.env(HOME=ssh_cluster.home, OMPI_MCA_plm_rsh_agent=agent, **extra)
 
 
 @pytest.fixture
@@ -38,6 +38,7 @@ def test_third_line_across_two_hosts_matches_appliance_launch(ssh_cluster, job):
     found = ml.reports(out)
     assert sorted(found) == [0, 1] and all(r["same_weights"] for r in found.values()), out[-4000:]
     assert ml.layout(found) == [(0, 2, 0, 1, 0, 2, [3.0] * 4), (1, 2, 0, 1, 1, 2, [3.0] * 4)]
+    assert [r["nccl_debug"] for r in found.values()] == ["INFO", "INFO"]  # -x NCCL_DEBUG=INFO reached both
     assert ssh_cluster.wait_clean(10.0) == {}
     launch = (f"{sys.executable} -m appliance launch -np 2 -H {h1.address}:1,{h2.address}:1 --ssh-port {PORT} "
               "python train.py")
