@@ -41,6 +41,7 @@ class Client:
             raise Pmi1Error(f"cannot reach the PMI-1 server (PMI_FD={fd!r}, PMI_PORT={env.get('PMI_PORT')!r}): {e}") from None
         self.sock.settimeout(timeout)
         self.buf = b""
+        self.broken = False  # a reply failed to come: no finalize on the way out
         if not fd:
             self.send(f"cmd=initack pmiid={env.get('PMI_ID', '')}")
             self.expect("initack")
@@ -57,7 +58,7 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         try:
-            if exc[0] is None:
+            if exc[0] is None and not self.broken:
                 self.call("cmd=finalize", "finalize_ack")
         finally:
             self.sock.close()
@@ -70,8 +71,10 @@ class Client:
             try:
                 chunk = self.sock.recv(4096)
             except socket.timeout:
+                self.broken = True
                 raise Pmi1Error("the PMI-1 server did not answer in time") from None
             if not chunk:
+                self.broken = True
                 raise Pmi1Error("the PMI-1 server closed the connection")
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
