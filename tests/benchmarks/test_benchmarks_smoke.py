@@ -162,8 +162,8 @@ def test_startup_mpirun_quick(tmp_path, require_tool):
     rows = json.loads(out.read_text())["rows"]
     assert [r["ranks"] for r in rows] == [2]
     assert all(rows[0][k] > 0 for k in ("mpirun_wall_s", "mpirun_init_s", "launch_wall_s", "launch_init_s",
-                                        "mpirun_true_s"))
-    assert "mpirun true" in proc.stdout
+                                        "mpirun_alone_s"))
+    assert "mpirun alone" in proc.stdout
 
 
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
