@@ -2,7 +2,9 @@
 
 ``init()`` reads the environment through ``appliance.runtime.config.RuntimeConfig.from_env``
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET, APPLIANCE_FAULT_FILE, or
-OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.common.slurm``)
+OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.common.slurm``,
+or hydra's PMI_RANK/PMI_SIZE; under mpirun or hydra the store's address and the secret come
+through the process manager: ``appliance.runtime.procmgr``)
 and starts the process's engine (``appliance.runtime.engine`` owns it; init -> shutdown -> init
 works); with none of them the process is a single rank, so a script runs unchanged on a laptop.
 In an elastic job (HOROVOD_ELASTIC=1, set by the launcher's driver) the layout comes from the
@@ -16,7 +18,8 @@ without ``synchronize``: the result is then lost, never written into freed memor
 Failure modes: ``init()`` raises ``ConfigError`` for a bad environment and HorovodInternalError
 when the rendezvous fails (it names the ranks that never arrived) or times out
 (HOROVOD_START_TIMEOUT), or when rank 0 of a Slurm step finds the store's derived port taken
-(the message names node, port and APPLIANCE_STORE_ADDR); every call before ``init()`` raises ValueError, as Horovod does.
+(the message names node, port and APPLIANCE_STORE_ADDR), or when a rank under mpirun cannot reach
+the store rank 0 published (one line naming both hosts and the interface); every call before ``init()`` raises ValueError, as Horovod does.
 ``start_timeline``/``stop_timeline`` (and HOROVOD_TIMELINE at init): Horovod's timeline, written
 by rank 0 (see README, "Timeline").
 """
