@@ -30,7 +30,21 @@ def job(tmp_path, require_tool):
     return ml.job_dir(tmp_path)
 
 
+def test_third_line_with_rank_0s_nic_name(ssh_cluster, job):
+    """The line as the issue writes it, with a NIC name: rank 0's host has it (the store listens
+    there); the other host names its NIC differently and listens where its route to rank 0 leads."""
+    h1, h2 = ssh_cluster.hosts
+    assert h1.nic != h2.nic
+    line = ml.LINE3.format(h1=h1.address, h2=h2.address, iface=h1.nic)
+    rc, out, left = ml.run(line, job, _env(ssh_cluster), timeout=240)
+    assert rc == 0 and not left, out[-4000:]
+    found = ml.reports(out)
+    assert ml.layout(found) == [(0, 2, 0, 1, 0, 2, [3.0] * 4), (1, 2, 0, 1, 1, 2, [3.0] * 4)], out[-4000:]
+    assert ssh_cluster.wait_clean(10.0) == {}
+
+
 def test_third_line_across_two_hosts_matches_appliance_launch(ssh_cluster, job):
+    """The line with the hosts' subnet as the interface (OpenMPI takes a CIDR as well as a name)."""
     h1, h2 = ssh_cluster.hosts
     line = ml.LINE3.format(h1=h1.address, h2=h2.address, iface=f"{ssh_cluster.c.net}.0/24")
     rc, out, left = ml.run(line, job, _env(ssh_cluster), timeout=240)
