@@ -68,10 +68,11 @@ def library_candidates() -> list[str]:
     return ([found] if found else []) + places + [SONAME]
 
 
-def load() -> ctypes.CDLL:
-    """libpmix, or PmixError naming where it was looked for."""
+def load(candidates: Sequence[str] | None = None) -> ctypes.CDLL:
+    """libpmix (the first of ``candidates`` that loads; default ``library_candidates()``), or
+    PmixError saying how to get it."""
     errors = []
-    for path in dict.fromkeys(library_candidates()):
+    for path in dict.fromkeys(library_candidates() if candidates is None else candidates):
         try:
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # its plugins resolve symbols against it
         except OSError as e:

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from appliance.common import netif, pmi1
+from appliance.common import netif, pmi1, pmix
 from appliance.common.knobs import ConfigError
 from appliance.runtime import procmgr
 
@@ -109,3 +109,11 @@ def test_started_by():
     assert procmgr.started_by({"OMPI_COMM_WORLD_SIZE": "2"}) == "openmpi"
     assert procmgr.started_by({"PMI_RANK": "0", "PMI_SIZE": "2"}) == "hydra"
     assert procmgr.started_by({"SLURM_PROCID": "0"}) == ""
+
+
+def test_pmix_library_found_here_and_its_absence_is_one_line():
+    assert pmix.load()  # Debian's libpmix2 (OpenMPI's dependency)
+    with pytest.raises(pmix.PmixError, match=r"^no PMIx library \(libpmix.so.2\) here: install libpmix2"):
+        pmix.load(["/nonexistent/libpmix.so.2"])
+    assert not pmix.server_present({"PMIX_RANK": "0"})
+    assert pmix.server_present({"PMIX_NAMESPACE": "x", "PMIX_SERVER_URI41": "x.0;tcp4://127.0.0.1:1"})
