@@ -22,6 +22,9 @@
 #                 and /etc/profile.d/appliance.sh (login shells) get PATH, LD_LIBRARY_PATH, LANG,
 #                 PYTHON*, OMPI_*, NCCL_*, HOROVOD_*, NVIDIA_*, CUDA_*, APPLIANCE_* as this
 #                 container sees them (names that look like secrets are never written)
+#   ssh client    /etc/ssh/ssh_config.d/00-appliance-port.conf: Port $APPLIANCE_SSH_PORT, so plain
+#                 `ssh node2` and mpirun's daemons (OpenMPI's rsh agent is ssh) reach the cluster's
+#                 sshd with the cluster's key (docker/ssh_config) and no -p or plm_rsh_args
 #   health        /run/appliance/{mode,pid,ssh_port} for appliance-healthcheck
 #
 # Env: APPLIANCE_SHARED, APPLIANCE_SSH_PORT (secondary's port, default 12345).
@@ -112,7 +115,16 @@ prepare() {
     chown root:root /root /root/.ssh
     install_host_key
     install_client_key
+    write_ssh_port
     write_env
+}
+
+write_ssh_port() {  # the cluster's sshd port for every ssh client in this container (mpirun's too)
+    local port="${APPLIANCE_SSH_PORT:-12345}"
+    valid_port "$port" || die "APPLIANCE_SSH_PORT '$port' is not a number in 1..65535"
+    printf '# Written by appliance-entrypoint: the cluster'"'"'s sshd port (APPLIANCE_SSH_PORT).\nPort %s\n' "$port" \
+        >/etc/ssh/ssh_config.d/00-appliance-port.conf
+    chmod 0644 /etc/ssh/ssh_config.d/00-appliance-port.conf
 }
 
 record() {  # record MODE [PORT]: what appliance-healthcheck checks

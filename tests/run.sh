@@ -11,7 +11,7 @@
 # libopenmpi-dev), which compiles the C++ core, here with APPLIANCE_BUILD_TESTS=ON: also the
 # test-only extension appliance.runtime._core_testing and the C++ unit tests (tests/cpp, with
 # GoogleTest from Debian's libgtest-dev), which the product never has. As root on Debian it also
-# installs the system tools the integration tiers use (OpenSSH, OpenMPI, iproute2, and munge and
+# installs the system tools the integration tiers use (OpenSSH, OpenMPI, MPICH's hydra, iproute2, and munge and
 # slurm-wlm for the Slurm tier, marker slurm, which starts its own two-node Slurm), makes sure a
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
@@ -30,6 +30,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
   command -v mpirun >/dev/null || need+=(openmpi-bin)
+  # MPICH's hydra (mpiexec.hydra, PMI-1) beside OpenMPI: mpirun stays OpenMPI's (alternatives priority 50 > 40)
+  command -v mpiexec.hydra >/dev/null || need+=(mpich)
   command -v ip >/dev/null || need+=(iproute2)
   command -v iptables >/dev/null || need+=(iptables)  # the SSH tier firewalls a simulated host (bastion test)
   command -v cmake >/dev/null || need+=(cmake)

@@ -35,6 +35,7 @@ import copy
 import enum
 import functools
 import queue
+import sys
 
 from appliance.hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from appliance.runtime import elastic as _runtime_elastic
@@ -142,12 +143,19 @@ class ObjectState(State):
             setattr(self, k, copy.deepcopy(v))
 
 
+_said_fixed: list = []  # the note of ``fixed_note``, said once per process
+
+
 def run_fn(func, reset):
     """Wrap ``func(state, *args, **kwargs)`` in the elastic loop described in the module
     docstring; ``reset()`` re-initialises the runtime after a failure or a host-set change."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         session = _runtime_elastic.session() if _runtime_elastic.enabled() else None
+        note = _runtime_elastic.fixed_note()
+        if note and not _said_fixed:
+            _said_fixed.append(note)
+            print(note, file=sys.stderr, flush=True)
         if session is not None:
             session.add_listener(state.on_hosts_updated)
         skip_sync = False

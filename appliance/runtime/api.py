@@ -2,7 +2,9 @@
 
 ``init()`` reads the environment through ``appliance.runtime.config.RuntimeConfig.from_env``
 (HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET, APPLIANCE_FAULT_FILE, or
-OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.common.slurm``)
+OpenMPI's OMPI_COMM_WORLD_*, or, with none of those, a task ``srun`` started: ``appliance.common.slurm``,
+or hydra's PMI_RANK/PMI_SIZE; under mpirun or hydra the store's address and the secret come
+through the process manager: ``appliance.runtime.procmgr``)
 and starts the process's engine (``appliance.runtime.engine`` owns it; init -> shutdown -> init
 works); with none of them the process is a single rank, so a script runs unchanged on a laptop.
 In an elastic job (HOROVOD_ELASTIC=1, set by the launcher's driver) the layout comes from the
@@ -16,7 +18,8 @@ without ``synchronize``: the result is then lost, never written into freed memor
 Failure modes: ``init()`` raises ``ConfigError`` for a bad environment and HorovodInternalError
 when the rendezvous fails (it names the ranks that never arrived) or times out
 (HOROVOD_START_TIMEOUT), or when rank 0 of a Slurm step finds the store's derived port taken
-(the message names node, port and APPLIANCE_STORE_ADDR); every call before ``init()`` raises ValueError, as Horovod does.
+(the message names node, port and APPLIANCE_STORE_ADDR), or when a rank under mpirun cannot reach
+the store rank 0 published (one line naming both hosts and the interface); every call before ``init()`` raises ValueError, as Horovod does.
 ``start_timeline``/``stop_timeline`` (and HOROVOD_TIMELINE at init): Horovod's timeline, written
 by rank 0 (see README, "Timeline").
 """
@@ -34,7 +37,7 @@ import numpy as np
 
 from appliance.runtime.config import RuntimeConfig
 from appliance.common import knobs
-from appliance.runtime import elastic, engine
+from appliance.runtime import elastic, engine, procmgr
 from appliance.runtime.engine import Average, Kind, Result, Sum, describe, request
 from appliance.runtime.errors import HorovodInternalError
 from appliance.common.slurm import SlurmTask
@@ -48,12 +51,16 @@ def init(*args, **kwargs) -> None:
     if elastic.enabled():
         _init_elastic()
         return
-    cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env)
+    cfg = RuntimeConfig.from_env(slurm=SlurmTask.from_env, procmgr=procmgr.bootstrap)
     if cfg.options["verbose"] and cfg.rank == 0:
         print("appliance runtime knobs:\n" + knobs.describe(), file=sys.stderr, flush=True)
+        if cfg.manager:
+            print(f"appliance: under {cfg.manager}, {cfg.store_note}", file=sys.stderr, flush=True)
     try:
         engine.start(cfg)
-    except HorovodInternalError:
+    except HorovodInternalError as e:
+        if cfg.manager:
+            raise procmgr.join_error(e, cfg) from None
         if cfg.rank == 0 and cfg.store_note and _port_taken(cfg.store_port):
             raise HorovodInternalError(
                 f"rank 0 of {cfg.size} cannot host the rendezvous store: port {cfg.store_port} on "

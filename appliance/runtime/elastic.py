@@ -35,6 +35,7 @@ from typing import Callable, Mapping
 from appliance.common import rendezvous as rdv
 from appliance.common.knobs import ConfigError, read
 from appliance.runtime.errors import HorovodInternalError
+from appliance.runtime.procmgr import started_by
 
 LAYOUT = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 _ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
@@ -43,6 +44,17 @@ _ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return bool(read("HOROVOD_ELASTIC", env)) and bool(read("APPLIANCE_ELASTIC_ADDR", env))
+
+
+def fixed_note(env: Mapping[str, str] | None = None) -> str:
+    """The line ``hvd.elastic.run`` prints (on the first rank) when mpirun or hydra started the job:
+    their ranks are fixed; "" otherwise, and on the other ranks."""
+    env = os.environ if env is None else env
+    if enabled(env) or not started_by(env) or (env.get("OMPI_COMM_WORLD_RANK") or env.get("PMI_RANK")) != "0":
+        return ""
+    return ("hvd.elastic.run under mpirun: the ranks are fixed, a lost rank ends the job (mpirun has no elastic "
+            "mode); for elastic training launch with `horovodrun --min-np N --max-np M "
+            "--host-discovery-script SCRIPT python train.py`")
 
 
 class Session:

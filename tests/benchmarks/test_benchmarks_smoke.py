@@ -155,8 +155,20 @@ def test_elastic_quick(tmp_path):
     assert "local: kill of a rank" in proc.stdout
 
 
+def test_startup_mpirun_quick(tmp_path, require_tool):
+    require_tool("mpirun", "OpenMPI (openmpi-bin)")
+    out = tmp_path / "s.json"
+    proc = run("startup_mpirun.py", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["ranks"] for r in rows] == [2]
+    assert all(rows[0][k] > 0 for k in ("mpirun_wall_s", "mpirun_init_s", "launch_wall_s", "launch_init_s",
+                                        "mpirun_alone_s"))
+    assert "mpirun alone" in proc.stdout
+
+
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
-                                    "launch_ssh.py", "scale.py", "elastic.py", "elastic_soak.py"])
+                                    "launch_ssh.py", "scale.py", "elastic.py", "elastic_soak.py",
+                                    "startup_mpirun.py"])
 def test_every_script_answers_help(script):
     """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
     SSH ones cannot run here, but must not rot."""
