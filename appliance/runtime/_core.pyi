@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union, overload
 import numpy as np
 
 WIRE_VERSION: int
-# Every engine option (csrc/engine/options.h) and its default; a knob feeds one by name.
+# Every engine option (csrc/common/options.h) and its default; a knob feeds one by name.
 ENGINE_OPTIONS: dict[str, object]
 
 class CoreError(RuntimeError): ...
@@ -63,7 +63,7 @@ Tensor = Union[
 ]
 
 class RuntimeConfig:
-    """The job's layout and bootstrap, and (generated from options.h) every ENGINE_OPTIONS entry
+    """The job's layout and bootstrap, and (generated from common/options.h) every ENGINE_OPTIONS entry
     as a read-write attribute with its default."""
 
     rank: int

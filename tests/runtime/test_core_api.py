@@ -1,5 +1,5 @@
 """The core's Python API as declared: ``_core.pyi`` matches the compiled module, and every engine
-knob of ``appliance.common.knobs`` feeds an engine option (csrc/engine/options.h) with the same
+knob of ``appliance.common.knobs`` feeds an engine option (csrc/common/options.h) with the same
 default, so a knob is copied into the core by name and declared in two places only."""
 import ast
 from pathlib import Path

@@ -337,13 +337,13 @@ PYBIND11_MODULE(_core, m) {
              d["entries"] = s.entries.load();
              d["tensors"] = s.tensors.load();
              d["fused_entries"] = s.fused_entries.load();
-             d["ready_full"] = rt.ready_full();
-             d["ready_ids"] = rt.ready_ids();
+             d["ready_full"] = s.ready_full.load();
+             d["ready_ids"] = s.ready_ids.load();
              d["driven_plans"] = s.driven_plans.load();
              d["ctrl_in"] = s.ctrl_in.load();
              d["ctrl_out"] = s.ctrl_out.load();
-             d["negotiation_ns"] = s.negotiation_ns.load();
-             d["negotiation_turns"] = s.negotiation_turns.load();
+             d["negotiation_ns"] = rt.profile().ns();
+             d["negotiation_turns"] = rt.profile().turns();
              d["store_requests"] = rt.store_requests();
              d["store_served"] = rt.store_served();
              d["outputs_reused"] = rt.output_pool().reused();
