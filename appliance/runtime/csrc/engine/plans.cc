@@ -13,7 +13,7 @@ void Runtime::run_plan(const Plan& plan) {
   const uint64_t mark = profile_.plan_begins();
   for (const PlanEntry& e : plan.entries) run_entry(e);
   profile_.plan_ends(mark);
-  ++stats_.plans;
+  Stats::add(stats_.plans);
   sched_.busy(steady_us());
 }
 
@@ -53,9 +53,9 @@ void Runtime::run_entry(const PlanEntry& e) {
   Backend& backend = backends_->for_entry(e, raw, join_device_.load());
   if (timeline_.on()) timeline_.launched(e, backend);
   std::unique_ptr<Completion> completion = backend.launch(e, raw);
-  ++stats_.entries;
-  stats_.tensors += e.names.size();
-  if (e.names.size() > 1) ++stats_.fused_entries;
+  Stats::add(stats_.entries);
+  Stats::add(stats_.tensors, e.names.size());
+  if (e.names.size() > 1) Stats::add(stats_.fused_entries);
   if (completion) {
     std::shared_ptr<void> ev = completion->ready_event();
     for (auto& op : ops)

@@ -74,6 +74,11 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/scheduler.h)
     std::atomic<uint64_t> ctrl_in{0}, ctrl_out{0};  // control frames this rank received / sent
     std::atomic<uint64_t> ready_full{0}, ready_ids{0};  // the negotiator's: requests announced in full, as cache ids
+
+    // Written under the engine's lock only, so one writer at a time: a plain add, no locked instruction.
+    static void add(std::atomic<uint64_t>& c, uint64_t n = 1) {
+      c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
   };
   const Stats& stats() const { return stats_; }
   // With profiling on (set_profiling): thread CPU time of the engine's turns that moved control

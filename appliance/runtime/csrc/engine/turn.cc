@@ -35,7 +35,7 @@ bool Runtime::turn(bool settle) {
       ended_ = true;
     }
   });
-  if (!settle) stats_.driven_plans += stats_.plans.load(std::memory_order_relaxed) - plans;
+  if (!settle) Stats::add(stats_.driven_plans, stats_.plans.load(std::memory_order_relaxed) - plans);
   return on;
 }
 
@@ -81,7 +81,7 @@ void Runtime::read_control(bool in_collective) {
   if (cfg_.size < 2) return;
   const size_t before = arrived_.frames.size() + arrived_.left.size();
   control_->read(arrived_.frames, arrived_.left);
-  stats_.ctrl_in += arrived_.frames.size() + arrived_.left.size() - before;
+  Stats::add(stats_.ctrl_in, arrived_.frames.size() + arrived_.left.size() - before);
   if (in_collective) control_->heartbeats(Clock::now());
 }
 
@@ -119,7 +119,7 @@ void Runtime::carry_out(Negotiated& out) {
   for (Outgoing& m : out.send) {
     if (!control_->live(m.peer)) continue;
     control_->send(m.peer, m.bytes);
-    ++stats_.ctrl_out;
+    Stats::add(stats_.ctrl_out);
   }
   for (const Plan& p : out.plans) run_plan(p);
   for (const std::string& line : out.log) log_line(cfg_.rank, line);
