@@ -161,6 +161,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   // Hands what arrived to the negotiator and carries out what it says, until nothing is left.
   void negotiate(Clock::time_point now);
   void carry_out(Negotiated& out);
+  // Publishes the negotiator's counters (Stats::ready_full, ready_ids).
+  void count_ready();
   // --- plans (engine/plans.cc) ---
   void run_plan(const Plan& plan);
   void run_entry(const PlanEntry& e);

@@ -111,6 +111,10 @@ void Runtime::negotiate(Clock::time_point now) {
     negotiator_->tick(now, out);
     carry_out(out);
   } while (!arrived_.frames.empty() || !arrived_.left.empty());  // plans run may have read more
+  count_ready();
+}
+
+void Runtime::count_ready() {
   stats_.ready_full.store(negotiator_->ready_full(), std::memory_order_relaxed);
   stats_.ready_ids.store(negotiator_->ready_ids(), std::memory_order_relaxed);
 }
@@ -121,6 +125,7 @@ void Runtime::carry_out(Negotiated& out) {
     control_->send(m.peer, m.bytes);
     Stats::add(stats_.ctrl_out);
   }
+  if (!out.plans.empty()) count_ready();  // before plans complete handles: a caller sees its op counted
   for (const Plan& p : out.plans) run_plan(p);
   for (const std::string& line : out.log) log_line(cfg_.rank, line);
   if (out.coordinator_gone) gone_rank_ = out.gone_rank;
