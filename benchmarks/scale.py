@@ -23,8 +23,9 @@ ranks than cores). Each rank measures itself and writes one JSON line; this scri
 
 With more ranks than cores, wall-clock latency and CPU per op measure the scheduler as much as
 the protocol. The script therefore also runs (unless ``--no-virtual``) N negotiators of each
-protocol (tree, star: APPLIANCE_NEGOTIATION) in this one process, wired in memory (``_core.negotiation_model``:
-the engine's own negotiation code, no sockets, no scheduler), for N = 2 ... 4,096, and reports per
+protocol (tree, star: APPLIANCE_NEGOTIATION) in this one process, wired in memory (``_core_testing.negotiation_model``:
+the engine's own negotiation code, no sockets, no scheduler; a simulator the test build has, APPLIANCE_BUILD_TESTS=ON,
+as ``bash tests/run.sh`` installs it), for N = 2 ... 4,096, and reports per
 cached op (the best of three runs): rank 0's time in its negotiator (replayed on its own, so the
 other negotiators' memory does not evict its caches), the messages rank 0 and the busiest rank
 handle, and the hops from the ranks' submissions to the plan (the negotiation's latency, in
@@ -208,14 +209,22 @@ def fit(rows: list, key: str) -> dict | None:
     return {"b": b, "a": a, "from": pts[0][0], "to": last_n, "at_4096": last_y * (4096 / last_n) ** b}
 
 
-def run_virtual(sizes: list, ops: int) -> list:
-    from appliance.runtime import _core
+def virtual_model():
+    """The simulator's entry point (the test build's), or None."""
+    try:
+        from appliance.runtime import _core_testing
+    except ImportError:
+        return None
+    return _core_testing.negotiation_model
 
+
+def run_virtual(sizes: list, ops: int) -> list:
+    model = virtual_model()
     rows = []
     for n in sizes:
         row = {"np": n}
         for proto in PROTOCOLS:  # the best of three: a page fault or a preemption spoils one
-            runs = [_core.negotiation_model(proto, n, ops) for _ in range(3)]
+            runs = [model(proto, n, ops) for _ in range(3)]
             for k in runs[0]:
                 row[f"{proto}_{k}"] = min(r[k] for r in runs)
         rows.append(row)
@@ -315,6 +324,11 @@ def main(argv=None) -> int:
     if a.worker:
         worker(ops, a.out)
         return 0
+    if not a.no_virtual and virtual_model() is None:
+        print("scale.py: the virtual ranks need the test build's simulator (appliance.runtime._core_testing: "
+              "install with APPLIANCE_BUILD_TESTS=ON, as tests/run.sh does); pass --no-virtual to leave them out",
+              file=sys.stderr)
+        return 2
     if a.np:
         sizes = [int(x) for x in a.np.split(",") if x]
     elif a.quick:

@@ -33,7 +33,7 @@ class Knob:
     default: Any
     doc: str
     # The engine option this knob feeds (a name in APPLIANCE_ENGINE_OPTIONS of
-    # runtime/csrc/engine/options.h, whose default must equal this one): the runtime's config
+    # runtime/csrc/common/options.h, whose default must equal this one): the runtime's config
     # copies every such knob into the core by this name. "" = not an engine option.
     core: str = ""
 

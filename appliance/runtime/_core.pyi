@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union, overload
 import numpy as np
 
 WIRE_VERSION: int
-# Every engine option (csrc/engine/options.h) and its default; a knob feeds one by name.
+# Every engine option (csrc/common/options.h) and its default; a knob feeds one by name.
 ENGINE_OPTIONS: dict[str, object]
 
 class CoreError(RuntimeError): ...
@@ -63,7 +63,7 @@ Tensor = Union[
 ]
 
 class RuntimeConfig:
-    """The job's layout and bootstrap, and (generated from options.h) every ENGINE_OPTIONS entry
+    """The job's layout and bootstrap, and (generated from common/options.h) every ENGINE_OPTIONS entry
     as a read-write attribute with its default."""
 
     rank: int
@@ -201,11 +201,3 @@ def address(obj: object) -> int:
 def capabilities(nccl_library: str, nccl_candidates: Sequence[str], cudart_candidates: Sequence[str]) -> dict:
     """What executes here: cuda, cuda_devices, cuda_runtime, cuda_runtime_version, nccl,
     nccl_version, nccl_library, why."""
-
-def negotiation_model(protocol: str, ranks: int, ops: int = 20, tensors: int = 1) -> dict[str, float]:
-    """What one cached operation costs a negotiation protocol (``"tree"`` or ``"star"``) at
-    ``ranks`` ranks, measured on that many negotiators in this process, wired in memory (no
-    sockets, no scheduler): ``rank0_ns`` (time in rank 0's negotiator), ``rank0_msgs`` and
-    ``max_msgs`` (control messages rank 0 and the busiest rank handle), per op, and ``hops`` (the
-    longest chain of messages from a step's submissions to its plan). benchmarks/scale.py
-    --virtual reports these."""

@@ -141,6 +141,11 @@ def test_scale_quick(tmp_path, with_matplotlib):
         assert r["latency_us"] > 0 and r["rank0_frames"] > 0
     assert {"startup_s", "store_per_rank", "fds_max", "latency_us"} <= set(result["fits"])
     assert "growth: power-law fit" in proc.stdout and "at 4096" in proc.stdout
+    # The virtual ranks, from the test build's simulator: N = 2 ... 64, both protocols.
+    assert [r["np"] for r in result["virtual"]] == [2, 4, 8, 16, 32, 64]
+    for r in result["virtual"]:
+        assert r["tree_rank0_ns"] > 0 and r["star_rank0_ns"] > 0 and r["star_hops"] >= 1, r
+    assert "virtual ranks" in proc.stdout
     if with_matplotlib:
         assert png.read_bytes()[:8] == PNG_MAGIC
 

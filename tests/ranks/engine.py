@@ -295,7 +295,8 @@ def case_reinit():
 
 
 def case_stats(n):
-    """n small allreduces submitted at once, then the same again: fusion and cache counters."""
+    """n small allreduces submitted at once, then the same again: fusion and cache counters; then
+    once more with the negotiation's profiling on."""
     n = int(n)
     rt.init()
     e = engine.current()
@@ -307,7 +308,11 @@ def case_stats(n):
     first = dict(e.core.stats())
     step()
     second = dict(e.core.stats())
-    report({"first": first, "second": second})
+    e.core.set_profiling(True)
+    step()
+    e.core.set_profiling(False)
+    profiled = dict(e.core.stats())
+    report({"first": first, "second": second, "profiled": profiled})
 
 
 def case_drive(n):

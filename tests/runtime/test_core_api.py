@@ -1,7 +1,8 @@
 """The core's Python API as declared: ``_core.pyi`` matches the compiled module, and every engine
-knob of ``appliance.common.knobs`` feeds an engine option (csrc/engine/options.h) with the same
+knob of ``appliance.common.knobs`` feeds an engine option (csrc/common/options.h) with the same
 default, so a knob is copied into the core by name and declared in two places only."""
 import ast
+from pathlib import Path
 
 from appliance.common.knobs import KNOBS
 from appliance.runtime import _core
@@ -69,3 +70,17 @@ def test_horovod_constants_are_the_core_codes_as_plain_ints():
         value = getattr(rt, name)
         assert type(value) is int and value == _core.ReduceOp[name.upper()]
     assert (rt.Average, rt.Sum, rt.Adasum, rt.Min, rt.Max, rt.Product) == (0, 1, 2, 3, 4, 5)
+
+
+def test_the_negotiation_simulator_is_in_the_test_build_only():
+    """The virtual job (N negotiators wired in memory, tests/cpp/virtual) is the test-only extension's:
+    the product module neither offers it nor carries its code."""
+    from appliance.runtime import _core_testing
+
+    assert not hasattr(_core, "negotiation_model")
+    cost = _core_testing.negotiation_model("tree", 4, 2)
+    assert set(cost) == {"rank0_ns", "rank0_msgs", "max_msgs", "hops"} and cost["rank0_ns"] > 0, cost
+    # A message only the simulator's code has, looked for in both shared objects.
+    marker = b"ranks, ops and tensors must be positive"
+    assert marker in Path(_core_testing.__file__).read_bytes()
+    assert marker not in Path(_core.__file__).read_bytes()

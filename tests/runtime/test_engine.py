@@ -111,6 +111,10 @@ def test_fusion_and_response_cache(run_ranks):
     assert s1["fused_entries"] >= 1 and s1["entries"] < n, s1  # small tensors were fused
     assert s1["ready_full"] == n and s1["ready_ids"] == 0, s1  # first step: full requests
     assert s2["ready_full"] == n and s2["ready_ids"] == n, s2  # second step: cache ids only
+    # The negotiation's CPU time is measured only while profiling is on.
+    assert s2["negotiation_ns"] == s2["negotiation_turns"] == 0, s2
+    s3 = ranks[1]["profiled"]
+    assert s3["negotiation_turns"] > 0 and s3["negotiation_ns"] > 0, s3
 
 
 @pytest.mark.parametrize("spin", ["20000", "0"])

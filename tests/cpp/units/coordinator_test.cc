@@ -252,5 +252,20 @@ TEST(Coordinator, the_stall_check_reports_missing_ranks_then_aborts_blaming_the_
   EXPECT_EQ(abort.origin_rank, 1);
 }
 
+TEST(Coordinator, with_the_stall_check_disabled_nothing_is_reported_but_the_shutdown_still_comes) {
+  CoordinatorOptions o = opts(2);
+  o.stall_check_disable = true;  // HOROVOD_STALL_CHECK_DISABLE: stall_check_s no longer counts
+  o.stall_check_s = 60;
+  o.stall_shutdown_s = 300;
+  Coordinator c(o);
+  c.on_request(0, req("w"), t0);
+  Status abort;
+  EXPECT_EQ(c.next_stall_event(), t0 + std::chrono::seconds(300));
+  EXPECT_TRUE(c.stall_warnings(t0 + std::chrono::seconds(61), &abort).empty());
+  EXPECT_TRUE(abort.ok());
+  c.stall_warnings(t0 + std::chrono::seconds(300), &abort);
+  EXPECT_EQ(abort.code, Code::kStalled);
+}
+
 }  // namespace
 }  // namespace appliance

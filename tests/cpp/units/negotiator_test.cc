@@ -1,4 +1,4 @@
-// The negotiation protocols (engine/negotiator.h) as pure logic: a VirtualJob (engine/virtual_job.h)
+// The negotiation protocols (engine/negotiator.h) as pure logic: a VirtualJob (tests/cpp/virtual)
 // wires N negotiators of one protocol by in-memory links, and every protocol must meet the same
 // specification: the same plans in the same order on every rank whatever order ranks submit in,
 // cache ids in steady state, mismatches and stalls named on every rank, joins, process sets, and
@@ -7,7 +7,7 @@
 
 #include "engine/star_negotiator.h"
 #include "engine/tree_negotiator.h"
-#include "engine/virtual_job.h"
+#include "virtual/virtual_job.h"
 
 namespace appliance {
 namespace {

@@ -29,6 +29,7 @@
 #include "backends/backend.h"
 #include "backends/cuda/device_plan.h"
 #include "collectives/collectives.h"
+#include "common/options.h"
 #include "store/store.h"
 
 namespace appliance {
@@ -39,15 +40,15 @@ class NcclBackend;
 struct CudaApi;
 struct NcclApi;
 
-struct BackendOptions {
+// The device options (common/options.h: nccl_library) and what else the backends need.
+struct BackendOptions : DeviceOptions {
   int rank = 0, size = 1;
   std::string host;                // this rank's host name, for its errors
   std::vector<std::string> hosts;  // every rank's host name, for errors that name a peer
-  int64_t exchange_timeout_ms = 60000;  // for each exchange through the store
+  int64_t exchange_timeout_ms = LinkOptions{}.start_timeout_ms();  // for each exchange through the store
   CollectiveOptions collectives;
-  bool verbose = false;
+  bool verbose = ReportOptions{}.verbose;
   // Where the CUDA runtime and NCCL may be found, in order; nccl_library is the explicit knob.
-  std::string nccl_library;
   std::vector<std::string> nccl_candidates, cudart_candidates;
 };
 

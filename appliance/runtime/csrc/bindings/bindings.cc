@@ -12,7 +12,6 @@
 #include "backends/cuda/cuda_api.h"
 #include "backends/nccl/nccl_api.h"
 #include "engine/runtime.h"
-#include "engine/virtual_job.h"
 
 namespace py = pybind11;
 
@@ -338,13 +337,13 @@ PYBIND11_MODULE(_core, m) {
              d["entries"] = s.entries.load();
              d["tensors"] = s.tensors.load();
              d["fused_entries"] = s.fused_entries.load();
-             d["ready_full"] = rt.ready_full();
-             d["ready_ids"] = rt.ready_ids();
+             d["ready_full"] = s.ready_full.load();
+             d["ready_ids"] = s.ready_ids.load();
              d["driven_plans"] = s.driven_plans.load();
              d["ctrl_in"] = s.ctrl_in.load();
              d["ctrl_out"] = s.ctrl_out.load();
-             d["negotiation_ns"] = s.negotiation_ns.load();
-             d["negotiation_turns"] = s.negotiation_turns.load();
+             d["negotiation_ns"] = rt.profile().ns();
+             d["negotiation_turns"] = rt.profile().turns();
              d["store_requests"] = rt.store_requests();
              d["store_served"] = rt.store_served();
              d["outputs_reused"] = rt.output_pool().reused();
@@ -376,20 +375,6 @@ PYBIND11_MODULE(_core, m) {
       .def("stop_timeline", &Runtime::stop_timeline, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Runtime::shutdown, py::call_guard<py::gil_scoped_release>());
 
-  m.def("negotiation_model",
-        [](const std::string& protocol, int ranks, int ops, int tensors) {
-          NegotiationCost c = [&] {
-            py::gil_scoped_release release;
-            return measure_cached_ops(protocol, ranks, ops, tensors);
-          }();
-          py::dict d;
-          d["rank0_ns"] = c.rank0_ns;
-          d["rank0_msgs"] = c.rank0_msgs;
-          d["max_msgs"] = c.max_msgs;
-          d["hops"] = c.hops;
-          return d;
-        },
-        py::arg("protocol"), py::arg("ranks"), py::arg("ops") = 20, py::arg("tensors") = 1);
   // Address of a contiguous buffer (a numpy array), cheaper than numpy's .ctypes.data, which
   // the per-op path would otherwise pay twice per operation.
   m.def("address", [](py::handle obj) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/options.h"
 #include "transport/auth.h"
 
 namespace appliance {
@@ -17,8 +18,8 @@ struct MeshOptions {
   std::string store_host;    // with bind_addr "": listen on the interface that routes here
   bool allow_shm = false;    // shared memory between ranks of one host
   uint64_t shm_ring_bytes = 1 << 20;  // per direction and pair
-  int64_t timeout_ms = 60000;
-  int peer_timeout_ms = 10000;  // TCP_USER_TIMEOUT / keepalive budget
+  int64_t timeout_ms = LinkOptions{}.start_timeout_ms();
+  int peer_timeout_ms = LinkOptions{}.heartbeat_timeout_ms();  // TCP_USER_TIMEOUT / keepalive budget
   AuthParams auth;
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/comm.h"
+#include "common/options.h"
 #include "common/types.h"
 
 namespace appliance {
@@ -27,12 +28,18 @@ enum class AllreduceAlgo : uint8_t {
   kRecursiveDoubling = 2,  // log2 P whole-buffer exchanges (latency-bound sizes)
 };
 
+// The engine's collective options (common/options.h: CollectiveKnobs) as the algorithms take
+// them, and what tests force.
 struct CollectiveOptions {
+  CollectiveOptions() : CollectiveOptions(CollectiveKnobs{}) {}
+  // Throws std::invalid_argument naming the knob of a hierarchy other than auto, on or off.
+  explicit CollectiveOptions(const CollectiveKnobs& k);
+
   // Pipelining grain: ring steps move segments in pieces of this many bytes so receive,
   // reduce and send overlap (reduce-scatter frames are cut here, at whole elements, staged
   // in a chunk-sized workspace and reduced on arrival; the chain broadcast forwards pieces
   // of this size). Must agree on all ranks. Small values let tests reach multi-piece paths.
-  size_t chunk_bytes = 1 << 20;
+  size_t chunk_bytes;
   // Tests and benchmarks force one broadcast algorithm; the engine leaves kAuto.
   BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;
   // Tests force one allreduce algorithm; the engine leaves kAuto.
@@ -40,8 +47,7 @@ struct CollectiveOptions {
   // Hierarchical allreduce / allgather where the job has several hosts with several ranks each
   // (HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER): kAuto = where the cost model says it wins.
   enum class Hierarchy : uint8_t { kAuto = 0, kOn = 1, kOff = 2 };
-  Hierarchy hierarchical_allreduce = Hierarchy::kAuto;
-  Hierarchy hierarchical_allgather = Hierarchy::kAuto;
+  Hierarchy hierarchical_allreduce, hierarchical_allgather;
 };
 
 // `count` elements from `in` reduced over all ranks into `out`; in == out is in place, else

@@ -251,8 +251,8 @@ std::vector<std::string> Coordinator::stall_warnings(Time now, Status* abort) {
       else if (!(p.set == 0 && joined_[r]) && !left_[r]) st.missing.push_back(r);
     }
     if (o_.stall_shutdown_s > 0 && waited >= o_.stall_shutdown_s) over.push_back(st);
-    if (o_.stall_check_s <= 0 || waited < o_.stall_check_s) continue;
-    due = !reported_ || std::chrono::duration<double>(now - last_report_).count() >= o_.stall_check_s;
+    if (o_.stall_warning_s() <= 0 || waited < o_.stall_warning_s()) continue;
+    due = !reported_ || std::chrono::duration<double>(now - last_report_).count() >= o_.stall_warning_s();
     stalled.push_back(std::move(st));
   }
   auto oldest_first = [](const Stalled& a, const Stalled& b) {
@@ -300,9 +300,9 @@ Coordinator::Time Coordinator::next_stall_event() const {
   for (const auto& kv : readiness_) {
     const Readiness& p = kv.second;
     if (o_.stall_shutdown_s > 0) t = std::min(t, after(p.first_seen, o_.stall_shutdown_s));
-    if (o_.stall_check_s > 0) warn = std::min(warn, after(p.first_seen, o_.stall_check_s));
+    if (o_.stall_warning_s() > 0) warn = std::min(warn, after(p.first_seen, o_.stall_warning_s()));
   }
-  if (warn != Time::max() && reported_) warn = std::max(warn, after(last_report_, o_.stall_check_s));
+  if (warn != Time::max() && reported_) warn = std::max(warn, after(last_report_, o_.stall_warning_s()));
   return std::min(t, warn);
 }
 

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/options.h"
 #include "common/status.h"
 #include "coordinator/request.h"
 
@@ -33,12 +34,9 @@ namespace appliance {
 // op, scales, device, joined ranks, process set) fused up to `threshold` bytes (0: none).
 void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold);
 
-struct CoordinatorOptions {
+// The negotiation's options (common/options.h: fusion, cycle, stall checks) and the job's size.
+struct CoordinatorOptions : NegotiationOptions {
   int size = 1;
-  size_t fusion_threshold = 128u << 20;  // bytes; 0 disables fusion
-  double cycle_time_ms = 1.0;
-  double stall_check_s = 60.0;           // 0 disables the warning
-  double stall_shutdown_s = 300.0;       // 0 = never abort
 };
 
 class Coordinator {

@@ -8,13 +8,7 @@
 namespace appliance {
 
 std::unique_ptr<Coordinator> make_coordinator(const NegotiatorOptions& o) {
-  CoordinatorOptions co;
-  co.size = o.size;
-  co.fusion_threshold = o.fusion_threshold;
-  co.cycle_time_ms = o.cycle_time_ms;
-  co.stall_check_s = o.stall_check_s;
-  co.stall_shutdown_s = o.stall_shutdown_s;
-  return std::make_unique<Coordinator>(co);
+  return std::make_unique<Coordinator>(static_cast<const CoordinatorOptions&>(o));
 }
 
 void ProcessSetSizes::add(Coordinator* coord, int32_t id, const std::vector<int>& members) {

@@ -21,17 +21,14 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coordinator/coordinator.h"
 #include "coordinator/request.h"
 
 namespace appliance {
 
-struct NegotiatorOptions {
-  int rank = 0, size = 1;
-  size_t fusion_threshold = size_t{128} << 20;
-  double cycle_time_ms = 1.0;
-  size_t cache_capacity = 1024;
-  double stall_check_s = 60.0;     // 0: no warnings
-  double stall_shutdown_s = 300.0;  // 0: never abort
+// The negotiation's options (common/options.h), the job's size (rank 0's coordinator's) and this rank.
+struct NegotiatorOptions : CoordinatorOptions {
+  int rank = 0;
 };
 
 // A control message for one peer.

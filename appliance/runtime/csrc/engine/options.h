@@ -1,84 +1,40 @@
-// EngineOptions: the engine's tunable options, declared once in APPLIANCE_ENGINE_OPTIONS.
+// RuntimeConfig: what a Runtime is made from (the job's layout and bootstrap, set by the caller,
+// and the engine's options, common/options.h), and the slice of it each part of the engine is
+// handed (engine/options.cc): the negotiator, the scheduler, the links, the collectives and the
+// backends each get one struct, with the job's layout it needs. No default is written here: the
+// options' are in common/options.h, and each part's struct takes its other fields' from there.
 //
-// Each X(type, name, default) row becomes a field of EngineOptions with its default, a
-// read-write property of _core.RuntimeConfig and an entry of _core.ENGINE_OPTIONS (both made
-// by bindings/bindings.cc from this list). A knob of appliance/common/knobs.py feeds an option
-// by naming it (`Knob(..., core="name")`); appliance/runtime/config.py and engine.py copy every
-// such knob without naming it, and tests/runtime/test_core_api.py checks that each knob's default
-// is the option's.
-// So a new engine knob is one row here, one row in the knob table, and its use.
-//
-// The job's layout and bootstrap (rank, size, hosts, store, secret, job id, library search
-// lists) are not options: RuntimeConfig declares them, and the caller sets them explicitly.
+// Failure modes: backends() throws std::invalid_argument naming the knob of a hierarchy other than
+// auto, on or off (collectives/collectives.h).
 #pragma once
 
-#include <cctype>
-#include <cstddef>
 #include <string>
+#include <vector>
 
-// X(type, name, default): one option. Keep the comment beside each row: it is the option's
-// meaning inside the core (the user-facing text is the knob's doc in knobs.py).
-#define APPLIANCE_ENGINE_OPTIONS(X)                                                                     \
-  /* seconds every rank waits for the others at init (rendezvous, links, CUDA setup) */                  \
-  X(double, start_timeout_s, 60.0)                                                                     \
-  /* bytes of small allreduces fused into one entry (0: no fusion) */                                   \
-  X(size_t, fusion_threshold, size_t{128} << 20)                                                       \
-  /* milliseconds the coordinator waits for more tensors to fuse while some are still coming */         \
-  X(double, cycle_time_ms, 1.0)                                                                        \
-  /* response cache entries (0: every readiness travels in full) */                                     \
-  X(size_t, cache_capacity, 1024)                                                                      \
-  /* the negotiation protocol (engine/negotiator.h): "tree" (cached ops agreed up and down a tree */   \
-  /* without rank 0's coordinator) or "star" (every rank talks to rank 0's coordinator) */              \
-  X(std::string, negotiation, "tree")                                                                  \
-  /* no stall warnings at all (HOROVOD_STALL_CHECK_DISABLE) */                                          \
-  X(bool, stall_check_disable, false)                                                                  \
-  /* seconds a tensor may wait for some ranks before a warning */                                       \
-  X(double, stall_check_s, 60.0)                                                                       \
-  /* seconds a tensor may wait for some ranks before the job fails (0: never) */                        \
-  X(double, stall_shutdown_s, 300.0)                                                                   \
-  /* hierarchical allreduce / allgather with several hosts of several ranks (collectives/ */            \
-  /* hierarchical.cc): "auto" (where its cost model wins), "on" or "off" */                              \
-  X(std::string, hierarchical_allreduce, "auto")                                                       \
-  X(std::string, hierarchical_allgather, "auto")                                                       \
-  /* pipelining grain of the ring algorithms, in bytes (0 counts as 1) */                              \
-  X(size_t, chunk_bytes, size_t{1} << 20)                                                              \
-  /* seconds of silence after which a peer is declared lost (0: no heartbeats) */                       \
-  X(double, heartbeat_timeout_s, 10.0)                                                                 \
-  /* shared memory links between ranks of one machine (false: TCP for every pair) */                    \
-  X(bool, shm, true)                                                                                   \
-  /* the scheduler's one policy (engine/scheduler.h): a caller waiting for a host operation drives */  \
-  /* the engine for up to this many microseconds, and the background thread polls as long after */      \
-  /* work; 0 = nothing spins or drives, the background thread does everything */                        \
-  X(int, spin_us, 100)                                                                                 \
-  /* rank 0 logs the layout and links at init, and the CUDA decision */                                 \
-  X(bool, verbose, false)                                                                              \
-  /* explicit path of libnccl.so.2 ("" = search nccl_candidates) */                                    \
-  X(std::string, nccl_library, "")                                                                     \
-  /* where the fault report goes when the job first fails ("" = nowhere; fault_report.h) */            \
-  X(std::string, fault_file, "")                                                                       \
-  /* rank 0 records a timeline into this file from init ("" or "DYNAMIC": not from init) */            \
-  X(std::string, timeline, "")                                                                         \
-  /* the timeline started at init marks each wake of rank 0's background thread */                      \
-  X(bool, timeline_mark_cycles, false)
+#include "backends/registry.h"
+#include "bootstrap/options.h"
+#include "common/options.h"
+#include "engine/negotiator.h"
+#include "engine/scheduler.h"
 
 namespace appliance {
 
-struct EngineOptions {
-#define APPLIANCE_OPTION_FIELD(type, name, default_value) type name = default_value;
-  APPLIANCE_ENGINE_OPTIONS(APPLIANCE_OPTION_FIELD)
-#undef APPLIANCE_OPTION_FIELD
+struct RuntimeConfig : EngineOptions {
+  int rank = 0, size = 1;
+  std::string host;  // this rank's host name (HOROVOD_HOSTNAME or gethostname)
+  std::string store_host;
+  int store_port = 0;
+  std::string secret, job_id, data_addr;
+  // CUDA tensors (engine/devices.cc): where the CUDA runtime and NCCL may be found, in order
+  // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
+  std::vector<std::string> nccl_candidates, cudart_candidates;
 
-  // The stall warning's period as the coordinator takes it (0: no warnings).
-  double effective_stall_check_s() const { return stall_check_disable ? 0.0 : stall_check_s; }
-  // Whether `timeline` names a file to record into from init ("DYNAMIC", any case, is Horovod's
-  // word for "only between start_timeline and stop_timeline").
-  bool timeline_at_init() const {
-    static const char kDynamic[] = "dynamic";
-    if (timeline.size() != sizeof(kDynamic) - 1) return !timeline.empty();
-    for (size_t i = 0; i < timeline.size(); ++i)
-      if (std::tolower(static_cast<unsigned char>(timeline[i])) != kDynamic[i]) return true;
-    return false;
-  }
+  // Each part's slice.
+  NegotiatorOptions negotiator() const;
+  SchedulePolicy schedule() const;
+  MeshOptions mesh() const;
+  // `hosts`: every rank's host name, known once the links are up.
+  BackendOptions backends(const std::vector<std::string>& hosts) const;
 };
 
 }  // namespace appliance

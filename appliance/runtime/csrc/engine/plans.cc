@@ -10,13 +10,10 @@ void Runtime::planned(const std::vector<PlanEntry>& entries) {
 }
 
 void Runtime::run_plan(const Plan& plan) {
-  const uint64_t cpu0 = profiling_.load(std::memory_order_relaxed) ? thread_cpu_ns() : 0;
+  const uint64_t mark = profile_.plan_begins();
   for (const PlanEntry& e : plan.entries) run_entry(e);
-  if (cpu0) {
-    plan_cpu_ns_ += thread_cpu_ns() - cpu0;
-    plan_clock_reads_ += 2;
-  }
-  ++stats_.plans;
+  profile_.plan_ends(mark);
+  Stats::add(stats_.plans);
   sched_.busy(steady_us());
 }
 
@@ -56,9 +53,9 @@ void Runtime::run_entry(const PlanEntry& e) {
   Backend& backend = backends_->for_entry(e, raw, join_device_.load());
   if (timeline_.on()) timeline_.launched(e, backend);
   std::unique_ptr<Completion> completion = backend.launch(e, raw);
-  ++stats_.entries;
-  stats_.tensors += e.names.size();
-  if (e.names.size() > 1) ++stats_.fused_entries;
+  Stats::add(stats_.entries);
+  Stats::add(stats_.tensors, e.names.size());
+  if (e.names.size() > 1) Stats::add(stats_.fused_entries);
   if (completion) {
     std::shared_ptr<void> ev = completion->ready_event();
     for (auto& op : ops)
@@ -97,8 +94,8 @@ void Runtime::note_skipped_name(const std::string& name) {
     if (name[i] < '0' || name[i] > '9' || n > (UINT64_MAX - 9) / 10) return;
     n = n * 10 + static_cast<uint64_t>(name[i] - '0');
   }
-  std::lock_guard<std::mutex> g(qmu_);
-  uint64_t& next = auto_names_[0];
+  std::lock_guard<std::mutex> g(callers_.mu);
+  uint64_t& next = callers_.auto_names[0];
   next = std::max(next, n + 1);
 }
 

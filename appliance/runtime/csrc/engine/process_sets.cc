@@ -26,12 +26,12 @@ void Runtime::add_process_set(int32_t id, std::vector<int> members) {
       throw std::invalid_argument("process set ranks " + shape_str(std::vector<int64_t>(members.begin(), members.end())) +
                                   " are not distinct ranks below the job size " + std::to_string(cfg_.size));
   {
-    std::lock_guard<std::mutex> g(qmu_);
-    if (known_sets_.count(id)) throw std::invalid_argument("process set " + std::to_string(id) + " exists already");
-    known_sets_[id] = members;
-    auto_names_.erase(id);  // a reused id starts its automatic names and groups afresh on its new members
-    groups_.erase(id);
-    set_changes_.push_back(SetChange{true, id, std::move(members)});
+    std::lock_guard<std::mutex> g(callers_.mu);
+    if (callers_.known_sets.count(id)) throw std::invalid_argument("process set " + std::to_string(id) + " exists already");
+    callers_.known_sets[id] = members;
+    callers_.auto_names.erase(id);  // a reused id starts its automatic names and groups afresh on its new members
+    callers_.groups.erase(id);
+    callers_.set_changes.push_back(SetChange{true, id, std::move(members)});
     sched_.post();
   }
   sched_.wake_always();
@@ -39,9 +39,9 @@ void Runtime::add_process_set(int32_t id, std::vector<int> members) {
 
 void Runtime::remove_process_set(int32_t id) {
   {
-    std::lock_guard<std::mutex> g(qmu_);
-    if (!known_sets_.erase(id)) throw std::invalid_argument("process set " + std::to_string(id) + " is not registered");
-    set_changes_.push_back(SetChange{false, id, {}});
+    std::lock_guard<std::mutex> g(callers_.mu);
+    if (!callers_.known_sets.erase(id)) throw std::invalid_argument("process set " + std::to_string(id) + " is not registered");
+    callers_.set_changes.push_back(SetChange{false, id, {}});
     sched_.post();
   }
   sched_.wake_always();

@@ -20,111 +20,28 @@ namespace appliance {
 namespace {
 constexpr uint32_t kDataFrameMax = 4u << 20;      // payload bytes of one DATA frame
 constexpr uint32_t kControlFrameMax = 256u << 20;  // plans of very large models
-CollectiveOptions::Hierarchy hierarchy_option(const std::string& v, const char* knob) {
-  if (v == "auto") return CollectiveOptions::Hierarchy::kAuto;
-  if (v == "on") return CollectiveOptions::Hierarchy::kOn;
-  if (v == "off") return CollectiveOptions::Hierarchy::kOff;
-  throw std::invalid_argument(std::string(knob) + " must be auto, on or off, not '" + v + "'");
+
+std::unique_ptr<Negotiator> make_negotiator(const RuntimeConfig& cfg, NegotiationObserver* seen) {
+  if (cfg.negotiation == "star") return std::make_unique<StarNegotiator>(cfg.negotiator(), seen);
+  if (cfg.negotiation == "tree") return std::make_unique<TreeNegotiator>(cfg.negotiator(), seen);
+  throw std::invalid_argument("negotiation must be tree or star, not '" + cfg.negotiation + "'");
 }
 }  // namespace
 
-Runtime::Runtime(RuntimeConfig cfg)
-    : cfg_(std::move(cfg)),
-      timeline_(cfg_.rank),
-      sched_(SchedulePolicy{cfg_.spin_us, static_cast<int64_t>(cfg_.cycle_time_ms * 1000)}, handles_) {
+Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank), sched_(cfg_.schedule(), handles_) {
   if (cfg_.size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.size)
     throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
-  hosts_.assign(cfg_.size, cfg_.host);
-  NegotiatorOptions no;
-  no.rank = cfg_.rank;
-  no.size = cfg_.size;
-  no.fusion_threshold = cfg_.fusion_threshold;
-  no.cycle_time_ms = cfg_.cycle_time_ms;
-  no.cache_capacity = cfg_.cache_capacity;
-  no.stall_check_s = cfg_.effective_stall_check_s();
-  no.stall_shutdown_s = cfg_.stall_shutdown_s;
-  NegotiationObserver* seen = this;
-  if (cfg_.negotiation == "star") negotiator_ = std::make_unique<StarNegotiator>(no, seen);
-  else if (cfg_.negotiation == "tree") negotiator_ = std::make_unique<TreeNegotiator>(no, seen);
-  else throw std::invalid_argument("negotiation must be tree or star, not '" + cfg_.negotiation + "'");
-  link_kinds_.reset(new std::atomic<const char*>[cfg_.size]);
-  for (int r = 0; r < cfg_.size; ++r) link_kinds_[r].store("self");
-  if (cfg_.size > 1) try {
-    const int64_t timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
-    AuthParams auth{cfg_.secret, cfg_.job_id, cfg_.rank};
-    if (cfg_.rank == 0) {
-      // Listen on the address the launcher chose for the store, not on every interface.
-      const std::string bind = server_bind_address(cfg_.store_host);
-      try {
-        store_server_ = std::make_unique<TcpStoreServer>(bind, cfg_.store_port, auth);
-      } catch (const Error& e) {
-        if (bind.empty()) throw;
-        log_line(cfg_.rank, "cannot listen on " + bind + " (" + e.status().message + "); the store listens on all addresses");
-        store_server_ = std::make_unique<TcpStoreServer>("", cfg_.store_port, auth);
-      }
-    }
-    store_ = std::make_unique<TcpStoreClient>(cfg_.store_host, cfg_.store_port, auth, timeout_ms);
-    MeshOptions& mo = link_opts_;
-    mo.rank = cfg_.rank;
-    mo.size = cfg_.size;
-    mo.host = cfg_.host;
-    mo.bind_addr = cfg_.data_addr;
-    mo.store_host = cfg_.store_host;
-    mo.allow_shm = cfg_.shm;
-    mo.timeout_ms = timeout_ms;
-    mo.peer_timeout_ms = static_cast<int>(cfg_.heartbeat_timeout_s * 1000);
-    mo.auth = auth;
-    links_ = std::make_unique<Links>(*store_, mo);  // publish, and read every rank's address at once
-    topo_ = links_->topology();
-    for (int r = 0; r < cfg_.size; ++r) {
-      hosts_[r] = links_->peers()[r].host;
-      link_kinds_[r].store(links_->kind(r));
-    }
-    // The control links the negotiator talks over, opened now: those this rank connects
-    // first (they cost no wait on anyone's caller), then those its peers connect.
-    // (Control: the higher rank of a pair connects; links.h.)
-    control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
-    std::vector<int> peers = negotiator_->control_peers();
-    std::sort(peers.begin(), peers.end(), [this](int a, int b) { return (a < cfg_.rank) != (b < cfg_.rank) ? a < cfg_.rank : a < b; });
-    const Deadline d = deadline_after_ms(timeout_ms);
-    for (int peer : peers)
-      control_->add(peer, std::make_unique<Channel>(links_->open(peer, kControlChannel, d), kControlFrameMax));
-    store_->release();  // joined: no socket to the store from here on (a later use connects again)
-    if (cfg_.verbose && cfg_.rank == 0) {
-      std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(topo_.cross_size) + " host(s):";
-      for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + hosts_[r];
-      line += "; data links of rank 0 (opened on first use):";
-      for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + link_kinds_[r].load();
-      log_line(cfg_.rank, line);
-    }
-  } catch (const Error& e) {
-    // Could not join: the report names the rank that never came; a lost store (the only
-    // connection without a rank) means rank 0, which hosts it, is gone.
-    Status s = e.status();
-    if (s.origin_rank < 0 && s.code == Code::kPeerLost && cfg_.rank != 0) s.origin_rank = 0;
-    record_fault(s);
-    throw;
-  }
-  if (!control_) control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, hosts_);
+  layout_.hosts.assign(cfg_.size, cfg_.host);
+  negotiator_ = make_negotiator(cfg_, this);
+  layout_.link_kinds.reset(new std::atomic<const char*>[cfg_.size]);
+  for (int r = 0; r < cfg_.size; ++r) layout_.link_kinds[r].store("self");
+  if (cfg_.size > 1) join();
+  else control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, layout_.hosts);
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, kDataFrameMax, [this](int peer) { return open_data(peer); });
-  copts_.chunk_bytes = std::max<size_t>(1, cfg_.chunk_bytes);
-  copts_.hierarchical_allreduce = hierarchy_option(cfg_.hierarchical_allreduce, "HOROVOD_HIERARCHICAL_ALLREDUCE");
-  copts_.hierarchical_allgather = hierarchy_option(cfg_.hierarchical_allgather, "HOROVOD_HIERARCHICAL_ALLGATHER");
   handles_.set_spin_us(cfg_.spin_us);
-  BackendOptions bo;
-  bo.rank = cfg_.rank;
-  bo.size = cfg_.size;
-  bo.host = cfg_.host;
-  bo.hosts = hosts_;
-  bo.exchange_timeout_ms = static_cast<int64_t>(cfg_.start_timeout_s * 1000);
-  bo.collectives = copts_;
-  bo.verbose = cfg_.verbose;
-  bo.nccl_library = cfg_.nccl_library;
-  bo.nccl_candidates = cfg_.nccl_candidates;
-  bo.cudart_candidates = cfg_.cudart_candidates;
   // The Watch first: the registry's views of the job's Comm (hosts, process sets) copy it.
   comm_->set_watch(Watch{control_->epoll_fd(), [this] { read_control(true); }, [this] { return control_->arm(); }});
-  backends_ = std::make_unique<BackendRegistry>(std::move(bo), *comm_, store_.get(), &timeline_);
+  backends_ = std::make_unique<BackendRegistry>(cfg_.backends(layout_.hosts), *comm_, store_.client.get(), &timeline_);
   if (cfg_.timeline_at_init()) try {
     timeline_.start(cfg_.timeline, cfg_.timeline_mark_cycles);
   } catch (const std::invalid_argument& e) {
@@ -133,12 +50,58 @@ Runtime::Runtime(RuntimeConfig cfg)
   sched_.start(this);
 }
 
+void Runtime::join() try {
+  const MeshOptions mo = cfg_.mesh();
+  if (cfg_.rank == 0) {
+    // Listen on the address the launcher chose for the store, not on every interface.
+    const std::string bind = server_bind_address(cfg_.store_host);
+    try {
+      store_.server = std::make_unique<TcpStoreServer>(bind, cfg_.store_port, mo.auth);
+    } catch (const Error& e) {
+      if (bind.empty()) throw;
+      log_line(cfg_.rank, "cannot listen on " + bind + " (" + e.status().message + "); the store listens on all addresses");
+      store_.server = std::make_unique<TcpStoreServer>("", cfg_.store_port, mo.auth);
+    }
+  }
+  store_.client = std::make_unique<TcpStoreClient>(cfg_.store_host, cfg_.store_port, mo.auth, mo.timeout_ms);
+  links_ = std::make_unique<Links>(*store_.client, mo);  // publish, and read every rank's address at once
+  layout_.topo = links_->topology();
+  for (int r = 0; r < cfg_.size; ++r) {
+    layout_.hosts[r] = links_->peers()[r].host;
+    layout_.link_kinds[r].store(links_->kind(r));
+  }
+  // The control links the negotiator talks over, opened now: those this rank connects
+  // first (they cost no wait on anyone's caller), then those its peers connect.
+  // (Control: the higher rank of a pair connects; links.h.)
+  control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, layout_.hosts);
+  std::vector<int> peers = negotiator_->control_peers();
+  std::sort(peers.begin(), peers.end(), [this](int a, int b) { return (a < cfg_.rank) != (b < cfg_.rank) ? a < cfg_.rank : a < b; });
+  const Deadline d = deadline_after_ms(mo.timeout_ms);
+  for (int peer : peers)
+    control_->add(peer, std::make_unique<Channel>(links_->open(peer, kControlChannel, d), kControlFrameMax));
+  store_.client->release();  // joined: no socket to the store from here on (a later use connects again)
+  if (cfg_.verbose && cfg_.rank == 0) {
+    std::string line = "appliance: " + std::to_string(cfg_.size) + " ranks on " + std::to_string(layout_.topo.cross_size) + " host(s):";
+    for (int r = 0; r < cfg_.size; ++r) line += " " + std::to_string(r) + "@" + layout_.hosts[r];
+    line += "; data links of rank 0 (opened on first use):";
+    for (int r = 1; r < cfg_.size; ++r) line += " " + std::to_string(r) + "=" + layout_.link_kinds[r].load();
+    log_line(cfg_.rank, line);
+  }
+} catch (const Error& e) {
+  // Could not join: the report names the rank that never came; a lost store (the only
+  // connection without a rank) means rank 0, which hosts it, is gone.
+  Status s = e.status();
+  if (s.origin_rank < 0 && s.code == Code::kPeerLost && cfg_.rank != 0) s.origin_rank = 0;
+  record_fault(s);
+  throw;
+}
+
 Runtime::~Runtime() { shutdown(); }
 
 std::unique_ptr<Channel> Runtime::open_data(int peer) {
-  LinkPtr link = links_->open(peer, kDataChannel, deadline_after_ms(static_cast<int64_t>(cfg_.start_timeout_s * 1000)),
+  LinkPtr link = links_->open(peer, kDataChannel, deadline_after_ms(cfg_.start_timeout_ms()),
                               [this](int fd) { wait_for_link(fd); });
-  link_kinds_[peer].store(link->kind());
+  layout_.link_kinds[peer].store(link->kind());
   return std::make_unique<Channel>(std::move(link), kDataFrameMax);
 }
 
@@ -150,38 +113,38 @@ void Runtime::wait_for_link(int fd) {
 }
 
 std::string Runtime::host_of(int rank) const {
-  return rank >= 0 && rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : std::string();
+  return rank >= 0 && rank < static_cast<int>(layout_.hosts.size()) ? layout_.hosts[rank] : std::string();
 }
 
 void Runtime::shutdown() {
   {
-    std::lock_guard<std::mutex> g(qmu_);
+    std::lock_guard<std::mutex> g(callers_.mu);
     sched_.set_stopping();
   }
   sched_.join();
   timeline_.stop();  // after the loop: its last events are in
-  std::lock_guard<std::mutex> g(store_mu_);
-  if (store_) store_requests_ = store_->requests();
-  if (store_server_) store_served_ = store_server_->served();
-  store_.reset();
-  store_server_.reset();  // a re-init (new generation) may bind the same port at once
+  std::lock_guard<std::mutex> g(store_.mu);
+  if (store_.client) store_.requests = store_.client->requests();
+  if (store_.server) store_.served = store_.server->served();
+  store_.client.reset();
+  store_.server.reset();  // a re-init (new generation) may bind the same port at once
   if (links_) links_->close();  // nobody connects to a rank that has left
   handles_.fail_all(Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime was shut down on this rank"});
 }
 
 uint64_t Runtime::store_requests() const {
-  std::lock_guard<std::mutex> g(store_mu_);
-  return store_ ? store_->requests() : store_requests_;
+  std::lock_guard<std::mutex> g(store_.mu);
+  return store_.client ? store_.client->requests() : store_.requests;
 }
 
 uint64_t Runtime::store_served() const {
-  std::lock_guard<std::mutex> g(store_mu_);
-  return store_server_ ? store_server_->served() : store_served_;
+  std::lock_guard<std::mutex> g(store_.mu);
+  return store_.server ? store_.server->served() : store_.served;
 }
 
 uint32_t Runtime::new_group(int32_t process_set) {
-  std::lock_guard<std::mutex> g(qmu_);
-  return ++groups_[process_set];
+  std::lock_guard<std::mutex> g(callers_.mu);
+  return ++callers_.groups[process_set];
 }
 
 int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
@@ -210,9 +173,9 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   if ((s.kind == OpKind::kAllreduce || s.kind == OpKind::kBroadcast) && s.numel() > 0 && out.ptr == 0) bad("null output pointer");
   int P = cfg_.size;
   if (s.process_set != 0) {
-    std::lock_guard<std::mutex> g(qmu_);
-    auto it = known_sets_.find(s.process_set);
-    if (it == known_sets_.end()) bad("process set " + std::to_string(s.process_set) + " is not registered on this rank");
+    std::lock_guard<std::mutex> g(callers_.mu);
+    auto it = callers_.known_sets.find(s.process_set);
+    if (it == callers_.known_sets.end()) bad("process set " + std::to_string(s.process_set) + " is not registered on this rank");
     const std::vector<int>& m = it->second;
     if (!std::binary_search(m.begin(), m.end(), cfg_.rank))
       bad("rank " + std::to_string(cfg_.rank) + " is not in process set " + std::to_string(s.process_set) + " " + shape_str(std::vector<int64_t>(m.begin(), m.end())));
@@ -249,8 +212,8 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   }
 
   if (auto_name) {
-    std::lock_guard<std::mutex> g(qmu_);
-    const uint64_t n = auto_names_[s.process_set]++;
+    std::lock_guard<std::mutex> g(callers_.mu);
+    const uint64_t n = callers_.auto_names[s.process_set]++;
     req.name = (s.process_set ? "ps" + std::to_string(s.process_set) + "/" : std::string()) + op_kind_name(s.kind) +
                ".noname." + std::to_string(n);
   }
@@ -263,13 +226,13 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   size_t outstanding = 0;
   int h = handles_.add(op, &outstanding);
   {
-    std::lock_guard<std::mutex> g(qmu_);
-    if (!terminal_.ok() || sched_.stopping()) {
-      Status st = terminal_.ok() ? Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime is shutting down"} : terminal_;
+    std::lock_guard<std::mutex> g(callers_.mu);
+    if (!callers_.terminal.ok() || sched_.stopping()) {
+      Status st = callers_.terminal.ok() ? Status{Code::kShutdown, cfg_.rank, cfg_.host, "the collective runtime is shutting down"} : callers_.terminal;
       handles_.complete(op, st);
       return h;
     }
-    queue_.push_back(op);
+    callers_.queue.push_back(op);
     sched_.post();
   }
   sched_.enqueued(outstanding, device);

@@ -33,25 +33,13 @@
 #include "engine/control.h"
 #include "engine/negotiator.h"
 #include "engine/options.h"
+#include "engine/profile.h"
 #include "engine/scheduler.h"
 #include "engine/timeline.h"
 #include "ops/ops.h"
 #include "store/store.h"
 
 namespace appliance {
-
-// The job's layout and bootstrap, set explicitly by the caller, and the engine's options
-// (engine/options.h: each knob that feeds the core is one of those).
-struct RuntimeConfig : EngineOptions {
-  int rank = 0, size = 1;
-  std::string host;  // this rank's host name (HOROVOD_HOSTNAME or gethostname)
-  std::string store_host;
-  int store_port = 0;
-  std::string secret, job_id, data_addr;
-  // CUDA tensors (engine/devices.cc): where the CUDA runtime and NCCL may be found, in order
-  // (appliance/runtime/devices.py builds these lists); nccl_library is the explicit knob.
-  std::vector<std::string> nccl_candidates, cudart_candidates;
-};
 
 class Runtime final : private SchedulerHost, private NegotiationObserver {
  public:
@@ -62,11 +50,11 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
 
   int rank() const { return cfg_.rank; }
   int size() const { return cfg_.size; }
-  const Topology& topology() const { return topo_; }
+  const Topology& topology() const { return layout_.topo; }
   std::string host_of(int rank) const;
   // Transport of the data link to `rank` ("shm", "tcp"; "self" for this rank): the one it has,
   // or, before it is opened, the one it will take.
-  std::string link_kind(int rank) const { return rank >= 0 && rank < cfg_.size ? link_kinds_[rank].load() : ""; }
+  std::string link_kind(int rank) const { return rank >= 0 && rank < cfg_.size ? layout_.link_kinds[rank].load() : ""; }
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
   int enqueue(Request req, TensorDesc in, TensorDesc out);
@@ -85,19 +73,23 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     std::atomic<uint64_t> plans{0}, entries{0}, tensors{0}, fused_entries{0};
     std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/scheduler.h)
     std::atomic<uint64_t> ctrl_in{0}, ctrl_out{0};  // control frames this rank received / sent
-    // With profiling on (set_profiling): thread CPU time of the engine's turns that moved control
-    // frames or announced work, less the plans they ran (the negotiation's own work), and those turns.
-    std::atomic<uint64_t> negotiation_ns{0}, negotiation_turns{0};
+    std::atomic<uint64_t> ready_full{0}, ready_ids{0};  // the negotiator's: requests announced in full, as cache ids
+
+    // Written under the engine's lock only, so one writer at a time: a plain add, no locked instruction.
+    static void add(std::atomic<uint64_t>& c, uint64_t n = 1) {
+      c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
   };
   const Stats& stats() const { return stats_; }
-  uint64_t ready_full() const { return ready_full_.load(); }
-  uint64_t ready_ids() const { return ready_ids_.load(); }
+  // With profiling on (set_profiling): thread CPU time of the engine's turns that moved control
+  // frames or announced work, less the plans they ran (the negotiation's own work), and those turns.
+  const NegotiationProfile& profile() const { return profile_; }
   const OutputPool& output_pool() const { return *outputs_; }
   // Requests this rank sent to the store, and (rank 0) those its store server handled.
   uint64_t store_requests() const;
   uint64_t store_served() const;
-  // Measure the negotiation's CPU time (Stats::negotiation_ns); costs two clock reads per turn.
-  void set_profiling(bool on);
+  // Measure the negotiation's CPU time (profile()); costs two clock reads per turn.
+  void set_profiling(bool on) { profile_.set(on); }
 
   // Blocks until the op is done. A host op's caller first drives the engine (scheduler.h).
   OpPtr wait(int handle) {
@@ -146,6 +138,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   std::unique_ptr<Channel> open_data(int peer);
   // While waiting for a peer's link: the control links stay serviced (an abort ends the wait).
   void wait_for_link(int fd);
+  // Rendezvous through the store, the links, the control links (a job of more than one rank).
+  void join();
   void step();
   // Runs f (engine work); a failure it throws ends the engine. False once the engine has ended.
   template <class F>
@@ -167,6 +161,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   // Hands what arrived to the negotiator and carries out what it says, until nothing is left.
   void negotiate(Clock::time_point now);
   void carry_out(Negotiated& out);
+  // Publishes the negotiator's counters (Stats::ready_full, ready_ids).
+  void count_ready();
   // --- plans (engine/plans.cc) ---
   void run_plan(const Plan& plan);
   void run_entry(const PlanEntry& e);
@@ -193,15 +189,18 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
 
   RuntimeConfig cfg_;
   Timeline timeline_;  // before the backends, which report to it
-  Topology topo_;
-  std::vector<std::string> hosts_;
-  std::unique_ptr<std::atomic<const char*>[]> link_kinds_;  // of the data link to each rank: "tcp", "shm", "self"
-  mutable std::mutex store_mu_;  // store_ and store_server_ against stats readers at shutdown
-  std::unique_ptr<TcpStoreServer> store_server_;
-  std::unique_ptr<TcpStoreClient> store_;
-  uint64_t store_requests_ = 0, store_served_ = 0;  // counts kept when the store goes (shutdown)
+  struct Layout {      // the job as this rank sees it
+    Topology topo;
+    std::vector<std::string> hosts;
+    std::unique_ptr<std::atomic<const char*>[]> link_kinds;  // of the data link to each rank: "tcp", "shm", "self"
+  } layout_;
+  struct Rendezvous {      // the job's store: its server on rank 0, this rank's client
+    mutable std::mutex mu;  // against stats readers at shutdown
+    std::unique_ptr<TcpStoreServer> server;
+    std::unique_ptr<TcpStoreClient> client;
+    uint64_t requests = 0, served = 0;  // counts kept when the store goes (shutdown)
+  } store_;
   std::unique_ptr<Links> links_;  // the peers, the acceptor thread, links opened on first use
-  MeshOptions link_opts_;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<ControlPlane> control_;
   std::unique_ptr<Negotiator> negotiator_;
@@ -215,32 +214,29 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   std::deque<Running> running_;
   HandleTable handles_;
   Stats stats_;
-  std::atomic<uint64_t> ready_full_{0}, ready_ids_{0};  // the negotiator's, for readers
+  NegotiationProfile profile_{stats_.ctrl_in, stats_.ctrl_out};
   std::shared_ptr<OutputPool> outputs_ = std::make_shared<OutputPool>();  // large core-allocated outputs
 
-  // Callers' side, under qmu_.
-  std::mutex qmu_;
-  std::deque<OpPtr> queue_;  // enqueued, not yet announced
-  std::deque<SetChange> set_changes_;                 // not yet applied by the engine
-  std::map<int32_t, std::vector<int>> known_sets_;    // as callers see them (enqueue checks)
-  std::map<int32_t, uint64_t> auto_names_;           // process set -> automatic names given
-  std::map<int32_t, uint32_t> groups_;                // process set -> groups given (new_group)
-  Status terminal_;          // set once the runtime can run nothing more
-  bool fault_written_ = false;  // the fault report is written once
+  struct Callers {  // the callers' side, under mu
+    std::mutex mu;
+    std::deque<OpPtr> queue;                      // enqueued, not yet announced
+    std::deque<SetChange> set_changes;            // not yet applied by the engine
+    std::map<int32_t, std::vector<int>> known_sets;  // as callers see them (enqueue checks)
+    std::map<int32_t, uint64_t> auto_names;       // process set -> automatic names given
+    std::map<int32_t, uint32_t> groups;           // process set -> groups given (new_group)
+    Status terminal;             // set once the runtime can run nothing more
+    bool fault_written = false;  // the fault report is written once
+  } callers_;
 
   // The engine's side, under the scheduler's lock.
   bool ended_ = false;  // the job failed or rank 0 left: no more turns
   std::unordered_map<std::string, OpPtr> inflight_;  // announced, waiting for a plan
   std::map<int32_t, SetComm> sets_;                  // process sets this rank is in
-  CollectiveOptions copts_;
-  std::deque<ControlPlane::Inbound> inbox_;
-  std::vector<int> left_;      // peers whose BYE came, not yet told to the negotiator
-  bool coordinator_gone_ = false;
-  int gone_rank_ = 0;  // who left: rank 0, or the rank this one negotiated through
-  std::atomic<bool> profiling_{false};
-  uint64_t plan_cpu_ns_ = 0;       // with profiling: CPU time of the plans run so far
-  uint64_t plan_clock_reads_ = 0;  // with profiling: clock reads made around those plans
-  std::atomic<uint64_t> clock_read_ns_{0};  // what one CPU clock read costs (set_profiling measures it)
+  struct Arrived {  // read from the control links, not yet handed to the negotiator
+    std::deque<ControlPlane::Inbound> frames;
+    std::vector<int> left;  // peers whose BYE came
+  } arrived_;
+  int gone_rank_ = -1;  // negotiation ended: who left in order (rank 0, or the rank this one negotiated through)
 
   Scheduler sched_{SchedulePolicy{}, handles_};  // last: its thread stops before the rest goes
 };

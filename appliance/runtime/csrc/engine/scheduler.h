@@ -30,14 +30,15 @@
 #include <mutex>
 #include <thread>
 
+#include "common/options.h"
 #include "ops/ops.h"
 
 namespace appliance {
 
 // The policy, pure: time in microseconds passed in.
 struct SchedulePolicy {
-  int64_t spin_us = 100;
-  int64_t cycle_us = 1000;
+  int64_t spin_us = ScheduleOptions{}.spin_us;
+  int64_t cycle_us = NegotiationOptions{}.cycle_us();
 
   static constexpr int64_t kBurstGapUs = 50;
   static constexpr int64_t kMaxSettleUs = 5000;

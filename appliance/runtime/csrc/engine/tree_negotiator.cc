@@ -40,7 +40,7 @@ std::vector<int> TreeNegotiator::control_peers() const {
 // --- announcing -----------------------------------------------------------------------------
 
 Negotiator::Time TreeNegotiator::stale_after(const Mine& m) const {
-  const double t = o_.stall_check_s > 0 ? o_.stall_check_s : o_.stall_shutdown_s;
+  const double t = o_.stall_warning_s() > 0 ? o_.stall_warning_s() : o_.stall_shutdown_s;
   if (t <= 0) return Time::max();
   return m.since + std::chrono::duration_cast<Time::duration>(std::chrono::duration<double>(t / 2));
 }

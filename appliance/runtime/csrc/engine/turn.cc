@@ -20,22 +20,22 @@ bool Runtime::turn(bool settle) {
       sched_.settle_burst();
     }
     step();
-    if (coordinator_gone_) {
+    if (gone_rank_ >= 0) {
       const int r = gone_rank_;
       Status gone{Code::kAborted, r, host_of(r),
                   r == 0 ? "rank 0 (the coordinator) has shut down; no further collectives can run"
                          : "rank " + std::to_string(r) + ", this rank's way to rank 0's coordinator, has shut down; no further collectives can run here"};
       bool had_work = !inflight_.empty() || !running_.empty();
       {
-        std::lock_guard<std::mutex> g(qmu_);
-        had_work = had_work || !queue_.empty();
+        std::lock_guard<std::mutex> g(callers_.mu);
+        had_work = had_work || !callers_.queue.empty();
       }
       if (had_work) record_fault(gone);  // an orderly end of rank 0 is a fault only for work it leaves behind
       finish(gone);
       ended_ = true;
     }
   });
-  if (!settle) stats_.driven_plans += stats_.plans.load(std::memory_order_relaxed) - plans;
+  if (!settle) Stats::add(stats_.driven_plans, stats_.plans.load(std::memory_order_relaxed) - plans);
   return on;
 }
 
@@ -43,9 +43,7 @@ void Runtime::step() {
   // One clock read serves the whole turn (a turn takes microseconds; the deadlines it serves
   // are a cycle or longer): a driver turns once per small op, so each read shows.
   const Clock::time_point now = Clock::now();
-  const bool profile = profiling_.load(std::memory_order_relaxed);
-  const uint64_t cpu0 = profile ? thread_cpu_ns() : 0, plan0 = plan_cpu_ns_, reads0 = plan_clock_reads_;
-  const uint64_t moved0 = stats_.ctrl_in.load(std::memory_order_relaxed) + stats_.ctrl_out.load(std::memory_order_relaxed);
+  const NegotiationProfile::Mark mark = profile_.turn_begins();
   bool took = false;
   poll_running();
   if (sched_.has_new()) {
@@ -55,24 +53,17 @@ void Runtime::step() {
   read_control(false);
   negotiate(now);
   if (cfg_.size > 1) control_->heartbeats(now);
-  if (profile && (took || stats_.ctrl_in.load(std::memory_order_relaxed) +
-                                  stats_.ctrl_out.load(std::memory_order_relaxed) != moved0)) {
-    // Less the clock reads themselves: the turn's own and those around its plans.
-    const int64_t own = static_cast<int64_t>(thread_cpu_ns() - cpu0 - (plan_cpu_ns_ - plan0)) -
-                        static_cast<int64_t>((1 + plan_clock_reads_ - reads0) * clock_read_ns_.load(std::memory_order_relaxed));
-    stats_.negotiation_ns += static_cast<uint64_t>(std::max<int64_t>(0, own));
-    ++stats_.negotiation_turns;
-  }
+  profile_.turn_ends(mark, took);
 }
 
 void Runtime::intake(Clock::time_point now) {
   std::deque<OpPtr> fresh;
   std::deque<SetChange> changes;
   {
-    std::lock_guard<std::mutex> g(qmu_);
+    std::lock_guard<std::mutex> g(callers_.mu);
     sched_.take();
-    fresh.swap(queue_);
-    changes.swap(set_changes_);
+    fresh.swap(callers_.queue);
+    changes.swap(callers_.set_changes);
   }
   apply_set_changes(changes);  // before the requests queued after them
   if (fresh.empty()) return;
@@ -88,17 +79,17 @@ void Runtime::intake(Clock::time_point now) {
 
 void Runtime::read_control(bool in_collective) {
   if (cfg_.size < 2) return;
-  const size_t before = inbox_.size() + left_.size();
-  control_->read(inbox_, left_);
-  stats_.ctrl_in += inbox_.size() + left_.size() - before;
+  const size_t before = arrived_.frames.size() + arrived_.left.size();
+  control_->read(arrived_.frames, arrived_.left);
+  Stats::add(stats_.ctrl_in, arrived_.frames.size() + arrived_.left.size() - before);
   if (in_collective) control_->heartbeats(Clock::now());
 }
 
 void Runtime::negotiate(Clock::time_point now) {
   do {
-    while (!inbox_.empty()) {
-      ControlPlane::Inbound m = std::move(inbox_.front());
-      inbox_.pop_front();
+    while (!arrived_.frames.empty()) {
+      ControlPlane::Inbound m = std::move(arrived_.frames.front());
+      arrived_.frames.pop_front();
       Negotiated out;
       try {
         negotiator_->receive(m.from, m.payload, now, out);
@@ -109,9 +100,9 @@ void Runtime::negotiate(Clock::time_point now) {
       }
       carry_out(out);
     }
-    while (!left_.empty()) {
-      const int r = left_.front();
-      left_.erase(left_.begin());
+    while (!arrived_.left.empty()) {
+      const int r = arrived_.left.front();
+      arrived_.left.erase(arrived_.left.begin());
       Negotiated out;
       negotiator_->peer_left(r, now, out);
       carry_out(out);
@@ -119,23 +110,25 @@ void Runtime::negotiate(Clock::time_point now) {
     Negotiated out;
     negotiator_->tick(now, out);
     carry_out(out);
-  } while (!inbox_.empty() || !left_.empty());  // plans run may have read more
-  ready_full_.store(negotiator_->ready_full(), std::memory_order_relaxed);
-  ready_ids_.store(negotiator_->ready_ids(), std::memory_order_relaxed);
+  } while (!arrived_.frames.empty() || !arrived_.left.empty());  // plans run may have read more
+  count_ready();
+}
+
+void Runtime::count_ready() {
+  stats_.ready_full.store(negotiator_->ready_full(), std::memory_order_relaxed);
+  stats_.ready_ids.store(negotiator_->ready_ids(), std::memory_order_relaxed);
 }
 
 void Runtime::carry_out(Negotiated& out) {
   for (Outgoing& m : out.send) {
     if (!control_->live(m.peer)) continue;
     control_->send(m.peer, m.bytes);
-    ++stats_.ctrl_out;
+    Stats::add(stats_.ctrl_out);
   }
+  if (!out.plans.empty()) count_ready();  // before plans complete handles: a caller sees its op counted
   for (const Plan& p : out.plans) run_plan(p);
   for (const std::string& line : out.log) log_line(cfg_.rank, line);
-  if (out.coordinator_gone) {
-    coordinator_gone_ = true;
-    gone_rank_ = out.gone_rank;
-  }
+  if (out.coordinator_gone) gone_rank_ = out.gone_rank;
   if (!out.abort.ok()) {
     Status s = out.abort;
     s.host = host_of(s.origin_rank);
@@ -151,7 +144,7 @@ bool Runtime::before_sleep(bool* ok) {
 
 int64_t Runtime::sleep_timeout_us() {
   if (!running_.empty()) return 20;  // device work in flight: look at its events every 20 us
-  if (!inbox_.empty() || !left_.empty()) return 0;
+  if (!arrived_.frames.empty() || !arrived_.left.empty()) return 0;
   const Clock::time_point now = Clock::now();
   int64_t t = INT64_MAX;
   const Clock::time_point d = negotiator_->next_deadline();
@@ -187,19 +180,9 @@ void Runtime::fail_engine(Status s) {
   // A lost peer we noticed ourselves may only have given up because of someone else; a
   // status that came in an ABORT already names the origin.
   if (s.code == Code::kPeerLost && control_->abort_from() < 0 && !control_->silence_seen() && cfg_.size > 1)
-    s = control_->await_better_cause(s, inbox_, left_);
+    s = control_->await_better_cause(s, arrived_.frames, arrived_.left);
   abort_job(s, control_->abort_from());
   ended_ = true;
-}
-
-void Runtime::set_profiling(bool on) {
-  if (on && clock_read_ns_.load() == 0) {
-    constexpr int kReads = 200;
-    const uint64_t t0 = thread_cpu_ns();
-    for (int i = 0; i < kReads; ++i) (void)thread_cpu_ns();
-    clock_read_ns_.store(std::max<uint64_t>(1, (thread_cpu_ns() - t0) / kReads));
-  }
-  profiling_.store(on);
 }
 
 void Runtime::abort_job(const Status& s, int skip_peer) {
@@ -212,9 +195,9 @@ void Runtime::abort_job(const Status& s, int skip_peer) {
 void Runtime::record_fault(const Status& s) {
   if (cfg_.fault_file.empty()) return;
   {
-    std::lock_guard<std::mutex> g(qmu_);
-    if (fault_written_) return;
-    fault_written_ = true;
+    std::lock_guard<std::mutex> g(callers_.mu);
+    if (callers_.fault_written) return;
+    callers_.fault_written = true;
   }
   FaultReport f;
   f.rank = cfg_.rank;
@@ -230,9 +213,9 @@ void Runtime::record_fault(const Status& s) {
 
 void Runtime::finish(const Status& terminal) {
   {
-    std::lock_guard<std::mutex> g(qmu_);
-    if (terminal_.ok()) terminal_ = terminal;
-    queue_.clear();
+    std::lock_guard<std::mutex> g(callers_.mu);
+    if (callers_.terminal.ok()) callers_.terminal = terminal;
+    callers_.queue.clear();
   }
   backends_->abort();  // nothing of a device backend may wait on a peer after this
   running_.clear();

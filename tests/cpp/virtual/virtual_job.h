@@ -2,7 +2,9 @@
 // passed in. What the unit tests check both protocols against (same plans in the same order on
 // every rank, mismatches, stalls, departures), and what benchmarks/scale.py's virtual mode
 // measures (rank 0's CPU time and messages per operation, and hops on the critical path, at up
-// to thousands of ranks) without a scheduler in the way.
+// to thousands of ranks) without a scheduler in the way. A simulator, not part of the product:
+// built only with APPLIANCE_BUILD_TESTS=ON (tests/cpp/CMakeLists.txt), into the C++ unit tests
+// and the test-only extension (_core_testing.negotiation_model, hooks/negotiation.cc).
 //
 // Links are FIFO per (sender, receiver) pair, like a control link. settle() delivers every
 // message in flight, in rounds (every rank's inbox, rank order; a rank that handled messages

@@ -1,5 +1,5 @@
 // N negotiators wired by in-memory links (see virtual_job.h).
-#include "engine/virtual_job.h"
+#include "virtual/virtual_job.h"
 
 #include <algorithm>
 #include <chrono>
