@@ -13,7 +13,7 @@ import math
 import pytest
 
 from appliance.common.ranks import Slot
-from appliance.launcher.elastic.events import (Answer, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined,
+from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined,
                                                Kill, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed,
                                                Tick, Watching)
 from appliance.launcher.elastic.machine import HOROVOD_FAILED, TRANSITIONS, Machine, Settings
@@ -163,6 +163,43 @@ def test_a_removed_host_is_announced_and_its_workers_leave_at_the_commit_without
     assert [(r.wid, r.ask) for r in removed] == [(0, True)]
     release = job.of(Release)[-1]
     assert [m.wid for m in release.members] == [1] and not release.sync
+
+
+def test_a_host_that_left_discovery_is_closed_once_its_last_worker_exited_and_opened_again_when_listed():
+    job = Job(np=2, min_np=1, max_np=4)
+    members = job.start({"a": 1, "b": 1})
+    job.feed(Discovered({"b": 1}))
+    job.commit_interrupt(members)
+    assert job.of(Remove)[-1].wid == 0 and job.of(CloseHosts) == []  # its worker is still leaving
+    out = job.feed(Exited(0, 0))
+    assert job.of(CloseHosts, out) == [CloseHosts(("a",))]
+    assert job.of(CloseHosts, job.feed(Tick(), dt=1)) == []          # once
+    out = job.feed(Discovered({"b": 1, "a": 1}))
+    assert job.of(OpenHosts, out) == [OpenHosts(("a",))] and job.of(Spawn, out) == []  # checked first
+    out = job.feed(HostOpened("a", None))
+    assert [s.host for s in job.of(Spawn, out)] == ["a"] and job.of(CloseHosts) == [CloseHosts(("a",))]
+
+
+def test_a_host_blacklisted_for_good_is_closed_and_one_in_its_cooldown_is_kept():
+    job = Job(np=3, min_np=1, max_np=3)
+    job.start({"a": 1, "b": 1, "c": 1})
+    out = job.feed(Exited(1, 1))
+    assert "host b is blacklisted for good" in job.said() and job.of(CloseHosts, out) == [CloseHosts(("b",))]
+    job = Job(np=2, min_np=1, max_np=2, cooldown_range=(1.0, 4.0))
+    job.start({"a": 1, "b": 1})
+    job.feed(Exited(1, 1))
+    job.feed(Tick(), dt=5)
+    assert "host b is blacklisted for 1 s" in job.said() and job.of(CloseHosts) == []
+
+
+def test_a_host_still_running_a_leaving_worker_is_not_closed():
+    job = Job(np=2, min_np=1, max_np=2)
+    job.start({"a": 1, "b": 1})
+    job.feed(Discovered({"a": 1}))
+    job.feed(Joined(0, {"reason": "hosts"}))
+    job.feed(Tick(), dt=10)                                           # b's worker never comes back
+    assert job.of(CloseHosts) == [] and job.m.workers[1].alive
+    assert job.of(CloseHosts, job.feed(Exited(1, -9))) == [CloseHosts(("b",))]
 
 
 def test_a_member_watching_late_gets_the_rounds_notice():

@@ -5,7 +5,7 @@ membership, hosts being checked) and one function per transition. ``Machine.hand
 applies one event (``events``: ``Joined``, ``Watching``, ``Exited``, ``SpawnFailed``,
 ``Discovered``, ``DiscoveryFailed``, ``HostOpened``, ``Tick``), then advances the phase, and
 returns the actions (``Spawn``, ``Remove``, ``Kill``, ``Answer``, ``Release``, ``Notify``,
-``OpenHosts``, ``Say``, ``End``) for the I/O shell (``driver.ElasticDriver``) to carry out. No
+``OpenHosts``, ``CloseHosts``, ``Say``, ``End``) for the I/O shell (``driver.ElasticDriver``) to carry out. No
 threads, processes, sockets or clock readings here: the tests drive it with a fake clock.
 
 Phases (``records.Phase``) and transitions, the one table of the elastic driver:
@@ -30,6 +30,7 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | any | a worker exits 0 | ``on_exited``: ``Remove`` workers that never joined | FINISHING |
 | FINISHING | every worker exited / one failed | ``finishing``: ``End`` 0 / its code | ENDED |
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
+| any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
 
 Env vars: none (``Settings`` carries what the launcher read). Failure modes: none raised; the
 job's end is the ``End`` action (also kept as ``Machine.outcome``).
@@ -41,8 +42,8 @@ import math
 from typing import Any, Callable
 
 from ..failures import describe_exit, exit_code
-from .events import (Action, Answer, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Member,
-                     Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
+from .events import (Action, Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill,
+                     Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .records import Phase, Round, WorkerRec
 
@@ -316,6 +317,22 @@ def reap(m: Machine, now: float) -> None:
 
 # -- the phases -----------------------------------------------------------------------------------
 def advance(m: Machine, now: float) -> None:
+    phases(m, now)
+    if m.phase is not Phase.ENDED:
+        close_hosts(m)
+
+
+def close_hosts(m: Machine) -> None:
+    """Close the connection of every checked host that no worker runs on any more and that is no
+    longer wanted (not listed, or blacklisted for good): a host listed again is checked again."""
+    busy = {w.host for w in m.workers.values() if w.alive}
+    gone = tuple(h for h in sorted(m.opened) if h not in busy and not m.membership.wanted(h))
+    if gone:
+        m.opened -= set(gone)
+        m.emit(CloseHosts(gone))
+
+
+def phases(m: Machine, now: float) -> None:
     if m.phase is Phase.FINISHING:
         finishing(m, now)
     elif m.phase is Phase.FAILING:
