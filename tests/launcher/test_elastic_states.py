@@ -316,6 +316,42 @@ def test_a_silent_member_of_a_broken_round_is_taken_as_failed():
     assert [m.wid for m in job.of(Release)[-1].members] == [0]
 
 
+def test_a_member_named_lost_by_a_member_back_from_the_round_is_killed_and_the_rest_go_on_at_once():
+    """A frozen host (its ranks SIGSTOPped, its sshd alive): the survivors' runtimes fail at the
+    heartbeat timeout naming the silent rank; the driver does not wait for it to come back."""
+    job = Job(np=3, min_np=2, max_np=3)
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Joined(0, {"reason": "error", "last": 1, "lost": [2]}), dt=1)
+    assert job.phase is Phase.BREAKING and "host c is blacklisted for good" in job.said()  # worker 1 runs on
+    assert "worker 2 (rank 2, host c) showed no sign of life to worker 0 (rank 0, host a)" in job.said()
+    assert [(r.wid, r.ask) for r in job.of(Remove)] == [(2, False)] and job.of(Kill) == [Kill(2)]
+    job.feed(Joined(1, {"reason": "error", "last": 1, "lost": [2]}))
+    release = job.of(Release)[-1]
+    assert [m.wid for m in release.members] == [0, 1] and release.sync
+    job.feed(Tick(), dt=10)
+    assert job.of(Kill) == [Kill(2)]                                  # killed once
+
+
+def test_a_lost_rank_named_for_an_older_round_or_in_a_bad_form_is_not_taken():
+    job = Job(np=3, min_np=2, max_np=3, timeout_s=30)
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Joined(0, {"reason": "error", "last": 0, "lost": [2]}))
+    job.feed(Joined(1, {"reason": "error", "last": 1, "lost": "2"}))
+    job.feed(Tick(), dt=5)
+    assert job.phase is Phase.BREAKING and job.of(Kill) == [] and job.of(Remove) == []
+
+
+def test_the_other_ranks_of_a_host_named_lost_leave_with_it():
+    job = Job(np=4, min_np=2, max_np=4)
+    job.start({"a": 2, "b": 2})
+    job.feed(Joined(0, {"reason": "error", "last": 1, "lost": [2]}))
+    job.feed(Joined(1, {"reason": "error", "last": 1, "lost": [2]}))
+    assert {r.wid for r in job.of(Remove)} == {2, 3} and Kill(2) in job.of(Kill)
+    assert [m.wid for m in job.of(Release)[-1].members] == [0, 1]
+    job.feed(Tick(), dt=4)
+    assert Kill(3) in job.of(Kill)                                    # TERM waits for a stopped one: KILL after the grace
+
+
 def test_a_start_that_fails_outright_counts_as_that_workers_failure():
     job = Job(np=2, min_np=1, max_np=2)
     job.feed(Discovered({"a": 1, "b": 1}))

@@ -23,6 +23,7 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | RUNNING | fewer than ``--min-np`` slots listed | ``running``: keep every worker; ``End`` after ``--elastic-timeout`` | RUNNING / ENDED |
 | RUNNING | a member joins again (runtime error, host change) or exits | ``on_joined`` / ``on_exited``: ``break_round`` | BREAKING |
 | BREAKING | every member still running joined again | ``breaking``: ``form`` | FORMING |
+| BREAKING | a member named lost (``lost``: silent past the heartbeat timeout) by a member back from the round | ``breaking``: blacklist, ``Remove`` and ``Kill`` it at once (a stopped process too) | BREAKING |
 | BREAKING | a member silent over SSH, or not back within ``--elastic-timeout`` | ``breaking``: blacklist, ``Remove`` | BREAKING |
 | any | a worker exits non-zero (or cannot start) | ``failure``: blacklist its host, ``Remove`` its other workers; a worker that never joined a round only holds new workers off its host | same / BREAKING |
 | FORMING, RUNNING, BREAKING | every member failed or lost its host | ``check_doomed`` | FAILING |
@@ -397,11 +398,27 @@ def running(m: Machine, now: float) -> None:
     grow(m, now)
 
 
+def lost_by(m: Machine, w: WorkerRec) -> list[WorkerRec]:
+    """The members back from the current round whose runtime found ``w`` silent past the heartbeat timeout."""
+    cur = m.round
+    return [o for o in m.members() if o.joined and o.join.get("last") == cur.id and isinstance(o.join.get("lost"), list)
+            and w.rank in o.join["lost"][:64]]
+
+
 def breaking(m: Machine, now: float) -> None:
     cur = m.round
     back = [w for w in m.members() if w.in_round and w.alive and not w.leaving]
+    for w in back:  # named lost by a member back from the round (a stopped process, a frozen host): killed now
+        by = lost_by(m, w)
+        if by and not w.leaving:
+            failure(m, w, f"showed no sign of life to {by[0].name()} for the heartbeat timeout "
+                          "(APPLIANCE_HEARTBEAT_TIMEOUT: a stopped process or a frozen host)", now)
+            remove(m, w, "it showed no sign of life", now)
+            if w.alive and not w.killed:
+                w.killed = True
+                m.emit(Kill(w.wid))
     for w in back:  # a silent host: its SSH heartbeats stopped (sooner than the SSH timeout)
-        if w.wid in m.silent:
+        if w.wid in m.silent and not w.leaving:
             failure(m, w, f"stopped answering: nothing from {w.host} over SSH for {m.s.silent_s:g} s", now)
             remove(m, w, "its host stopped answering", now)
     back = [w for w in back if not w.leaving and w.alive]
