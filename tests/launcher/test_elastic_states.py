@@ -13,9 +13,9 @@ import math
 import pytest
 
 from appliance.common.ranks import Slot
-from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined,
-                                               Kill, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed,
-                                               Tick, Watching)
+from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited,
+                                               HostOpened, Joined, Kill, Notify, OpenHosts, Release, Remove, Say,
+                                               Spawn, SpawnFailed, Tick, Watching)
 from appliance.launcher.elastic.machine import HOROVOD_FAILED, TRANSITIONS, Machine, Settings
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
 from appliance.launcher.elastic.records import Phase
@@ -349,7 +349,7 @@ def test_the_other_ranks_of_a_host_named_lost_leave_with_it():
     assert {r.wid for r in job.of(Remove)} == {2, 3} and Kill(2) in job.of(Kill)
     assert [m.wid for m in job.of(Release)[-1].members] == [0, 1]
     job.feed(Tick(), dt=4)
-    assert Kill(3) in job.of(Kill)                                    # TERM waits for a stopped one: KILL after the grace
+    assert Kill(3) in job.of(Kill)          # TERM waits on a stopped process: KILL after the grace
 
 
 def test_a_start_that_fails_outright_counts_as_that_workers_failure():

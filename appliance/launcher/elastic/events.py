@@ -166,5 +166,5 @@ class End:
 Action = Spawn | Remove | Kill | Answer | Release | Notify | OpenHosts | CloseHosts | Say | End
 
 __all__ = ["Action", "Answer", "CloseHosts", "Discovered", "DiscoveryFailed", "End", "Event", "Exited", "HostOpened",
-           "Joined", "Kill", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn", "SpawnFailed", "Tick",
-           "Watching"]
+           "Joined", "Kill", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn", "SpawnFailed",
+           "Tick", "Watching"]

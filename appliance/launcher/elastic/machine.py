@@ -399,10 +399,10 @@ def running(m: Machine, now: float) -> None:
 
 
 def lost_by(m: Machine, w: WorkerRec) -> list[WorkerRec]:
-    """The members back from the current round whose runtime found ``w`` silent past the heartbeat timeout."""
-    cur = m.round
-    return [o for o in m.members() if o.joined and o.join.get("last") == cur.id and isinstance(o.join.get("lost"), list)
-            and w.rank in o.join["lost"][:64]]
+    """The members back from the current round whose runtime found ``w`` silent past the
+    heartbeat timeout (their join's ``lost``)."""
+    return [o for o in m.members() if o.joined and o.join.get("last") == m.round.id
+            and isinstance(o.join.get("lost"), list) and w.rank in o.join["lost"][:64]]
 
 
 def breaking(m: Machine, now: float) -> None:
