@@ -16,7 +16,7 @@ from appliance.common.ranks import Slot
 from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited,
                                                HostOpened, Joined, Kill, Notify, OpenHosts, Release, Remove, Say,
                                                Spawn, SpawnFailed, Tick, Watching)
-from appliance.launcher.elastic.machine import HOROVOD_FAILED, TRANSITIONS, Machine, Settings
+from appliance.launcher.elastic.machine import HOROVOD_FAILED, LOST_GRACE_S, TRANSITIONS, Machine, Settings
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
 from appliance.launcher.elastic.records import Phase
 
@@ -350,6 +350,20 @@ def test_the_other_ranks_of_a_host_named_lost_leave_with_it():
     assert [m.wid for m in job.of(Release)[-1].members] == [0, 1]
     job.feed(Tick(), dt=4)
     assert Kill(3) in job.of(Kill)          # TERM waits on a stopped process: KILL after the grace
+
+
+def test_after_a_member_is_named_lost_the_others_not_back_within_the_grace_are_dropped_too():
+    """Two frozen hosts: the survivors' runtimes name one silent rank (the oldest silence); the
+    other frozen member is dropped LOST_GRACE_S later, not after --elastic-timeout."""
+    job = Job(np=3, min_np=1, max_np=3, timeout_s=600)
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Joined(0, {"reason": "error", "last": 1, "lost": [2]}))
+    job.feed(Tick(), dt=LOST_GRACE_S)
+    assert job.phase is Phase.BREAKING and not job.m.workers[1].leaving
+    job.feed(Tick(), dt=0.5)
+    assert "worker 1 (rank 1, host b) did not come back within 10 s after a member of round 1" in job.said()
+    job.feed(Tick(), dt=0.02)
+    assert [m.wid for m in job.of(Release)[-1].members] == [0]
 
 
 def test_a_start_that_fails_outright_counts_as_that_workers_failure():

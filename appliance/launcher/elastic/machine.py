@@ -24,6 +24,7 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | RUNNING | a member joins again (runtime error, host change) or exits | ``on_joined`` / ``on_exited``: ``break_round`` | BREAKING |
 | BREAKING | every member still running joined again | ``breaking``: ``form`` | FORMING |
 | BREAKING | a member named lost (``lost``: silent past the heartbeat timeout) by a member back from the round | ``breaking``: blacklist, ``Remove`` and ``Kill`` it at once (a stopped process too) | BREAKING |
+| BREAKING | a member was named lost and others are not back ``LOST_GRACE_S`` later (another frozen host) | ``breaking``: blacklist, ``Remove`` | BREAKING |
 | BREAKING | a member silent over SSH, or not back within ``--elastic-timeout`` | ``breaking``: blacklist, ``Remove`` | BREAKING |
 | any | a worker exits non-zero (or cannot start) | ``failure``: blacklist its host, ``Remove`` its other workers; a worker that never joined a round only holds new workers off its host | same / BREAKING |
 | FORMING, RUNNING, BREAKING | every member failed or lost its host | ``check_doomed`` | FAILING |
@@ -49,6 +50,7 @@ from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .records import Phase, Round, WorkerRec
 
 LATE_S = 10.0  # a round that has waited this long for members says which (once)
+LOST_GRACE_S = 10.0  # after a member was named lost, the others not back within this are taken as lost too
 HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
 
 
@@ -414,6 +416,7 @@ def breaking(m: Machine, now: float) -> None:
             failure(m, w, f"showed no sign of life to {by[0].name()} for the heartbeat timeout "
                           "(APPLIANCE_HEARTBEAT_TIMEOUT: a stopped process or a frozen host)", now)
             remove(m, w, "it showed no sign of life", now)
+            cur.lost_at = now if cur.lost_at is None else cur.lost_at
             if w.alive and not w.killed:
                 w.killed = True
                 m.emit(Kill(w.wid))
@@ -426,6 +429,11 @@ def breaking(m: Machine, now: float) -> None:
         return
     if not back:
         form(m, now)
+    elif cur.lost_at is not None and now - cur.lost_at > LOST_GRACE_S:  # another frozen host, not named
+        for w in back:
+            failure(m, w, f"did not come back within {LOST_GRACE_S:g} s after a member of round {cur.id} was "
+                          "found silent", now)
+            remove(m, w, "did not come back in time", now)
     elif now - cur.broken_at > m.s.timeout_s:
         for w in back:
             failure(m, w, f"did not come back within {m.s.timeout_s:g} s after round {cur.id} ended", now)
