@@ -38,9 +38,9 @@ from appliance.common import rendezvous as rdv
 from appliance.common.knobs import ConfigError, read
 from appliance.runtime.errors import HorovodInternalError
 
-SILENCE = "no sign of life"  # the core's words for a peer silent past APPLIANCE_HEARTBEAT_TIMEOUT
 LAYOUT = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 _ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
+SILENCE = "no sign of life"  # the core's words for a peer silent past APPLIANCE_HEARTBEAT_TIMEOUT
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
