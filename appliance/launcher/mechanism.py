@@ -3,7 +3,8 @@
 What it owns: ``Mechanism``, the protocol ``run.py`` and the elastic driver use and nothing else
 (in the spirit of torch elastic's ``PContext``): arrange the hosts, open them (checks, plan),
 ``start`` the first ranks, ``add`` ranks on a host, ``remove`` some, report the ``next_exit``,
-list what is ``running``, ``stop`` everything. Two implementations:
+list what is ``running``, ``stop`` everything; an elastic job also opens hosts as they appear and
+closes those that left (``open_hosts``/``close_hosts``). Two implementations:
 
 - ``Executors`` (``--launcher ssh`` and ``local``): one executor per host (``executors.py``:
   this machine's ranks as subprocesses, other hosts' over SSH through a remote stub), the
