@@ -17,9 +17,10 @@ fresh nonce of the other side, the job id and the worker number)::
 
 Then one request per connection:
 
-- ``{"op": "join", "last": R, "reason": "start"|"error"|"hosts", "port": P, "addr": A}``: the
-  worker wants the newest round after round R (0: it never had one), because it starts, its
-  runtime failed, or hosts changed. ``port``: a free port on its data address ``A``, where it
+- ``{"op": "join", "last": R, "reason": "start"|"error"|"hosts", "port": P, "addr": A, "lost": [r...]}``:
+  the worker wants the newest round after round R (0: it never had one), because it starts, its
+  runtime failed, or hosts changed; ``lost``: ranks of round R its runtime found silent past the
+  heartbeat timeout. ``port``: a free port on its data address ``A``, where it
   hosts the round's store should it become rank 0. While the driver holds the request it sends ``{"wait": true}``
   every ``KEEPALIVE_S``; the answer is one of ``{"round": ROUND}`` (the worker's place: ``round``,
   ``job_id``, ``rank``, ``size``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``,

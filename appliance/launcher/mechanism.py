@@ -3,7 +3,8 @@
 What it owns: ``Mechanism``, the protocol ``run.py`` and the elastic driver use and nothing else
 (in the spirit of torch elastic's ``PContext``): arrange the hosts, open them (checks, plan),
 ``start`` the first ranks, ``add`` ranks on a host, ``remove`` some, report the ``next_exit``,
-list what is ``running``, ``stop`` everything. Two implementations:
+list what is ``running``, ``stop`` everything; an elastic job also opens hosts as they appear and
+closes those that left (``open_hosts``/``close_hosts``). Two implementations:
 
 - ``Executors`` (``--launcher ssh`` and ``local``): one executor per host (``executors.py``:
   this machine's ranks as subprocesses, other hosts' over SSH through a remote stub), the
@@ -101,6 +102,10 @@ class Mechanism(Protocol):
     def open_hosts(self, hosts: Sequence[str]) -> dict[str, str | None]:
         """Make ``hosts`` ready to start ranks (checks, connections): host -> None, or why not.
         Blocking; the driver calls it from a thread of its own for hosts that appear later."""
+
+    def close_hosts(self, hosts: Sequence[str]) -> None:
+        """Release what ``open_hosts`` holds for ``hosts`` (their connections); none of their
+        ranks is running. Never blocks the caller; ``open_hosts`` makes them ready again."""
 
     def round_addresses(self, hosts: Sequence[str]) -> dict[str, str]:
         """Where each host's ranks listen in a round over ``hosts`` ("": the rank's own choice)."""
@@ -238,6 +243,12 @@ class Executors:
                 print(f"appliance launch: preflight: {', '.join(remote)} checked in {time.monotonic() - start:.2f} s",
                       file=sys.stderr, flush=True)
         return result
+
+    def close_hosts(self, hosts: Sequence[str]) -> None:
+        with self._lock:
+            gone = [ex for ex in (self.executors.pop(h, None) for h in hosts) if ex is not None]
+        if gone:  # taken out now (a host opened again gets a new executor); closed off the caller's thread
+            threading.Thread(target=lambda: [ex.close() for ex in gone], name="close-hosts", daemon=True).start()
 
     def round_addresses(self, hosts: Sequence[str]) -> dict[str, str]:
         from appliance.common.netif import interface_address

@@ -8,7 +8,9 @@ and is answered when every member of that round has asked too. A worker that cou
 round's rank 0 sends a port free on its data address with the request: rank 0 hosts the round's
 store there. ``failed(error)`` (a ``HorovodInternalError`` of this runtime, from a collective or
 from the round's rendezvous) and ``hosts_updated()`` say why the next request is made, so the
-driver knows whether state must be synced; the answer's ``sync`` is what every member of the
+driver knows whether state must be synced; a failure because a peer showed no sign of life for
+the heartbeat timeout (a stopped process, a frozen host, a cut network) also names that rank in
+the request (``lost``), so the driver stops waiting for it; the answer's ``sync`` is what every member of the
 round uses (``sync_needed()``), so old and new workers never disagree about it. After each round
 the layout variables of ``os.environ`` (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK...) are
 the round's, as Horovod sets them.
@@ -39,6 +41,7 @@ from appliance.runtime.procmgr import started_by
 
 LAYOUT = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 _ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
+SILENCE = "no sign of life"  # the core's words for a peer silent past APPLIANCE_HEARTBEAT_TIMEOUT
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -74,6 +77,7 @@ class Session:
         self.data_addr = read("APPLIANCE_DATA_ADDR", env) or ""
         self.round: dict = {}
         self.reason = "start"
+        self.lost: list[int] = []  # ranks of the last round found silent (first-hand) by this worker
         self.printed_knobs = False  # --verbose: rank 0's knob table once per process, not every round
         self._listeners: list[Callable[[int, int], None]] = []
         self._lock = threading.Lock()
@@ -81,8 +85,12 @@ class Session:
 
     # -- rounds -------------------------------------------------------------------------------
     def failed(self, error: BaseException) -> None:
-        """The runtime failed (``HorovodInternalError``): the next round must sync."""
+        """The runtime failed (``HorovodInternalError``): the next round must sync. A peer silent
+        past the heartbeat timeout (the core names it as the error's origin) is reported lost."""
         self.reason = "error"
+        origin = getattr(error, "origin_rank", -1)
+        if isinstance(origin, int) and origin >= 0 and SILENCE in str(error) and origin not in self.lost:
+            self.lost.append(origin)
 
     def hosts_updated(self) -> None:
         """Every rank raised ``HostsUpdatedInterrupt`` at a commit: a planned change."""
@@ -93,7 +101,7 @@ class Session:
         """Block until the driver releases this worker's next round; returns it."""
         port = _free_port(self.data_addr or "0.0.0.0")
         message = {"op": "join", "last": int(self.round.get("round", 0)), "reason": self.reason or "error",
-                   "port": port, "addr": self.data_addr}
+                   "port": port, "addr": self.data_addr, "lost": list(self.lost)}
         try:
             chan = rdv.connect(self.addr, self.secret, self.job, self.worker)
             try:
@@ -129,6 +137,7 @@ class Session:
         """The round's runtime is up; notices flow from now on. The reason of the next request is
         set by ``failed``/``hosts_updated`` (neither: a re-init by hand, treated as a failure)."""
         self.reason = ""
+        self.lost = []
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="elastic-notices", daemon=True)
             self._watcher.start()

@@ -35,8 +35,6 @@ def namespaces(pid: int) -> list[str]:
     return [line.split()[0] for line in lines if line.startswith(f"{netns.PREFIX}{pid}x")]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(540)
 def kill_left(stdout: str) -> None:
     """The launcher and workers of a soak that had to be killed (their own sessions): every process
     whose command line names its work directory."""
@@ -53,6 +51,8 @@ def kill_left(stdout: str) -> None:
             pass
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(540)
 def test_elastic_soak_short_form(request, tmp_path):
     why = netns.available()
     if why:

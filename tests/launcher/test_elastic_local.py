@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from fixtures.elastic import ElasticJob, check_consistent, listening_ports
+from fixtures.elastic import ElasticJob, alive, check_consistent, listening_ports
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -70,6 +70,38 @@ def test_one_rank_failing_blacklists_its_host_and_the_others_go_on_from_the_last
         assert sizes == [3] * 6 + [2] * 14               # steps 1-6 committed at 3 ranks, then 2
         assert sorted(job.done()) == [0, 2] and sorted(job.pids()) == [0, 1, 2]
         assert job.leftovers() == []
+
+
+def test_a_stopped_rank_is_dropped_at_the_heartbeat_timeout_and_killed(tmp_path):
+    """Worker 2 SIGSTOPped (a frozen host: nothing closes, its launcher link stays up): the others'
+    runtimes fail at the heartbeat timeout naming rank 2, the driver kills it (SIGKILL works on a
+    stopped process) and the other two train on at 2 ranks within the heartbeat timeout + 3 s."""
+    heartbeat = 2.0
+    with ElasticJob(tmp_path, steps=150, commit=2, step_s=0.05) as job:
+        job.start(3, min_np=2, hosts=f"{A}:1,{B}:1,{C}:1", env={"APPLIANCE_HEARTBEAT_TIMEOUT": str(heartbeat)})
+        job.wait_for(lambda: job.max_step() >= 10 and len(job.progress()) == 3, what="steps at 3 ranks")
+        pid = job.pids()[2]
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            stopped = time.time()
+            job.wait_for(lambda: any(p["size"] == 2 for p in job.progress().values()), limit=30,
+                         what="a step at 2 ranks")
+            recovered = min(p["t"] for p in job.progress().values() if p["size"] == 2) - stopped
+            print(f"\nstopped rank: first step at the new size {recovered:.2f} s after the SIGSTOP "
+                  f"(heartbeat timeout {heartbeat:g} s)")
+            assert recovered <= heartbeat + 3.0, recovered
+            job.wait_for(lambda: not alive(pid), limit=10, what="the stopped worker killed")
+            r = job.wait()
+        finally:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), 150)
+        assert sizes[:10] == [3] * 10 and sizes[-1] == 2
+        assert sorted(job.done()) == [0, 1] and job.leftovers() == []
 
 
 def test_rank_0_dying_is_survived_and_the_next_oldest_worker_becomes_rank_0(tmp_path):

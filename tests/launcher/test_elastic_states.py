@@ -13,10 +13,10 @@ import math
 import pytest
 
 from appliance.common.ranks import Slot
-from appliance.launcher.elastic.events import (Answer, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined,
-                                               Kill, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed,
-                                               Tick, Watching)
-from appliance.launcher.elastic.machine import HOROVOD_FAILED, TRANSITIONS, Machine, Settings
+from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited,
+                                               HostOpened, Joined, Kill, Notify, OpenHosts, Release, Remove, Say,
+                                               Spawn, SpawnFailed, Tick, Watching)
+from appliance.launcher.elastic.machine import HOROVOD_FAILED, LOST_GRACE_S, TRANSITIONS, Machine, Settings
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
 from appliance.launcher.elastic.records import Phase
 
@@ -165,6 +165,43 @@ def test_a_removed_host_is_announced_and_its_workers_leave_at_the_commit_without
     assert [m.wid for m in release.members] == [1] and not release.sync
 
 
+def test_a_host_that_left_discovery_is_closed_once_its_last_worker_exited_and_opened_again_when_listed():
+    job = Job(np=2, min_np=1, max_np=4)
+    members = job.start({"a": 1, "b": 1})
+    job.feed(Discovered({"b": 1}))
+    job.commit_interrupt(members)
+    assert job.of(Remove)[-1].wid == 0 and job.of(CloseHosts) == []  # its worker is still leaving
+    out = job.feed(Exited(0, 0))
+    assert job.of(CloseHosts, out) == [CloseHosts(("a",))]
+    assert job.of(CloseHosts, job.feed(Tick(), dt=1)) == []          # once
+    out = job.feed(Discovered({"b": 1, "a": 1}))
+    assert job.of(OpenHosts, out) == [OpenHosts(("a",))] and job.of(Spawn, out) == []  # checked first
+    out = job.feed(HostOpened("a", None))
+    assert [s.host for s in job.of(Spawn, out)] == ["a"] and job.of(CloseHosts) == [CloseHosts(("a",))]
+
+
+def test_a_host_blacklisted_for_good_is_closed_and_one_in_its_cooldown_is_kept():
+    job = Job(np=3, min_np=1, max_np=3)
+    job.start({"a": 1, "b": 1, "c": 1})
+    out = job.feed(Exited(1, 1))
+    assert "host b is blacklisted for good" in job.said() and job.of(CloseHosts, out) == [CloseHosts(("b",))]
+    job = Job(np=2, min_np=1, max_np=2, cooldown_range=(1.0, 4.0))
+    job.start({"a": 1, "b": 1})
+    job.feed(Exited(1, 1))
+    job.feed(Tick(), dt=5)
+    assert "host b is blacklisted for 1 s" in job.said() and job.of(CloseHosts) == []
+
+
+def test_a_host_still_running_a_leaving_worker_is_not_closed():
+    job = Job(np=2, min_np=1, max_np=2)
+    job.start({"a": 1, "b": 1})
+    job.feed(Discovered({"a": 1}))
+    job.feed(Joined(0, {"reason": "hosts"}))
+    job.feed(Tick(), dt=10)                                           # b's worker never comes back
+    assert job.of(CloseHosts) == [] and job.m.workers[1].alive
+    assert job.of(CloseHosts, job.feed(Exited(1, -9))) == [CloseHosts(("b",))]
+
+
 def test_a_member_watching_late_gets_the_rounds_notice():
     job = Job(np=1, min_np=1, max_np=2)
     job.start({"a": 1})
@@ -276,6 +313,56 @@ def test_a_silent_member_of_a_broken_round_is_taken_as_failed():
     assert job.phase is Phase.BREAKING
     job.feed(Tick(silent=frozenset({1})))
     assert "worker 1 (rank 1, host b) stopped answering" in job.said()
+    assert [m.wid for m in job.of(Release)[-1].members] == [0]
+
+
+def test_a_member_named_lost_by_a_member_back_from_the_round_is_killed_and_the_rest_go_on_at_once():
+    """A frozen host (its ranks SIGSTOPped, its sshd alive): the survivors' runtimes fail at the
+    heartbeat timeout naming the silent rank; the driver does not wait for it to come back."""
+    job = Job(np=3, min_np=2, max_np=3)
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Joined(0, {"reason": "error", "last": 1, "lost": [2]}), dt=1)
+    assert job.phase is Phase.BREAKING and "host c is blacklisted for good" in job.said()  # worker 1 runs on
+    assert "worker 2 (rank 2, host c) showed no sign of life to worker 0 (rank 0, host a)" in job.said()
+    assert [(r.wid, r.ask) for r in job.of(Remove)] == [(2, False)] and job.of(Kill) == [Kill(2)]
+    job.feed(Joined(1, {"reason": "error", "last": 1, "lost": [2]}))
+    release = job.of(Release)[-1]
+    assert [m.wid for m in release.members] == [0, 1] and release.sync
+    job.feed(Tick(), dt=10)
+    assert job.of(Kill) == [Kill(2)]                                  # killed once
+
+
+def test_a_lost_rank_named_for_an_older_round_or_in_a_bad_form_is_not_taken():
+    job = Job(np=3, min_np=2, max_np=3, timeout_s=30)
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Joined(0, {"reason": "error", "last": 0, "lost": [2]}))
+    job.feed(Joined(1, {"reason": "error", "last": 1, "lost": "2"}))
+    job.feed(Tick(), dt=5)
+    assert job.phase is Phase.BREAKING and job.of(Kill) == [] and job.of(Remove) == []
+
+
+def test_the_other_ranks_of_a_host_named_lost_leave_with_it():
+    job = Job(np=4, min_np=2, max_np=4)
+    job.start({"a": 2, "b": 2})
+    job.feed(Joined(0, {"reason": "error", "last": 1, "lost": [2]}))
+    job.feed(Joined(1, {"reason": "error", "last": 1, "lost": [2]}))
+    assert {r.wid for r in job.of(Remove)} == {2, 3} and Kill(2) in job.of(Kill)
+    assert [m.wid for m in job.of(Release)[-1].members] == [0, 1]
+    job.feed(Tick(), dt=4)
+    assert Kill(3) in job.of(Kill)          # TERM waits on a stopped process: KILL after the grace
+
+
+def test_after_a_member_is_named_lost_the_others_not_back_within_the_grace_are_dropped_too():
+    """Two frozen hosts: the survivors' runtimes name one silent rank (the oldest silence); the
+    other frozen member is dropped LOST_GRACE_S later, not after --elastic-timeout."""
+    job = Job(np=3, min_np=1, max_np=3, timeout_s=600)
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Joined(0, {"reason": "error", "last": 1, "lost": [2]}))
+    job.feed(Tick(), dt=LOST_GRACE_S)
+    assert job.phase is Phase.BREAKING and not job.m.workers[1].leaving
+    job.feed(Tick(), dt=0.5)
+    assert "worker 1 (rank 1, host b) did not come back within 10 s after a member of round 1" in job.said()
+    job.feed(Tick(), dt=0.02)
     assert [m.wid for m in job.of(Release)[-1].members] == [0]
 
 

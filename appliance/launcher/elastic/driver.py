@@ -38,8 +38,8 @@ from ..reaper import Reaper
 from ..signals import SignalTrap
 from ..workers import SpawnError
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
-from .events import (Answer, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Notify, OpenHosts,
-                     Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
+from .events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Notify,
+                     OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .machine import Machine, Settings
 from .records import Phase
 from .rendezvous import RendezvousServer, Stream, Ticket
@@ -225,6 +225,8 @@ class ElasticDriver:
                     stream.push(note)
         elif isinstance(a, OpenHosts):
             threading.Thread(target=self._check, args=(list(a.hosts),), name="elastic-open", daemon=True).start()
+        elif isinstance(a, CloseHosts):
+            self.mech.close_hosts(list(a.hosts))
         elif isinstance(a, Say):
             self.say(a.text)
         elif isinstance(a, End):

@@ -4,7 +4,8 @@ What it owns: the events the driver's I/O shell (``driver.ElasticDriver``) hands
 machine (``machine``) and the actions the machine returns for the shell to carry out. Events are
 facts that already happened (a worker joined, a process exited, discovery printed a host list, a
 host passed its check, time passed); actions are what the machine decided (start a worker, stop
-one, answer a join, tell the members of a round, release a round, say a line, end the job). Every
+one, answer a join, tell the members of a round, release a round, open or close hosts, say a line,
+end the job). Every
 record is a frozen dataclass: nothing here holds a socket, a thread or a process.
 
 Env vars: none. Failure modes: none (plain data).
@@ -142,6 +143,13 @@ class OpenHosts:
 
 
 @dataclasses.dataclass(frozen=True)
+class CloseHosts:
+    """Close these hosts' connections: no worker of the job is left on them and they are no longer
+    wanted (not listed, or blacklisted for good); a host listed again is opened again."""
+    hosts: tuple
+
+
+@dataclasses.dataclass(frozen=True)
 class Say:
     text: str
 
@@ -155,8 +163,8 @@ class End:
     host: str | None = None
 
 
-Action = Spawn | Remove | Kill | Answer | Release | Notify | OpenHosts | Say | End
+Action = Spawn | Remove | Kill | Answer | Release | Notify | OpenHosts | CloseHosts | Say | End
 
-__all__ = ["Action", "Answer", "Discovered", "DiscoveryFailed", "End", "Event", "Exited", "HostOpened", "Joined",
-           "Kill", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn", "SpawnFailed", "Tick",
-           "Watching"]
+__all__ = ["Action", "Answer", "CloseHosts", "Discovered", "DiscoveryFailed", "End", "Event", "Exited", "HostOpened",
+           "Joined", "Kill", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn", "SpawnFailed",
+           "Tick", "Watching"]

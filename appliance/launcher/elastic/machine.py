@@ -5,7 +5,7 @@ membership, hosts being checked) and one function per transition. ``Machine.hand
 applies one event (``events``: ``Joined``, ``Watching``, ``Exited``, ``SpawnFailed``,
 ``Discovered``, ``DiscoveryFailed``, ``HostOpened``, ``Tick``), then advances the phase, and
 returns the actions (``Spawn``, ``Remove``, ``Kill``, ``Answer``, ``Release``, ``Notify``,
-``OpenHosts``, ``Say``, ``End``) for the I/O shell (``driver.ElasticDriver``) to carry out. No
+``OpenHosts``, ``CloseHosts``, ``Say``, ``End``) for the I/O shell (``driver.ElasticDriver``) to carry out. No
 threads, processes, sockets or clock readings here: the tests drive it with a fake clock.
 
 Phases (``records.Phase``) and transitions, the one table of the elastic driver:
@@ -23,6 +23,8 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | RUNNING | fewer than ``--min-np`` slots listed | ``running``: keep every worker; ``End`` after ``--elastic-timeout`` | RUNNING / ENDED |
 | RUNNING | a member joins again (runtime error, host change) or exits | ``on_joined`` / ``on_exited``: ``break_round`` | BREAKING |
 | BREAKING | every member still running joined again | ``breaking``: ``form`` | FORMING |
+| BREAKING | a member named lost (``lost``: silent past the heartbeat timeout) by a member back from the round | ``breaking``: blacklist, ``Remove`` and ``Kill`` it at once (a stopped process too) | BREAKING |
+| BREAKING | a member was named lost and others are not back ``LOST_GRACE_S`` later (another frozen host) | ``breaking``: blacklist, ``Remove`` | BREAKING |
 | BREAKING | a member silent over SSH, or not back within ``--elastic-timeout`` | ``breaking``: blacklist, ``Remove`` | BREAKING |
 | any | a worker exits non-zero (or cannot start) | ``failure``: blacklist its host, ``Remove`` its other workers; a worker that never joined a round only holds new workers off its host | same / BREAKING |
 | FORMING, RUNNING, BREAKING | every member failed or lost its host | ``check_doomed`` | FAILING |
@@ -30,6 +32,7 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | any | a worker exits 0 | ``on_exited``: ``Remove`` workers that never joined | FINISHING |
 | FINISHING | every worker exited / one failed | ``finishing``: ``End`` 0 / its code | ENDED |
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
+| any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
 
 Env vars: none (``Settings`` carries what the launcher read). Failure modes: none raised; the
 job's end is the ``End`` action (also kept as ``Machine.outcome``).
@@ -41,12 +44,13 @@ import math
 from typing import Any, Callable
 
 from ..failures import describe_exit, exit_code
-from .events import (Action, Answer, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Member,
-                     Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
+from .events import (Action, Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill,
+                     Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .records import Phase, Round, WorkerRec
 
 LATE_S = 10.0  # a round that has waited this long for members says which (once)
+LOST_GRACE_S = 10.0  # after a member was named lost, the others not back within this are taken as lost too
 HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
 
 
@@ -316,6 +320,22 @@ def reap(m: Machine, now: float) -> None:
 
 # -- the phases -----------------------------------------------------------------------------------
 def advance(m: Machine, now: float) -> None:
+    phases(m, now)
+    if m.phase is not Phase.ENDED:
+        close_hosts(m)
+
+
+def close_hosts(m: Machine) -> None:
+    """Close the connection of every checked host that no worker runs on any more and that is no
+    longer wanted (not listed, or blacklisted for good): a host listed again is checked again."""
+    busy = {w.host for w in m.workers.values() if w.alive}
+    gone = tuple(h for h in sorted(m.opened) if h not in busy and not m.membership.wanted(h))
+    if gone:
+        m.opened -= set(gone)
+        m.emit(CloseHosts(gone))
+
+
+def phases(m: Machine, now: float) -> None:
     if m.phase is Phase.FINISHING:
         finishing(m, now)
     elif m.phase is Phase.FAILING:
@@ -380,11 +400,28 @@ def running(m: Machine, now: float) -> None:
     grow(m, now)
 
 
+def lost_by(m: Machine, w: WorkerRec) -> list[WorkerRec]:
+    """The members back from the current round whose runtime found ``w`` silent past the
+    heartbeat timeout (their join's ``lost``)."""
+    return [o for o in m.members() if o.joined and o.join.get("last") == m.round.id
+            and isinstance(o.join.get("lost"), list) and w.rank in o.join["lost"][:64]]
+
+
 def breaking(m: Machine, now: float) -> None:
     cur = m.round
     back = [w for w in m.members() if w.in_round and w.alive and not w.leaving]
+    for w in back:  # named lost by a member back from the round (a stopped process, a frozen host): killed now
+        by = lost_by(m, w)
+        if by and not w.leaving:
+            failure(m, w, f"showed no sign of life to {by[0].name()} for the heartbeat timeout "
+                          "(APPLIANCE_HEARTBEAT_TIMEOUT: a stopped process or a frozen host)", now)
+            remove(m, w, "it showed no sign of life", now)
+            cur.lost_at = now if cur.lost_at is None else cur.lost_at
+            if w.alive and not w.killed:
+                w.killed = True
+                m.emit(Kill(w.wid))
     for w in back:  # a silent host: its SSH heartbeats stopped (sooner than the SSH timeout)
-        if w.wid in m.silent:
+        if w.wid in m.silent and not w.leaving:
             failure(m, w, f"stopped answering: nothing from {w.host} over SSH for {m.s.silent_s:g} s", now)
             remove(m, w, "its host stopped answering", now)
     back = [w for w in back if not w.leaving and w.alive]
@@ -392,6 +429,11 @@ def breaking(m: Machine, now: float) -> None:
         return
     if not back:
         form(m, now)
+    elif cur.lost_at is not None and now - cur.lost_at > LOST_GRACE_S:  # another frozen host, not named
+        for w in back:
+            failure(m, w, f"did not come back within {LOST_GRACE_S:g} s after a member of round {cur.id} was "
+                          "found silent", now)
+            remove(m, w, "did not come back in time", now)
     elif now - cur.broken_at > m.s.timeout_s:
         for w in back:
             failure(m, w, f"did not come back within {m.s.timeout_s:g} s after round {cur.id} ended", now)

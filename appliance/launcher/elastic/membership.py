@@ -89,6 +89,12 @@ class Membership:
         h = self.hosts.get(host)
         return h is not None and h.blacklisted_until is not None
 
+    def wanted(self, host: str) -> bool:
+        """Whether ``host`` may still run workers of this job: listed by the last discovery and
+        not blacklisted for good."""
+        h = self.hosts.get(host)
+        return h is not None and h.slots > 0 and h.blacklisted_until != math.inf
+
     def available(self, now: float) -> list[tuple[str, int]]:
         """(host, slots) of every discovered host that is not blacklisted, oldest first."""
         hosts = [h for h in self.hosts.values() if h.slots > 0 and not self.is_blacklisted(h.name, now)]

@@ -63,6 +63,7 @@ class Round:
     failed: bool = False   # a member failed or its runtime did: the next round syncs
     notified: tuple = ()   # (target, result, notice number) its members were last told about
     late_said: bool = False  # it said which members it waits for
+    lost_at: float | None = None  # when, after it ended, a member was first named lost (silent)
 
 
 __all__ = ["Phase", "Round", "WorkerRec"]

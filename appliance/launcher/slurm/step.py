@@ -457,6 +457,9 @@ class Srun:
     def open_hosts(self, hosts) -> dict[str, str | None]:
         return {h: None for h in hosts}  # the allocation's nodes: slurmd runs there
 
+    def close_hosts(self, hosts) -> None:
+        pass  # nothing is held per node
+
     def round_addresses(self, hosts) -> dict[str, str]:
         return {h: "" for h in hosts}  # each task's wrapper picks its node's address
 

@@ -3,7 +3,8 @@ address and hostname (``tests/fixtures/netns.py``), plus this machine. Written f
 behaviour (docs/elastic.rst): hosts added then removed (1 and 2 slots), one rank failing by
 exception and by SIGKILL with a discovery script and with a fixed -H list, every rank failing, the
 reset limit, a blacklisted host returning after its cool-down, --min-np not reachable within the
-elastic timeout, and a host's network cut mid-training.
+elastic timeout, a host's network cut mid-training, and a host that leaves discovery keeping
+nothing open there (no SSH session, no launcher fd or thread) and working again when listed again.
 
 Every test asserts effects (exit code, the state the finished workers report, which processes
 were started, time bounds) and that nothing is left: no process on this machine, none in any host's
@@ -13,6 +14,8 @@ namespace (ranks, stubs, sshd sessions: so no store port either). Rank program:
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 
 import pytest
@@ -218,4 +221,44 @@ def test_the_reset_limit_with_hosts_changing_twice(cluster, tmp_path, limit, ok)
         else:
             assert r.returncode == 1 and ("Horovod was shutdown because number of resets during elastic job "
                                           "exceeded limit: 1") in r.reason, r.reason
+        assert job.leftovers() == []
+
+
+def launcher_resources(n: int = 10) -> tuple[int, int]:
+    """This process's fds and threads (the launch runs in a thread here): the least of ``n``
+    samples over ~1 s, since a discovery run (its process, pipes, reader) comes and goes."""
+    fds, threads = [], []
+    for _ in range(n):
+        fds.append(len(os.listdir("/proc/self/fd")))
+        threads.append(threading.active_count())
+        time.sleep(0.1)
+    return min(fds), min(threads)
+
+
+def test_a_host_that_leaves_discovery_keeps_no_session_there_and_works_again_when_listed_again(cluster, tmp_path):
+    """This machine and host 1, then host 2 listed (2 -> 3 ranks), then host 2 taken out (3 -> 2):
+    once its worker has left, nothing of the job is left on host 2 (no sshd session, no stub) and
+    the launcher holds no more fds or threads than before host 2 came; listed again, it runs a rank."""
+    h1, h2 = cluster.hosts
+    with ElasticJob(tmp_path, steps=400, commit=2, hosts=f"localhost:1,{h1.address}:1") as job:
+        start(job, 2, min_np=2, max_np=3)
+        job.wait_size(2, step_after=3)
+        before = launcher_resources()
+        assert h2.pids() == []
+        job.set_hosts(f"localhost:1,{h1.address}:1,{h2.address}:1")
+        job.wait_size(3)
+        assert h2.pids() != []                                  # its session and the rank's stub
+        job.set_hosts(f"localhost:1,{h1.address}:1")
+        job.wait_size(2, step_after=job.max_step())
+        job.wait_for(lambda: h2.pids() == [], limit=10, what="nothing of the job left on host 2")
+        job.wait_for(lambda: launcher_resources() <= before, limit=10,
+                     what=f"the launcher back to {before} fds and threads (now {launcher_resources()})")
+        job.set_hosts(f"localhost:1,{h1.address}:1,{h2.address}:1")
+        job.wait_size(3, step_after=job.max_step())
+        last = job.max_step() + 6
+        (tmp_path / "stop").write_text(str(last))
+        r = job.wait()
+        assert r.returncode == 0, r.reason
+        sizes = check_consistent(job.done(), last)
+        assert sizes[-1] == 3 and sorted(job.done()) == [0, 1, 3]
         assert job.leftovers() == []
