@@ -61,11 +61,14 @@ def main() -> int:
         opt.step()
         losses.append(loss.item())
     weights = hvd.allgather_object([round(float(w), 6) for w in model.weight.detach().view(-1)])
-    print("REPORT " + json.dumps({
+    # One write per line: under PYTHONUNBUFFERED print() writes the text and its newline apart,
+    # and mpirun may put another rank's output between them.
+    sys.stdout.write("REPORT " + json.dumps({
         "rank": r, "size": n, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "sum": total.tolist(),
         "same_weights": all(w == weights[0] for w in weights), "losses": losses,
-        "cpus": sorted(os.sched_getaffinity(0)), "nccl_debug": os.environ.get("NCCL_DEBUG")}), flush=True)
+        "cpus": sorted(os.sched_getaffinity(0)), "nccl_debug": os.environ.get("NCCL_DEBUG")}) + "\n")
+    sys.stdout.flush()
     hvd.shutdown()
     return 0
 
