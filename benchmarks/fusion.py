@@ -9,7 +9,9 @@ its hook, all waited in ``step``). Cases:
 - ``transformer``: a small transformer LM's parameter shapes (d=256, 4 layers; bench_models.TransformerLM).
 Backends: ours (``appliance.torch.allreduce_async_`` per tensor + ``synchronize``, as
 DistributedOptimizer by default), ours-grouped (one ``grouped_allreduce_async_`` of all the tensors,
-as DistributedOptimizer with ``groups``), torch.distributed gloo
+as DistributedOptimizer with ``groups``), ours-opt (``DistributedOptimizer`` itself: its gradient
+hooks, last parameter first, then its ``synchronize``), ours-fused (one allreduce of one tensor of
+the case's bytes: the floor the others are compared with), torch.distributed gloo
 (``all_reduce(async_op=True)`` + ``wait``), OpenMPI shared memory (``Iallreduce`` + ``Waitall``,
 mpirun + mpi4py; skipped with one line when missing). Ranks of ours and gloo are started by
 ``appliance.launcher.launch`` and time them one after another for each case, in three passes
@@ -17,8 +19,9 @@ over the cases (a burst of other work spoils a pass, not a case).
 
     python benchmarks/fusion.py [--np 2] [--quick] [--json out.json]
 
-Prints the median time of the slowest rank per case, ratios baseline/ours (>1: ours faster), and
-the fusion ratio (100 x 4K time / 1 x 400K time; 1 would mean 100 small ones cost one fused one).
+Prints the median time of the slowest rank per case, ratios baseline/ours (>1: ours faster), the
+fusion ratio (100 x 4K time / 1 x 400K time; 1 would mean 100 small ones cost one fused one), and
+per case each of ours' ways over one fused allreduce of the same bytes.
 """
 from __future__ import annotations
 
@@ -72,12 +75,34 @@ def ours_and_gloo_calls(case, hvd, torch, dist) -> dict:
     def grouped():
         hvd.synchronize(hvd.grouped_allreduce_async_(ours_t[::-1], name=f"fusion.{case}.grouped", op=hvd.Sum))
 
+    # DistributedOptimizer (op Sum, as every case here): its per-parameter hooks fired last
+    # parameter first, as backward fires them once a gradient is accumulated (called directly:
+    # no backward pass, whose arithmetic is not what this measures), then its synchronize()
+    params = [torch.nn.Parameter(torch.ones(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=hvd.Sum,
+                                   named_parameters=[(f"fusion.{case}.opt.{i}", p) for i, p in enumerate(params)])
+    hooks = [h for p in reversed(params) for h in p._post_accumulate_grad_hooks.values()]
+    flat = torch.ones(sum(_numel(s) for s in shapes))
+
+    def optimizer():
+        for h, p in zip(hooks, reversed(params)):
+            h(p)
+        opt.synchronize()
+
+    def fused():  # one allreduce of the same bytes: what the other backends are measured against
+        hvd.synchronize(hvd.allreduce_async_(flat, name=f"fusion.{case}.fused", op=hvd.Sum))
+
     def gloo():
         works = [dist.all_reduce(gloo_t[i], async_op=True) for i in reversed(range(len(shapes)))]
         for w in works:
             w.wait()
 
-    return {"ours": ours, "ours-grouped": grouped, "gloo": gloo}
+    calls = {"ours": ours, "ours-grouped": grouped, "ours-opt": optimizer, "ours-fused": fused, "gloo": gloo}
+    if hvd.size() == 1:  # DistributedOptimizer starts no allreduce at one rank
+        del calls["ours-opt"]
+    return calls
 
 
 def mpi_call(case, MPI, comm, np):
@@ -152,10 +177,18 @@ def print_table(rows, cases, p, backends, file=sys.stdout):
     if "100x4K" in cases and "1x400K" in cases:
         parts = []
         for b in backends:
+            if b == "ours-fused":  # one allreduce in both cases
+                continue
             small, one = by.get(("100x4K", b)), by.get(("1x400K", b))
             if small and one:
                 parts.append(f"{b} {small['time_s'] / one['time_s']:.1f}x")
         print("fusion ratio (100 x 4K time / 1 x 400K time): " + ", ".join(parts), file=file)
+    for case in cases:
+        fused = by.get((case, "ours-fused"))
+        parts = [f"{b} {by[(case, b)]['time_s'] / fused['time_s']:.2f}x" for b in ("ours", "ours-grouped", "ours-opt")
+                 if fused and (case, b) in by]
+        if parts:
+            print(f"{case}: time / one fused allreduce of the same bytes (ours-fused): " + ", ".join(parts), file=file)
 
 
 def main(argv=None) -> int:
@@ -191,7 +224,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
     with open(out) as f:
         rows = json.load(f)
-    backends = ["ours", "ours-grouped", "gloo"]
+    backends = ["ours", "ours-grouped", "ours-opt", "ours-fused", "gloo"]
     why = "left out (--no-mpi)" if a.no_mpi else bl.mpi_missing()
     if why:
         print(why, file=sys.stderr)

@@ -28,7 +28,7 @@ from appliance.torch.functions import broadcast_object
 from appliance.runtime import process_sets as _ps
 from appliance.torch.mpi_ops import (
     Adasum, Average, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
-    sparse_allreduce_async, synchronize,
+    sparse_allreduce_async, synchronize_all,
 )
 
 
@@ -231,9 +231,12 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
 
-        for key, (handle, ctx) in self._handles.items():
+        items = list(self._handles.items())
+        # every dense allreduce (and group) waited for in one core call; sparse ones by their callable
+        waited = iter(synchronize_all([handle for _, (handle, _) in items if not callable(handle)]))
+        for key, (handle, ctx) in items:
             if isinstance(key, tuple):
-                outputs = synchronize(handle)
+                outputs = next(waited)
                 for p, out, pctx in zip(key, outputs, ctx):
                     self._allreduce_delay[p] = self.backward_passes_per_step
                     p.grad.set_(self._compression.decompress(out, pctx))
@@ -241,7 +244,7 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
                     self._group_counts[key] = 0
                 continue
             p = key
-            out = handle() if callable(handle) else synchronize(handle)
+            out = handle() if callable(handle) else next(waited)
             self._allreduce_delay[p] = self.backward_passes_per_step
             if self._groups is not None:
                 self._group_counts[self._p_to_group[p]] = 0
