@@ -18,6 +18,7 @@ mpirun + mpi4py; skipped with one line when missing). Ranks of ours and gloo are
 over the cases (a burst of other work spoils a pass, not a case).
 
     python benchmarks/fusion.py [--np 2] [--quick] [--json out.json]
+    python benchmarks/fusion.py --floor     # the Python path's per-call floor at one rank
 
 Prints the median time of the slowest rank per case, ratios baseline/ours (>1: ours faster), the
 fusion ratio (100 x 4K time / 1 x 400K time; 1 would mean 100 small ones cost one fused one), and
@@ -159,6 +160,64 @@ def worker_mpi(cases, iters, out):
             json.dump(rows_of(samples, med.tolist()), f)
 
 
+def floor(reps: int) -> None:
+    """The Python path's floor at one rank, in this process (no launcher): per call of 100 x 4 KiB
+    in-place allreduces, as the core's own calls, as ``allreduce_async_`` + ``synchronize``, as
+    ``allreduce_async_`` + one ``synchronize_all``, and through DistributedOptimizer (hooks +
+    ``synchronize``; registered by hand, as it registers none at one rank). Medians of 7 runs."""
+    import statistics
+    import time
+
+    import torch
+
+    import appliance.torch as hvd
+    from appliance.runtime import engine
+
+    hvd.init()
+    torch.set_num_threads(1)
+    n = 100
+    ts = [torch.ones(1024) for _ in range(n)]
+    names = [f"floor.{i}" for i in range(n)]
+    core, req = engine.current().core, engine.request(engine.Kind.ALLREDUCE, hvd.Sum)
+    descs = [(t.data_ptr(), engine.DType.FLOAT32, t.shape, t.data_ptr()) for t in ts]
+    params = [torch.nn.Parameter(torch.ones(1024)) for _ in range(n)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=hvd.Sum,
+                                   named_parameters=[(f"floor.opt.{i}", p) for i, p in enumerate(params)])
+    opt._register_hooks()
+    hooks = [(h, p) for p in reversed(params) for h in p._post_accumulate_grad_hooks.values()]
+    sync_all = getattr(hvd.mpi_ops, "synchronize_all", None) or (lambda hs: [hvd.synchronize(h) for h in hs])
+
+    def core_calls():
+        core.wait([core.submit(req, names[i], descs[i]) for i in range(n)])
+
+    def each():
+        for h in [hvd.allreduce_async_(ts[i], name=names[i], op=hvd.Sum) for i in range(n)]:
+            hvd.synchronize(h)
+
+    def batch():
+        sync_all([hvd.allreduce_async_(ts[i], name=names[i], op=hvd.Sum) for i in range(n)])
+
+    def optimizer():
+        for h, p in hooks:
+            h(p)
+        opt.synchronize()
+
+    print(f"one rank, 100 x 4 KiB in place, per call (us), median of 7 runs; {bl.machine_line()}")
+    for fn in (core_calls, each, batch, optimizer):
+        for _ in range(reps // 5 + 1):
+            fn()
+        runs = []
+        for _ in range(7):
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            runs.append((time.perf_counter() - t) / reps / n)
+        print(f"{fn.__name__:>11} {statistics.median(runs) * 1e6:6.2f}")
+    hvd.shutdown()
+
+
 def print_table(rows, cases, p, backends, file=sys.stdout):
     by = {(r["case"], r["backend"]): r for r in rows}
     base = [b for b in backends if not b.startswith("ours")]
@@ -199,6 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke (5 samples per case)")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--floor", action="store_true", help="only the Python path's floor at one rank, in this process")
     p.add_argument("--worker", choices=["ours", "mpi-shm"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -206,6 +266,9 @@ def main(argv=None) -> int:
     if any(c not in CASES for c in cases):
         p.error(f"unknown case in {a.cases!r}; choose from {', '.join(CASES)}")
     iters = a.iters or (5 if a.quick else 60)
+    if a.floor:
+        floor(5 if a.quick else 50)
+        return 0
     if a.worker == "ours":
         worker_ours_and_gloo(cases, iters, a.out)
         return 0
