@@ -9,16 +9,20 @@ its hook, all waited in ``step``). Cases:
 - ``transformer``: a small transformer LM's parameter shapes (d=256, 4 layers; bench_models.TransformerLM).
 Backends: ours (``appliance.torch.allreduce_async_`` per tensor + ``synchronize``, as
 DistributedOptimizer by default), ours-grouped (one ``grouped_allreduce_async_`` of all the tensors,
-as DistributedOptimizer with ``groups``), torch.distributed gloo
+as DistributedOptimizer with ``groups``), ours-opt (``DistributedOptimizer`` itself: its gradient
+hooks, last parameter first, then its ``synchronize``), ours-fused (one allreduce of one tensor of
+the case's bytes: the floor the others are compared with), torch.distributed gloo
 (``all_reduce(async_op=True)`` + ``wait``), OpenMPI shared memory (``Iallreduce`` + ``Waitall``,
 mpirun + mpi4py; skipped with one line when missing). Ranks of ours and gloo are started by
 ``appliance.launcher.launch`` and time them one after another for each case, in three passes
 over the cases (a burst of other work spoils a pass, not a case).
 
     python benchmarks/fusion.py [--np 2] [--quick] [--json out.json]
+    python benchmarks/fusion.py --floor     # the Python path's per-call floor at one rank
 
-Prints the median time of the slowest rank per case, ratios baseline/ours (>1: ours faster), and
-the fusion ratio (100 x 4K time / 1 x 400K time; 1 would mean 100 small ones cost one fused one).
+Prints the median time of the slowest rank per case, ratios baseline/ours (>1: ours faster), the
+fusion ratio (100 x 4K time / 1 x 400K time; 1 would mean 100 small ones cost one fused one), and
+per case each of ours' ways over one fused allreduce of the same bytes.
 """
 from __future__ import annotations
 
@@ -72,12 +76,34 @@ def ours_and_gloo_calls(case, hvd, torch, dist) -> dict:
     def grouped():
         hvd.synchronize(hvd.grouped_allreduce_async_(ours_t[::-1], name=f"fusion.{case}.grouped", op=hvd.Sum))
 
+    # DistributedOptimizer (op Sum, as every case here): its per-parameter hooks fired last
+    # parameter first, as backward fires them once a gradient is accumulated (called directly:
+    # no backward pass, whose arithmetic is not what this measures), then its synchronize()
+    params = [torch.nn.Parameter(torch.ones(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=hvd.Sum,
+                                   named_parameters=[(f"fusion.{case}.opt.{i}", p) for i, p in enumerate(params)])
+    hooks = [h for p in reversed(params) for h in p._post_accumulate_grad_hooks.values()]
+    flat = torch.ones(sum(_numel(s) for s in shapes))
+
+    def optimizer():
+        for h, p in zip(hooks, reversed(params)):
+            h(p)
+        opt.synchronize()
+
+    def fused():  # one allreduce of the same bytes: what the other backends are measured against
+        hvd.synchronize(hvd.allreduce_async_(flat, name=f"fusion.{case}.fused", op=hvd.Sum))
+
     def gloo():
         works = [dist.all_reduce(gloo_t[i], async_op=True) for i in reversed(range(len(shapes)))]
         for w in works:
             w.wait()
 
-    return {"ours": ours, "ours-grouped": grouped, "gloo": gloo}
+    calls = {"ours": ours, "ours-grouped": grouped, "ours-opt": optimizer, "ours-fused": fused, "gloo": gloo}
+    if hvd.size() == 1:  # DistributedOptimizer starts no allreduce at one rank
+        del calls["ours-opt"]
+    return calls
 
 
 def mpi_call(case, MPI, comm, np):
@@ -134,6 +160,64 @@ def worker_mpi(cases, iters, out):
             json.dump(rows_of(samples, med.tolist()), f)
 
 
+def floor(reps: int) -> None:
+    """The Python path's floor at one rank, in this process (no launcher): per call of 100 x 4 KiB
+    in-place allreduces, as the core's own calls, as ``allreduce_async_`` + ``synchronize``, as
+    ``allreduce_async_`` + one ``synchronize_all``, and through DistributedOptimizer (hooks +
+    ``synchronize``; registered by hand, as it registers none at one rank). Medians of 7 runs."""
+    import statistics
+    import time
+
+    import torch
+
+    import appliance.torch as hvd
+    from appliance.runtime import engine
+
+    hvd.init()
+    torch.set_num_threads(1)
+    n = 100
+    ts = [torch.ones(1024) for _ in range(n)]
+    names = [f"floor.{i}" for i in range(n)]
+    core, req = engine.current().core, engine.request(engine.Kind.ALLREDUCE, hvd.Sum)
+    descs = [(t.data_ptr(), engine.DType.FLOAT32, t.shape, t.data_ptr()) for t in ts]
+    params = [torch.nn.Parameter(torch.ones(1024)) for _ in range(n)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=hvd.Sum,
+                                   named_parameters=[(f"floor.opt.{i}", p) for i, p in enumerate(params)])
+    opt._register_hooks()
+    hooks = [(h, p) for p in reversed(params) for h in p._post_accumulate_grad_hooks.values()]
+    sync_all = getattr(hvd.mpi_ops, "synchronize_all", None) or (lambda hs: [hvd.synchronize(h) for h in hs])
+
+    def core_calls():
+        core.wait([core.submit(req, names[i], descs[i]) for i in range(n)])
+
+    def each():
+        for h in [hvd.allreduce_async_(ts[i], name=names[i], op=hvd.Sum) for i in range(n)]:
+            hvd.synchronize(h)
+
+    def batch():
+        sync_all([hvd.allreduce_async_(ts[i], name=names[i], op=hvd.Sum) for i in range(n)])
+
+    def optimizer():
+        for h, p in hooks:
+            h(p)
+        opt.synchronize()
+
+    print(f"one rank, 100 x 4 KiB in place, per call (us), median of 7 runs; {bl.machine_line()}")
+    for fn in (core_calls, each, batch, optimizer):
+        for _ in range(reps // 5 + 1):
+            fn()
+        runs = []
+        for _ in range(7):
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            runs.append((time.perf_counter() - t) / reps / n)
+        print(f"{fn.__name__:>11} {statistics.median(runs) * 1e6:6.2f}")
+    hvd.shutdown()
+
+
 def print_table(rows, cases, p, backends, file=sys.stdout):
     by = {(r["case"], r["backend"]): r for r in rows}
     base = [b for b in backends if not b.startswith("ours")]
@@ -152,10 +236,18 @@ def print_table(rows, cases, p, backends, file=sys.stdout):
     if "100x4K" in cases and "1x400K" in cases:
         parts = []
         for b in backends:
+            if b == "ours-fused":  # one allreduce in both cases
+                continue
             small, one = by.get(("100x4K", b)), by.get(("1x400K", b))
             if small and one:
                 parts.append(f"{b} {small['time_s'] / one['time_s']:.1f}x")
         print("fusion ratio (100 x 4K time / 1 x 400K time): " + ", ".join(parts), file=file)
+    for case in cases:
+        fused = by.get((case, "ours-fused"))
+        parts = [f"{b} {by[(case, b)]['time_s'] / fused['time_s']:.2f}x" for b in ("ours", "ours-grouped", "ours-opt")
+                 if fused and (case, b) in by]
+        if parts:
+            print(f"{case}: time / one fused allreduce of the same bytes (ours-fused): " + ", ".join(parts), file=file)
 
 
 def main(argv=None) -> int:
@@ -166,6 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke (5 samples per case)")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--floor", action="store_true", help="only the Python path's floor at one rank, in this process")
     p.add_argument("--worker", choices=["ours", "mpi-shm"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -173,6 +266,9 @@ def main(argv=None) -> int:
     if any(c not in CASES for c in cases):
         p.error(f"unknown case in {a.cases!r}; choose from {', '.join(CASES)}")
     iters = a.iters or (5 if a.quick else 60)
+    if a.floor:
+        floor(5 if a.quick else 50)
+        return 0
     if a.worker == "ours":
         worker_ours_and_gloo(cases, iters, a.out)
         return 0
@@ -191,7 +287,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"ours/gloo ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
     with open(out) as f:
         rows = json.load(f)
-    backends = ["ours", "ours-grouped", "gloo"]
+    backends = ["ours", "ours-grouped", "ours-opt", "ours-fused", "gloo"]
     why = "left out (--no-mpi)" if a.no_mpi else bl.mpi_missing()
     if why:
         print(why, file=sys.stderr)

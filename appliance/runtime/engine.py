@@ -98,8 +98,11 @@ def describe(a: np.ndarray, out: Optional[np.ndarray] = None) -> tuple:
             0 if out is None else address(out))
 
 
-_requests: dict = {}  # (kind, op, prescale, postscale, root, process set) -> Request
+_requests: dict = {}  # (kind, op, prescale, postscale, root, process set) -> Request: the one cache
 _REQUESTS_MAX = 4096  # scale factors may change every step (a schedule): the cache starts over
+# The cached Request for a key ``(kind, op, prescale, postscale, root, process_set)`` as ``request``
+# files it (``op`` as the caller gave it), or None: the per-op paths' lookup without a call of ``request``.
+cached_request = _requests.get
 
 
 def request(kind: Kind, op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,

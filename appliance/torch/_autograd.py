@@ -70,8 +70,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               postscale_factor=1.0, process_set=_ops.global_process_set):
     """Reduce ``tensor`` over the ranks of ``process_set`` (default op Average) into a new tensor;
     the input is not modified. Differentiable."""
-    op = _ops.resolve_op(op, average)
-    _ops.check_process_set(process_set)
+    op = _ops.resolve_op(op, average)  # process_set: checked where the request is made (mpi_ops)
     compressed, cctx = compression.compress(tensor)
     out = _run(_Allreduce, (compressed,), compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, cctx)

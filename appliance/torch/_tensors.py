@@ -2,7 +2,7 @@
 
 Owns the translation between ``torch.Tensor`` and the core's tensor descriptors
 (``appliance.runtime.engine.TensorDesc``: dtype, device, CUDA stream), the one test of the short
-path (``host_dtype``: a tensor the core can use as it is), the staging of tensors the core
+path (``host_desc``: a tensor the core can use as it is), the staging of tensors the core
 cannot use directly (non-contiguous ones, and CUDA tensors when the core cannot use CUDA memory
 here: a contiguous or host copy is used, with a one-time warning for the latter, and, for
 in-place operations, copied back when the operation completes), the device policy, decided once
@@ -41,11 +41,22 @@ def dtype_code(t: torch.Tensor) -> DType:
         raise ValueError(f"Tensor type {t.dtype} is not supported (supported: {names})") from None
 
 
-def host_dtype(t: torch.Tensor) -> Optional[DType]:
-    """The short path's one test: the core's dtype for ``t`` when the core can read and write
-    ``t``'s memory as it is (a contiguous host tensor of a supported dtype), else None (the
-    tensor is staged: ``stage``)."""
-    return HOST_DTYPES.get(t.dtype) if t.is_cpu and t.is_contiguous() else None
+def host_desc(t: torch.Tensor, inplace: bool):
+    """The short path's one gate, for every allreduce (single or grouped, in place or not):
+    ``(desc, out)`` when the core can read and write ``t``'s memory as it is (a contiguous host
+    tensor of a supported dtype), ``desc`` being the tuple ``engine.submit`` takes and ``out`` the
+    tensor that receives the result (``t`` itself in place, else a new one); None when ``t`` must
+    be staged (``stage``)."""
+    if not (t.is_cpu and t.is_contiguous()):
+        return None
+    dt = HOST_DTYPES.get(t.dtype)
+    if dt is None:
+        return None
+    ptr = t.data_ptr()
+    if inplace:
+        return (ptr, dt, t.shape, ptr), t
+    out = torch.empty(t.shape, dtype=t.dtype)
+    return (ptr, dt, t.shape, out.data_ptr()), out
 
 
 # --- device policy (decided once per process) ---------------------------------------------
@@ -192,18 +203,49 @@ class HandleTable:
     def synchronize(self, handle: int):
         """Wait for every engine operation of ``handle``; return its output. An unknown
         handle returns None, as in Horovod."""
-        entry = self._entries.get(handle)
+        entry = self._entries.pop(handle, None)  # forgotten even when the wait raises
         if entry is None:
             return None
-        handles, result, _, finish, device = entry
-        # On CUDA, the caller's current stream waits for the device work (torch's semantics);
-        # the host only waits for it to be queued. Host work is waited for.
-        stream = -1 if device is None else torch.cuda.current_stream(device).cuda_stream
-        try:
-            r = engine.current().wait(handles, stream)
-        finally:
-            self._entries.pop(handle, None)
+        handles, result, _, finish, device = entry  # ``entry`` keeps the tensors alive while waiting
+        if device is None:  # host work is waited for
+            r = engine.current().wait(handles, -1)
+        else:  # the caller's current stream waits for the device work (torch's semantics); the
+            # host only waits for it to be queued
+            r = engine.current().wait(handles, torch.cuda.current_stream(device).cuda_stream)
         return result if finish is None else finish(r)
+
+    def synchronize_all(self, handles) -> list:
+        """``[synchronize(h) for h in handles]``, with every host operation among them waited for
+        in one core call (``engine.wait`` of a list: each is waited for even after one failed,
+        and the first failure is raised once all are done). Entries with CUDA work, and unknown
+        handles, go one by one as ``synchronize`` takes them."""
+        entries = [self._entries.get(h) for h in handles]
+        if len(entries) < 2 or any(e is None or e[4] is not None for e in entries):
+            return [self.synchronize(h) for h in handles]
+        core, spans = [], []
+        for e in entries:
+            hs = e[0]
+            start = len(core)
+            if hs.__class__ is int:
+                core.append(hs)
+                spans.append(start)
+            else:
+                core.extend(hs)
+                spans.append((start, len(core)))
+        try:
+            rs = engine.current().wait(core, -1) if core else None
+        finally:
+            for h in handles:
+                self._entries.pop(h, None)
+        out = []
+        for (_, result, _, finish, _), span in zip(entries, spans):
+            if finish is None:
+                out.append(result)
+            elif span.__class__ is int:
+                out.append(finish(None if rs is None else rs[span]))
+            else:
+                out.append(finish([None] * (span[1] - span[0]) if rs is None else rs[span[0]:span[1]]))
+        return out
 
     def clear(self) -> None:
         self._entries.clear()

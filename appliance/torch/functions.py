@@ -16,7 +16,7 @@ import torch
 
 from appliance.runtime import engine as _engine
 from appliance.torch.mpi_ops import (
-    check_process_set, allgather, broadcast_, broadcast_async_, global_process_set, rank, synchronize,
+    check_process_set, allgather, broadcast_, broadcast_async_, global_process_set, rank, synchronize_all,
 )
 
 try:
@@ -39,9 +39,7 @@ def broadcast_parameters(params, root_rank):
             items = [p if isinstance(p, tuple) else (None, p) for p in params]
         except TypeError:
             raise ValueError(f"invalid params of type: {type(params)}") from None
-    handles = [broadcast_async_(p, root_rank, name) for name, p in items]
-    for h in handles:
-        synchronize(h)
+    synchronize_all([broadcast_async_(p, root_rank, name) for name, p in items])
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):

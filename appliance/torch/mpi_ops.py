@@ -36,12 +36,11 @@ from appliance.runtime.engine import Adasum, Average, Kind, Max, Min, Product, S
 from appliance.hvdcompat.util import get_average_backwards_compatibility_fun
 from appliance.runtime.errors import HorovodInternalError, MismatchError  # noqa: F401
 from appliance.torch import _tensors
-from appliance.torch._tensors import cuda_device, describe, from_result, host_dtype, stage
+from appliance.torch._tensors import cuda_device, describe, from_result, host_desc, stage
 
 _handles = _tensors.HandleTable()
 _REDUCE_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
-# The requests of allreduces over every rank, by (op, prescale, postscale): built once each.
-_ALLREDUCES: dict = {}
+_ALLREDUCE = Kind.ALLREDUCE
 
 
 # --- process sets (appliance.runtime.process_sets; Horovod's names) ----------------------------
@@ -184,31 +183,24 @@ def _member_name(name: Optional[str], i: int) -> Optional[str]:
 
 
 def _allreduce_request(op, prescale, postscale, process_set):
-    """The Request of an allreduce (op checked as ``_core_op`` does; ``process_set`` checked).
-    Those over every rank are kept in ``_ALLREDUCES``, which the per-op path looks up first."""
-    if process_set is not global_process_set:
-        return _engine.request(Kind.ALLREDUCE, _core_op(op), prescale, postscale,
-                               process_set=check_process_set(process_set))
-    req = _engine.request(Kind.ALLREDUCE, _core_op(op), prescale, postscale)
-    if len(_ALLREDUCES) >= 256:  # scale factors that change every step: start over
-        _ALLREDUCES.clear()
-    _ALLREDUCES[(op, prescale, postscale)] = req
-    return req
+    """The Request of an allreduce, from the engine's one cache (``engine.request``); op checked
+    as ``_core_op`` does, ``process_set`` checked."""
+    ps = 0 if process_set is global_process_set else check_process_set(process_set)
+    if op not in _REDUCE_OPS:
+        _core_op(op)
+    return _engine.request(Kind.ALLREDUCE, op, prescale, postscale, 0, ps)
 
 
 # --- allreduce ---------------------------------------------------------------------------
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    req = _ALLREDUCES.get((op, prescale_factor, postscale_factor)) if process_set is global_process_set else None
+    req = _engine.cached_request((_ALLREDUCE, op, prescale_factor, postscale_factor, 0, 0)) \
+        if process_set is global_process_set else None
     if req is None:
         req = _allreduce_request(op, prescale_factor, postscale_factor, process_set)
-    dt = host_dtype(tensor)
-    if dt is not None:  # the short path: the core reads (and writes) the tensor as it is
-        ptr = tensor.data_ptr()
-        if inplace:
-            return _handles.add(_engine.current().submit(req, name, (ptr, dt, tensor.shape, ptr)), tensor)
-        out = torch.empty(tensor.shape, dtype=tensor.dtype)
-        h = _engine.current().submit(req, name, (ptr, dt, tensor.shape, out.data_ptr()))
-        return _handles.add(h, out, tensor)
+    short = host_desc(tensor, inplace)
+    if short is not None:  # the core reads (and writes) the tensor as it is
+        desc, out = short
+        return _handles.add(_engine.current().submit(req, name, desc), out, None if out is tensor else tensor)
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
     h = _engine.current().submit(req, name, describe(work, out))
@@ -263,12 +255,11 @@ def _grouped_allreduce_async(tensors, inplace, name, op, prescale_factor, postsc
     tensors = list(tensors)
     if not tensors:
         return _handles.add([], ())
-    dts = [host_dtype(t) for t in tensors]
-    if inplace and None not in dts:  # the short path: the core reads and writes the tensors as they are
-        ptrs = [t.data_ptr() for t in tensors]
-        keep = tuple(tensors)
-        return _handles.add(_submit_group(req, name, [(p, dt, t.shape, p) for p, dt, t in zip(ptrs, dts, tensors)],
-                                          keep), keep)
+    shorts = [host_desc(t, inplace) for t in tensors]
+    if None not in shorts:  # the core reads (and writes) every member as it is
+        outs = tuple(o for _, o in shorts)
+        keep = (tuple(tensors), outs)
+        return _handles.add(_submit_group(req, name, [d for d, _ in shorts], keep), outs, keep)
     _one_device_kind(tensors, "grouped allreduce")
     works = [stage(t) for t in tensors]
     outs = works if inplace else [_tensors.empty_like(w) for w in works]
@@ -312,8 +303,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     h_val = allgather_async(t._values(), name=None if name is None else f"{name}.values", process_set=process_set)
 
     def wait():
-        values = synchronize(h_val)
-        indices = synchronize(h_idx)
+        indices, values = synchronize_all([h_idx, h_val])
         if op == Average:
             values = values / n
         elif op != Sum:
@@ -455,6 +445,13 @@ def synchronize(handle):
     """Wait for ``handle`` and return its output (tensor, tuple of tensors, or for alltoall
     ``(tensor, received_splits)``). An unknown handle returns None, as in Horovod."""
     return _handles.synchronize(handle)
+
+
+def synchronize_all(handles) -> list:
+    """``[synchronize(h) for h in handles]``, the host operations among them waited for in one
+    core call; after a failure every operation is still waited for, then the first failure is
+    raised. Not in Horovod's API (``DistributedOptimizer`` waits for its gradients this way)."""
+    return _handles.synchronize_all(handles)
 
 
 def join(device=-1) -> int:

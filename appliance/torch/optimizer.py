@@ -28,7 +28,7 @@ from appliance.torch.functions import broadcast_object
 from appliance.runtime import process_sets as _ps
 from appliance.torch.mpi_ops import (
     Adasum, Average, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
-    sparse_allreduce_async, synchronize,
+    sparse_allreduce_async, synchronize_all,
 )
 
 
@@ -169,12 +169,13 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _allreduce_grad_async(self, p):
-        if p.grad is None:
-            # Another rank may have a gradient for p (dynamic graphs): take part with zeros.
-            p.grad = torch.zeros_like(p.data)
-        name = self._parameter_names.get(p)
+    def _allreduce_grad_async(self, p, name=None):
         tensor = p.grad
+        if tensor is None:
+            # Another rank may have a gradient for p (dynamic graphs): take part with zeros.
+            tensor = p.grad = torch.zeros_like(p.data)
+        if name is None:
+            name = self._parameter_names.get(p)
         if tensor.is_sparse:
             if not self.sparse_as_dense:
                 return sparse_allreduce_async(tensor, name=name, op=self.op, process_set=self.process_set), None
@@ -194,16 +195,21 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
         return handle, ctxs
 
     def _make_hook(self, p):
+        name = self._parameter_names.get(p)
+        delays = self._allreduce_delay
+
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+            started = self._handles.get(p)
+            left = delays[p]
+            if started is not None and started[0] is not None and left <= 0:
                 raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
                                      "call to step(). Increase backward_passes_per_step to accumulate "
                                      "gradients locally.")
             assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
+            assert left > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            left = delays[p] = left - 1
+            if left == 0:
                 if self._groups is not None:
                     group = self._p_to_group[p]
                     self._group_counts[group] += 1
@@ -214,7 +220,7 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
                         self._group_counts[group] = 0
                         return
                 else:
-                    handle, ctx = self._allreduce_grad_async(p)
+                    handle, ctx = self._allreduce_grad_async(p, name)
             self._handles[p] = (handle, ctx)
         return hook
 
@@ -222,36 +228,46 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those not yet started) and put the
         averaged gradients into ``p.grad``."""
-        done = set()
-        for key in self._handles:
-            done.update(key) if isinstance(key, tuple) else done.add(key)
-        for p in self._requires_update - done:
-            self._handles[p] = self._allreduce_grad_async(p)
+        # without groups the keys are parameters of _requires_update: as many means none is missing
+        if self._groups is not None or len(self._handles) != len(self._requires_update):
+            done = set()
+            for key in self._handles:
+                done.update(key) if isinstance(key, tuple) else done.add(key)
+            for p in self._requires_update - done:
+                self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
 
-        for key, (handle, ctx) in self._handles.items():
+        items = list(self._handles.items())
+        # every dense allreduce (and group) waited for in one core call; sparse ones by their callable
+        waited = iter(synchronize_all([handle for _, (handle, _) in items if not callable(handle)]))
+        for key, (handle, ctx) in items:
             if isinstance(key, tuple):
-                outputs = synchronize(handle)
+                outputs = next(waited)
                 for p, out, pctx in zip(key, outputs, ctx):
                     self._allreduce_delay[p] = self.backward_passes_per_step
-                    p.grad.set_(self._compression.decompress(out, pctx))
+                    reduced = self._compression.decompress(out, pctx)
+                    if reduced is not p.grad:
+                        p.grad.set_(reduced)
                 if self._groups is not None:
                     self._group_counts[key] = 0
                 continue
             p = key
-            out = handle() if callable(handle) else synchronize(handle)
+            out = handle() if callable(handle) else next(waited)
             self._allreduce_delay[p] = self.backward_passes_per_step
             if self._groups is not None:
                 self._group_counts[self._p_to_group[p]] = 0
-            if p.grad.is_sparse:
+            grad = p.grad
+            if grad.is_sparse:
                 reduced = self._compression.decompress(out, ctx)
                 if not reduced.is_sparse:
                     reduced = reduced.to_sparse()
-                p.grad.zero_().add_(reduced)
+                grad.zero_().add_(reduced)
             else:
-                p.grad.set_(self._compression.decompress(out, ctx))
+                reduced = self._compression.decompress(out, ctx)
+                if reduced is not grad:  # the in-place allreduce left it in p.grad already
+                    grad.set_(reduced)
         self._handles.clear()
         self._synchronized = True
 

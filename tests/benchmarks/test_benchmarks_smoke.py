@@ -93,7 +93,7 @@ def test_fusion_quick(tmp_path, with_mpi):
     out = tmp_path / "f.json"
     proc = run("fusion.py", "--json", out)
     result = json.loads(out.read_text())
-    want = {"ours", "ours-grouped", "gloo"} | ({"mpi-shm"} if with_mpi else set())
+    want = {"ours", "ours-grouped", "ours-opt", "ours-fused", "gloo"} | ({"mpi-shm"} if with_mpi else set())
     assert want <= set(result["backends"])
     got = {(r["case"], r["backend"]): r for r in result["rows"]}
     for case, tensors in (("100x4K", 100), ("1x400K", 1), ("resnet18", 62), ("transformer", None)):
@@ -102,6 +102,15 @@ def test_fusion_quick(tmp_path, with_mpi):
             assert r["time_s"] > 0
             assert tensors is None or r["tensors"] == tensors
     assert "fusion ratio (100 x 4K time / 1 x 400K time): ours" in proc.stdout
+    assert "resnet18: time / one fused allreduce of the same bytes (ours-fused): ours " in proc.stdout
+
+
+def test_fusion_floor_quick():
+    """The Python path's floor at one rank: every way of calling prints a per-call time."""
+    proc = run("fusion.py", "--floor", timeout=120)
+    for way in ("core_calls", "each", "batch", "optimizer"):
+        line = next((x for x in proc.stdout.splitlines() if x.split()[:1] == [way]), None)
+        assert line is not None and float(line.split()[1]) > 0, proc.stdout
 
 
 def test_train_quick(tmp_path):

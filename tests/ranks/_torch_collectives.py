@@ -308,6 +308,7 @@ def misc(hvd):
         assert "mismatched.group.1" in str(e), f"the error names the member: {e}"
         check(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after.mismatch"), torch.full((3,), float(P)),
               "usable after a mismatch")
+    _synchronize_all(hvd, P, r)
     h = hvd.allreduce_async(torch.ones(5), op=hvd.Sum)
     while not hvd.poll(h):
         pass
@@ -326,6 +327,38 @@ def misc(hvd):
         last = hvd.join()
     assert hvd.allgather_object(last) == [last] * P, "every rank learns the same last rank"
     assert P == 1 or last != 0, f"rank 0 joined first, yet join() says {last} was last"
+
+
+def _synchronize_all(hvd, P, r):
+    """``synchronize_all``: the results of ``synchronize`` for a mixed batch (host short path in place
+    and not, a group, a staged non-contiguous tensor, a broadcast, an unknown handle); with a
+    mismatched member, every other operation still completes and every handle is forgotten."""
+    from appliance.torch.mpi_ops import synchronize_all
+    full = lambda n: torch.full((n,), float(P))  # noqa: E731
+    a, g, nc = torch.ones(4), [torch.ones(2), torch.ones(3)], torch.ones(6, 2)[:, 0]
+    b = torch.full((3,), float(r))
+    hs = [hvd.allreduce_async_(a, op=hvd.Sum, name="all.inplace"), hvd.allreduce_async(torch.ones(5), op=hvd.Sum),
+          hvd.grouped_allreduce_async_(g, op=hvd.Sum, name="all.group"), hvd.allreduce_async(nc, op=hvd.Sum),
+          hvd.broadcast_async(b, 0, name="all.bcast")]
+    outs = synchronize_all(hs)
+    assert outs[0] is a and isinstance(outs[2], tuple) and outs[2][0] is g[0], outs
+    for o, want, what in zip(outs, [full(4), full(5), None, full(6), torch.zeros(3)],
+                             ["in place", "out of place", None, "staged", "broadcast"]):
+        if want is not None:
+            check(o, want, f"synchronize_all: {what}")
+    check(outs[2][1], full(3), "synchronize_all: group member")
+    assert all(hvd.synchronize(h) is None for h in hs), "synchronize_all forgets its handles"
+    x = torch.ones(2)
+    assert synchronize_all([hvd.allreduce_async_(x, op=hvd.Sum), 10 ** 9])[1] is None, "an unknown handle: None"
+    if P > 1:  # a mismatched member among good ones: raised once all are done, the others complete
+        good, bad = torch.ones(3), torch.zeros(2 + r)
+        hs = [hvd.allreduce_async_(good, op=hvd.Sum, name="all.good"),
+              hvd.allreduce_async_(bad, op=hvd.Sum, name="all.mismatched"),
+              hvd.grouped_allreduce_async_([torch.ones(2)], op=hvd.Sum, name="all.good.group")]
+        e = expect_raises(hvd.MismatchError, lambda: synchronize_all(hs), "a mismatched member of synchronize_all")
+        assert "all.mismatched" in str(e), e
+        check(good, full(3), "synchronize_all: the good op beside a mismatched one")
+        assert all(hvd.synchronize(h) is None for h in hs), "synchronize_all forgets its handles after a failure"
 
 
 CASES = {"allreduce": allreduce, "grouped": grouped, "allgather": allgather, "broadcast": broadcast,
