@@ -14,6 +14,8 @@ import secrets
 
 import pytest
 
+from fixtures.docker import run_once
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
 JOB = r"""
@@ -35,21 +37,7 @@ hvd.shutdown()
 
 
 def _run(engine, image: str, name: str, command: list[str], timeout: float) -> tuple[int, str]:
-    """Run a command in a fresh container of the image (entrypoint: any command), bounded, removed after."""
-    c = engine.containers.run(image, command, name=name, detach=True, init=True, shm_size="512m",
-                              network_mode="none", labels={"appliance.test": "gpu-image"})
-    try:
-        try:
-            rc = c.wait(timeout=timeout)["StatusCode"]
-        except Exception as e:  # noqa: BLE001 - the engine's read timeout: the job hung
-            out = c.logs().decode(errors="replace")
-            pytest.fail(f"{' '.join(command[:4])}... did not finish within {timeout} s ({type(e).__name__}):\n{out[-4000:]}")
-        return rc, c.logs().decode(errors="replace")
-    finally:
-        try:
-            c.remove(force=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    return run_once(engine, image, name, command, timeout, "gpu-image")
 
 
 @pytest.fixture(scope="module")
