@@ -26,19 +26,8 @@ import time
 T_IMPORT = time.time()
 import torch  # noqa: E402
 
-LR, MOMENTUM = 0.05, 0.9
-
-
-def model_and_optimizer():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-
-
-def batch(step: int, rank: int):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(16, 8, generator=g, dtype=torch.float32)
-    return x, x.sum(1, keepdim=True).sin()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by file (the soak's checks)
+from elastic_torch import batch, model_and_optimizer, replay  # noqa: E402,F401  (the same model, data and replay)
 
 
 def digest(model, opt) -> str:
@@ -48,17 +37,6 @@ def digest(model, opt) -> str:
         buf = opt.state.get(p, {}).get("momentum_buffer")
         h.update(b"-" if buf is None else buf.detach().numpy().tobytes())
     return h.hexdigest()[:16]
-
-
-def replay(sizes):
-    """The same training in one process: at step s, the mean of the gradients of ranks 0..n-1."""
-    model, opt = model_and_optimizer()
-    for step, n in enumerate(sizes, start=1):
-        opt.zero_grad()
-        loss = sum(((model(x) - y) ** 2).mean() for x, y in (batch(step, r) for r in range(n))) / n
-        loss.backward()
-        opt.step()
-    return model
 
 
 def own_start() -> float:
