@@ -19,8 +19,10 @@ Each YAML document there is checked three ways (default tier: no Docker, no clus
    having an image; the MPI Operator's own validation (a Launcher replica spec with 1 replica,
    Worker replicas >= 1, restartPolicy Never or OnFailure).
 3. The appliance's contract: the images are ones build.sh makes, pods run as mpiuser (uid 1000)
-   with the key mounted at /home/mpiuser/.ssh, workers run the image's non-root sshd, and the
-   launcher's -np (or --min-np/--max-np/--slots-per-host) matches the slots the job gets.
+   with the key mounted at /home/mpiuser/.ssh, workers run the image's non-root sshd (an elastic
+   job's with a preStop hook), the launcher's line parses with the image's own horovodrun parser
+   (and the default job's flags with its own), takes no -H/--hostfile, and its -np (or
+   --min-np/--max-np/--slots-per-host) matches the slots the job gets.
 
 Not covered (these need a real API server or the controllers' webhooks): the CRDs' CEL rules
 (``x-kubernetes-validations``; those that concern these manifests are restated in 2 and 3:
@@ -29,8 +31,10 @@ numProcPerNode >= 1, one ML policy), defaulting, the rest of ObjectMeta and PodS
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 import json
 import re
 from pathlib import Path
@@ -39,6 +43,8 @@ import jsonschema
 import pytest
 import yaml
 
+from appliance.examples import train
+from appliance.hvdcompat import horovodrun
 from fixtures import ROOT
 
 CRDS = Path(__file__).resolve().parent / "crds"
@@ -217,37 +223,60 @@ def cluster_errors(doc: dict) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # 3. The appliance's contract.
 
-def _flag(args: list, *names: str):
-    """The value after the first of ``names`` among the launcher's flags (before the command)."""
-    for i, a in enumerate(args):
-        if a in ("python", "python3", "--"):
-            return None
-        if a in names and i + 1 < len(args):
-            return args[i + 1]
+def _refusal(parse, argv: list[str]) -> str | None:
+    """What argparse says when ``parse(argv)`` exits (its usage error), else None."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parse(argv)
+    except SystemExit:
+        return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "refused"
+    return None
+
+
+def _mpirun_np(args: list[str]) -> str | None:
+    for flag, value in zip(args, args[1:]):
+        if flag in ("-np", "-n", "--np", "-c"):
+            return value
     return None
 
 
 def _launch_line_errors(what: str, line: list, slots_total: int, slots_per_host: int) -> list[str]:
-    errs = []
-    tool = line[0] if line else ""
-    args = [str(a) for a in line[1:]]
-    if tool not in ("horovodrun", "mpirun"):
-        return [f"{what}: runs {tool!r}, not horovodrun or mpirun"]
-    if tool == "horovodrun" and (_flag(args, "-H", "--hosts") or _flag(args, "--hostfile")):
-        errs.append(f"{what}: horovodrun takes the hostfile the operator mounts; no -H/--hostfile")
-    np_ = _flag(args, "-np", "-n", "--num-proc")
-    if tool == "horovodrun" and _flag(args, "--min-np", "--max-np", "--host-discovery-script"):
-        lo, hi = _flag(args, "--min-np"), _flag(args, "--max-np")
-        if _flag(args, "--host-discovery-script") != DISCOVERY:
-            errs.append(f"{what}: an elastic job discovers hosts with {DISCOVERY}")
-        if _flag(args, "--slots-per-host", "--slots") != str(slots_per_host):
-            errs.append(f"{what}: --slots-per-host must be {slots_per_host} (the slots of a worker)")
-        if not (lo and hi and np_ and int(lo) <= int(np_) <= int(hi)):
-            errs.append(f"{what}: needs --min-np <= -np <= --max-np")
-        elif int(np_) > slots_total:
-            errs.append(f"{what}: -np {np_} is more than the {slots_total} slots it starts with")
-    elif np_ != str(slots_total):
-        errs.append(f"{what}: -np is {np_}, but the job has {slots_total} slots")
+    """The launcher's command line, read by the appliance's own parsers: horovodrun's (the same
+    one the image runs), mpirun's -np, and the default job's flags."""
+    line = [str(a) for a in line]
+    if not line or line[0] not in ("horovodrun", "mpirun"):
+        return [f"{what}: runs {line[:1]}, not horovodrun or mpirun"]
+    if line[0] == "mpirun":
+        np_, command = _mpirun_np(line[1:]), line[line.index("python"):] if "python" in line else []
+        errs = [] if np_ == str(slots_total) else [f"{what}: -np is {np_}, but the job has {slots_total} slots"]
+    else:
+        refused = _refusal(horovodrun.parse, line[1:])
+        if refused:
+            return [f"{what}: horovodrun refuses {line[1:]}: {refused}"]
+        parsed = horovodrun.parse(line[1:])
+        f, command = parsed.flags, parsed.command
+        errs = [f"{what}: horovodrun says: {m}" for m in [*parsed.errors, *parsed.warnings]]
+        if f.hosts or f.hostfile:
+            errs.append(f"{what}: horovodrun takes the hostfile the operator mounts; no -H/--hostfile")
+        if f.min_np is None and f.max_np is None:
+            if f.np != slots_total:
+                errs.append(f"{what}: -np is {f.np}, but the job has {slots_total} slots")
+        else:
+            if f.host_discovery_script != DISCOVERY:
+                errs.append(f"{what}: an elastic job discovers hosts with {DISCOVERY}")
+            if f.slots_per_host != slots_per_host:
+                errs.append(f"{what}: --slots-per-host must be {slots_per_host} (the slots of a worker)")
+            if not (f.np and f.min_np and f.max_np and f.min_np <= f.np <= f.max_np):
+                errs.append(f"{what}: needs --min-np <= -np <= --max-np")
+            elif f.np > slots_total:
+                errs.append(f"{what}: -np {f.np} is more than the {slots_total} slots it starts with")
+    if command[:3] == ["python", "-m", "appliance.examples.train"]:
+        refused = _refusal(train.parse_args, command[3:])
+        if refused:
+            errs.append(f"{what}: the default job refuses {command[3:]}: {refused}")
+    elif command[:1] != ["python"]:
+        errs.append(f"{what}: the command {command} does not start with python")
     return errs
 
 
@@ -272,8 +301,13 @@ def appliance_errors(doc: dict, docs: list[dict]) -> list[str]:
         hosts = workers + (1 if spec.get("runLauncherAsWorker") else 0)
         launcher = ((rs.get("Launcher") or {}).get("template") or {}).get("spec") or {}
         first = (launcher.get("containers") or [{}])[0]
-        errs += _launch_line_errors("Launcher", [*(first.get("command") or []), *(first.get("args") or [])],
-                                    slots * hosts, slots)
+        line = [*(first.get("command") or []), *(first.get("args") or [])]
+        errs += _launch_line_errors("Launcher", line, slots * hosts, slots)
+        if "--min-np" in line or "--max-np" in line:
+            for c in ((rs.get("Worker") or {}).get("template") or {}).get("spec", {}).get("containers", []):
+                if not ((c.get("lifecycle") or {}).get("preStop")):
+                    errs.append(f"Worker: container {c.get('name')!r} of an elastic job needs the preStop hook that "
+                                "lets its ranks leave before Kubernetes stops sshd")
         for c in ((rs.get("Worker") or {}).get("template") or {}).get("spec", {}).get("containers", []):
             gpus = ((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
             if gpus is not None and int(gpus) != slots:
@@ -285,6 +319,10 @@ def appliance_errors(doc: dict, docs: list[dict]) -> list[str]:
         for role, pod in pod_specs(doc).items():
             if (pod.get("securityContext") or {}).get("fsGroup") != MPIUSER:
                 errs.append(f"{role}: fsGroup {MPIUSER} lets mpiuser read Trainer's 0640 root-owned key")
+        launcher = (pod_specs(doc).get("launcher", {}).get("containers") or [{}])[0]
+        per_node = mpi.get("numProcPerNode", 1)
+        errs += _launch_line_errors("launcher", [*(launcher.get("command") or []), *(launcher.get("args") or [])],
+                                    (spec.get("mlPolicy") or {}).get("numNodes", 1) * per_node, per_node)
     if doc.get("kind") == "TrainJob":
         ref = spec.get("runtimeRef") or {}
         runtimes = {d["metadata"]["name"]: d for d in docs if d.get("kind") == ref.get("kind", "ClusterTrainingRuntime")}
@@ -414,6 +452,15 @@ BAD = [
      "--slots-per-host must be 2"),
     ("GPUs unlike slots", "mpijob-gpu.yaml", (*WC.split("."), "resources", "limits", "nvidia.com/gpu"), 2,
      "2 GPUs but slotsPerWorker 4"),
+    ("a flag horovodrun does not have", "mpijob-horovodrun.yaml", f"{L}.template.spec.containers.0.args.0",
+     "--np", "horovodrun refuses"),
+    ("a flag the default job does not have", "mpijob-elastic.yaml", f"{L}.template.spec.containers.0.args.13",
+     "--batch_size", "the default job refuses"),
+    ("an elastic worker without its preStop hook", "mpijob-elastic.yaml", f"{WC}.lifecycle", DELETE,
+     "needs the preStop hook"),
+    ("runtime launcher np unlike its nodes", "trainer-runtime.yaml",
+     "spec.template.spec.replicatedJobs.1.template.spec.template.spec.containers.0.args.1", "3",
+     "launcher: -np is 3, but the job has 2 slots"),
     ("an image build.sh does not make", "mpijob-mpirun.yaml", f"{WC}.image", "horovod/horovod:0.28.1",
      "is not one build.sh makes"),
     ("TrainJob numProcPerNode as a string", "trainjob.yaml", "spec.trainer.numProcPerNode", "1",
