@@ -496,3 +496,30 @@ def test_what_the_api_server_accepts_is_accepted(what, path, value):
     doc = _set(_base("mpijob-horovodrun.yaml"), path, value)
     errs = errors(doc)
     assert not errs, f"{what}: refused: {errs}"
+
+
+def test_the_schema_reading_follows_the_api_server():
+    """The extensions these CRDs do not use today, on a schema written for the purpose: an
+    int-or-string without anyOf, nullable, preserve-unknown-fields, an embedded resource."""
+    schema = _structural({"type": "object", "properties": {
+        "port": {"x-kubernetes-int-or-string": True},
+        "note": {"type": "string", "nullable": True},
+        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                 "properties": {"known": {"type": "integer"}}},
+        "obj": {"type": "object", "x-kubernetes-embedded-resource": True,
+                "properties": {"spec": {"type": "object"}}},
+        "tags": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "set"}}})
+    check = Validator(schema, format_checker=FORMATS)
+
+    def refused(doc):
+        return [e.message for e in check.iter_errors(doc)]
+
+    assert not refused({"port": 22, "note": None, "free": {"known": 1, "other": "x"},
+                        "obj": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}},
+                        "tags": ["a", "b"]})
+    assert not refused({"port": "ssh"})
+    assert refused({"port": 2.5})
+    assert refused({"free": {"known": "one"}})
+    assert refused({"obj": {"kind": "Pod", "status": {}}})
+    assert refused({"tags": ["a", "a"]})
+    assert refused({"unknown": 1})
