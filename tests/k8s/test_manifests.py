@@ -523,3 +523,12 @@ def test_the_schema_reading_follows_the_api_server():
     assert refused({"obj": {"kind": "Pod", "status": {}}})
     assert refused({"tags": ["a", "a"]})
     assert refused({"unknown": 1})
+
+
+def test_the_user_page_lists_every_manifest():
+    """docs/kubernetes.md's table names every file in deploy/kubernetes, and only those."""
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    listed = set(re.findall(r"(?m)^\| `([\w.-]+\.ya?ml)` \|", page))
+    files = {p.name for p in MANIFESTS.glob("*.y*ml")}
+    assert listed == files, f"docs/kubernetes.md lists {sorted(listed - files)} that are not there and " \
+                            f"not {sorted(files - listed)}"
