@@ -530,5 +530,5 @@ def test_the_user_page_lists_every_manifest():
     page = (ROOT / "docs" / "kubernetes.md").read_text()
     listed = set(re.findall(r"(?m)^\| `([\w.-]+\.ya?ml)` \|", page))
     files = {p.name for p in MANIFESTS.glob("*.y*ml")}
-    assert listed == files, f"docs/kubernetes.md lists {sorted(listed - files)} that are not there and " \
-                            f"not {sorted(files - listed)}"
+    assert listed == files, (f"docs/kubernetes.md's table: {sorted(listed - files)} not in deploy/kubernetes, "
+                             f"{sorted(files - listed)} missing from it")
