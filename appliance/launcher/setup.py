@@ -18,6 +18,7 @@ import contextlib
 from typing import Any
 
 from appliance.launcher.config import LaunchConfig
+from .mechanism import running
 from .output import OutputSink
 from .reaper import Reaper
 from .signals import SignalTrap
@@ -59,7 +60,7 @@ class JobSetup:
         if self.reaper.error:
             self.sink.message(f"appliance launch: warning: {self.reaper.error}")
         self._observers()
-        self.stack.callback(self.mech.stop)  # before the reaper is told the job ended normally
+        self.stack.callback(self.mech.close)  # before the reaper is told the job ended normally
         return self.sink
 
     def _observers(self) -> None:
@@ -68,8 +69,8 @@ class JobSetup:
 
     def finish(self, outcome: Any, *, elastic: bool = False) -> str:
         """Stop what still runs; the job's summary line (printed when it failed)."""
-        others = len(self.mech.running())
-        self.mech.stop()
+        others = len(running(self.mech))
+        self.mech.close()
         summary = outcome.reason
         if outcome.returncode != 0 and others:
             other = " other" if not elastic and outcome.rank is not None else ""
