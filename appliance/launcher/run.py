@@ -58,7 +58,8 @@ class LaunchResult:
 def hosts_of(config: LaunchConfig, launcher: str = "ssh") -> list[Host]:
     """-H, then --hostfile, then a Slurm allocation (not for ``--launcher local``), else ``localhost``
     with -np slots (horovodrun's default)."""
-    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np)
+    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np,
+                       config.default_slots)
     if launcher == "local":
         other = [h.name for h in hosts if not is_local(h.name)]
         if other:

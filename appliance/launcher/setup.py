@@ -2,7 +2,8 @@
 
 What it owns: one context manager that ``run.run`` (a static job) and ``elastic.launch.run_elastic``
 (an elastic job) both enter. On entry: the signal trap (``signals.SignalTrap``) and the mechanism
-that starts ranks (``mechanism.choose``: its hosts are released on exit). ``begin(fault_dir,
+that starts ranks (``mechanism.choose``: its hosts are released on exit), and in a Kubernetes
+launcher pod one line on stderr saying where the hosts and key came from (``LaunchConfig.notice``). ``begin(fault_dir,
 width)`` then opens the output sink (``output.OutputSink``), the reaper (``reaper.Reaper``: local
 ranks die with a killed launcher, ``fault_dir`` removed with it) and the job-scoped observers
 (``_observers``: the one place where something that watches the whole job is entered), and makes
@@ -15,6 +16,7 @@ leaving the ``with`` block stops every rank and closes everything entered, in re
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 from appliance.launcher.config import LaunchConfig
@@ -41,6 +43,7 @@ class JobSetup:
         try:
             self.trap = self.stack.enter_context(SignalTrap(self.handle_signals))
             self.stack.enter_context(self.mech)
+            self._say_where()
         except BaseException:
             self.stack.close()
             raise
@@ -48,6 +51,21 @@ class JobSetup:
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()
+
+    def _say_where(self) -> None:
+        """In a Kubernetes launcher pod: the one line saying where the hosts and key came from
+        (before any host is checked), and a key OpenSSH would refuse."""
+        c = self.config
+        lines = [c.notice] if c.notice else []
+        if c.kubernetes is not None and c.remote.key:
+            from .kubernetes import key_mode_warning
+
+            warning = key_mode_warning(c.remote.key)
+            if warning:
+                lines.append(f"warning: {warning}")
+        out = self.stderr or sys.stderr
+        for line in lines:
+            print(f"appliance launch: {line}", file=out, flush=True)
 
     def begin(self, fault_dir: str, width: int) -> OutputSink:
         """Open the sink (``width``: how many output prefixes to expect), the reaper and the

@@ -66,7 +66,8 @@ class ElasticDriver:
                           if self.e.discovery_script is not None else
                           FixedDiscovery({h.name: h.slots for h in hosts_from(config.hosts, config.hostfile,
                                                                                None if mech.name == "local"
-                                                                               else config.slurm, config.np)}))
+                                                                               else config.slurm, config.np,
+                                                                               config.default_slots)}))
         self.events: queue.Queue = queue.Queue()
         self.handles: dict[int, Any] = {}
         self.tickets: dict[int, Ticket] = {}
