@@ -324,12 +324,14 @@ class LaunchConfig:
 
     def _on_kubernetes(self) -> "LaunchConfig":
         """In a launcher pod: the mounted key (unless -i/APPLIANCE_SSH_KEY), no known_hosts written,
-        hosts and their names waited for; and the line that says so."""
+        a static job's hosts and their names waited for (up to --start-timeout; an elastic job's are
+        pending instead); and the line that says so."""
         k8s = self.kubernetes
         if k8s is None:
             return self
+        wait = self.remote.host_wait_s if self.elastic else max(self.remote.host_wait_s, self.start_timeout_s)
         remote = dataclasses.replace(self.remote, key=self.remote.key or k8s.key, record_hosts=False, wait_dns=True,
-                                     host_wait_s=max(self.remote.host_wait_s, self.start_timeout_s))
+                                     host_wait_s=wait)  # elastic: a host not answering is pending instead
         e = self.elastic
         notice = k8s.line(hosts_from=self.hostfile, discovery=e.discovery_script if e else None, key=remote.key,
                           cooldown=e.cooldown_range if e else None)

@@ -134,9 +134,10 @@ class Machine:
 
     def target(self, now: float) -> list[tuple[str, int]]:
         """The slots that should run workers: discovery's target, less the free slots of hosts
-        where new workers are held off."""
+        where new workers are held off or that are pending (listed, not answering yet)."""
         held = {(w.host, w.index) for w in self.live()}
-        return [t for t in self.membership.target(now) if t in held or not self.membership.is_held(t[0], now)]
+        return [t for t in self.membership.target(now)
+                if t in held or not (self.membership.is_held(t[0], now) or t[0] in self.pending.hosts)]
 
     def hosts_line(self, now: float) -> str:
         out = ", ".join(f"{h}:{s}" for h, s in self.membership.available(now)) or "none"
@@ -469,12 +470,12 @@ def breaking(m: Machine, now: float) -> None:
 def open_hosts(m: Machine, target: list[tuple[str, int]], now: float) -> bool:
     """Check the target's hosts not checked yet (a pending one once its pause is over); True
     while any target host is being checked."""
-    order = list(dict.fromkeys(h for h, _ in target))
+    order = list(dict.fromkeys([h for h, _ in target] + [h for h in m.pending.hosts if m.membership.wanted(h)]))
     new = tuple(h for h in order if h not in m.opened and h not in m.opening and not m.pending.waiting(h, now))
     if new:
         m.opening |= set(new)
         m.emit(OpenHosts(new))
-    return any(h in m.opening for h in order)
+    return any(h in m.opening and h not in m.pending.hosts for h in order)  # a pending host is not waited for
 
 
 def notify(m: Machine, now: float) -> None:
