@@ -111,6 +111,7 @@ class CheckConfig:
     verbose: bool = False
     remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+    default_slots: int = 1  # slots of a hostfile line that gives none
 
     @classmethod
     def create(cls, *, hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None,
@@ -121,10 +122,16 @@ class CheckConfig:
             raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
         if start_timeout is not None and not start_timeout > 0:
             raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        remote_config = RemoteConfig.create(environ=env, **remote)
+        k8s, default_slots = detect(env), 1
+        if k8s is not None:  # a Kubernetes launcher pod: its hostfile and key, as for launch
+            default_slots = k8s.slots or 1
+            hostfile = k8s.hostfile if hosts is None and hostfile is None else hostfile
+            remote_config = dataclasses.replace(remote_config, key=remote_config.key or k8s.key, record_hosts=False)
         return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
                    start_timeout_s=float(fallback("start_timeout", start_timeout, env)),
                    verbose=bool(fallback("verbose", verbose, env)),
-                   remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
+                   remote=remote_config, slurm=SlurmAllocation.from_env(env), default_slots=default_slots)
 
 
 COOLDOWN_LIMITS_S = (1.0, 3600.0)  # Horovod's bounds of --blacklist-cooldown-range

@@ -40,7 +40,7 @@ class Pods:
         self.home = base / "home"
         self.ssh = self.home / ".ssh"
         self.etc = base / "etc-mpi"
-        self.sshd: list[subprocess.Popen] = []
+        self.sshd: dict[int, subprocess.Popen] = {}  # host index -> its pod sshd
         self.ssh.mkdir(parents=True)
         self.etc.mkdir()
         key = self.ssh / "id_rsa"
@@ -66,8 +66,9 @@ class Pods:
                         "ClientAliveCountMax 3\n")
         log = open(self.base / f"sshd_{host.index}.log", "wb")
         script = f"hostname {host.hostname} && exec {SSHD} -D -e -f {conf}"  # the pod's own hostname
-        self.sshd.append(subprocess.Popen(["ip", "netns", "exec", host.ns, "unshare", "--uts", "--", "sh", "-c", script],
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True))
+        self.sshd[host.index] = subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--", "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         end = time.monotonic() + 10
         while time.monotonic() < end:
             try:
@@ -86,7 +87,7 @@ class Pods:
 
     def leftovers(self) -> dict:
         """Processes in the hosts' namespaces other than their sshd listeners (the cluster's and ours)."""
-        ours = {p.pid for p in self.sshd}
+        ours = {p.pid for p in self.sshd.values()}
         end = time.monotonic() + 12
         while True:
             left = {h.ns: [p for p in h.pids() if p not in ours] for h in self.hosts}
@@ -95,13 +96,18 @@ class Pods:
                 return left
             time.sleep(0.1)
 
+    def stop_sshd(self, host) -> None:
+        p = self.sshd.pop(host.index)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=5)
+
     def close(self) -> None:
-        for p in self.sshd:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=5)
+        for host in self.hosts:
+            if host.index in self.sshd:
+                self.stop_sshd(host)
         self.ssh.chmod(0o755)
 
 
@@ -135,6 +141,28 @@ def test_a_fixed_job_on_the_mounted_hostfile_and_key_writes_nothing_to_the_mount
            f"1 slot per host by default; SSH key {pods.ssh}/id_rsa" in r.stderr
     assert sorted(r.stdout.split("\n")[:-1]) == [f"[0]<stdout>:0 {h1.hostname}", f"[1]<stdout>:1 {h2.hostname}"]
     assert pods.mount_state() == before and not (pods.home / ".ssh" / "known_hosts").exists()
+    assert pods.leftovers() == {}
+
+
+def test_a_fixed_job_waits_for_a_pod_whose_sshd_starts_after_the_launcher(pods):
+    h1, h2 = pods.hosts
+    (pods.etc / "hostfile").write_text(f"{h1.address} slots=1\n{h2.address} slots=1\n")
+    pods.stop_sshd(h2)
+    try:
+        start = time.monotonic()
+        launcher = subprocess.Popen([HOROVODRUN, "-np", "2", "--start-timeout", "30", sys.executable, "-c", PRINT_HOST],
+                                    env={**os.environ, **pods.env()}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        time.sleep(3)
+        assert launcher.poll() is None  # still waiting for the pod's sshd
+    finally:
+        pods.start_sshd(h2)
+    try:
+        out, err = launcher.communicate(timeout=90)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert time.monotonic() - start > 3 and f"[1]<stdout>:1 {h2.hostname}" in out
     assert pods.leftovers() == {}
 
 
