@@ -108,7 +108,20 @@ def is_local_host(name: str) -> bool:
     """Whether ``name`` (from -H) is this machine: a loopback name, its hostname, or its addresses."""
     if name in LOCAL_NAMES or name == socket.gethostname():
         return True
-    return _is_this_machine(name, _resolve(name), _local_addresses())
+    try:
+        resolved = _resolve(name)
+    except LaunchError:
+        if _own_unresolved(name):
+            return True
+        raise
+    return _is_this_machine(name, resolved, _local_addresses())
+
+
+def _own_unresolved(name: str) -> bool:
+    """A dotted name that does not resolve but whose first label is this machine's hostname: this
+    machine under a DNS name not published yet (a Kubernetes pod's ``pod.job.ns.svc`` before its
+    record exists, as in a launcher pod that also runs workers)."""
+    return "." in name and name.split(".", 1)[0] == socket.gethostname()
 
 
 def is_local(host: str) -> bool:
@@ -137,7 +150,7 @@ def merge_same_machines(hosts: Sequence[Host]) -> tuple[list[Host], list[str]]:
         try:
             resolved = _resolve(name)
         except LaunchError:
-            return None
+            return THIS_MACHINE if _own_unresolved(name) else None
         if not local:
             local.append(_local_addresses())
         if _is_this_machine(name, resolved, local[0]):

@@ -1,7 +1,7 @@
 """One machine named twice is one host: the merge rule and the names that count as one machine."""
 import socket
 
-from appliance.launcher.executors import merge_same_machines
+from appliance.launcher.executors import is_local, merge_same_machines
 from appliance.launcher.hosts import Host, assign_ranks, merge_hosts
 
 
@@ -28,3 +28,12 @@ def test_names_of_this_machine_and_names_of_one_address_merge():
 def test_distinct_machines_stay_apart():
     hosts, notes = merge_same_machines([Host("localhost", 1), Host("10.9.9.8", 1), Host("10.9.9.9", 1)])
     assert hosts == [Host("localhost", 1), Host("10.9.9.8", 1), Host("10.9.9.9", 1)] and notes == []
+
+
+def test_this_pods_dns_name_before_its_record_exists_is_this_machine():
+    """A launcher pod that also runs workers finds its own ``pod.job.ns.svc`` in the hostfile before
+    the cluster's DNS has its record: the name's first label is this machine's hostname."""
+    own, other = f"{socket.gethostname()}.job.ns.svc", "another-pod.job.ns.svc"
+    assert is_local(own) and not is_local(other)
+    hosts, notes = merge_same_machines([Host("localhost", 1), Host(own, 2), Host(other, 1)])
+    assert hosts == [Host("localhost", 3), Host(other, 1)] and len(notes) == 1
