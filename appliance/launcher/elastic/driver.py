@@ -14,7 +14,7 @@ first run ends the launcher at once) and host checks only post events to a queue
 ends, for whatever reason, the discovery is closed (a run in flight is killed with its process
 group), every held join answered, and the rendezvous closed.
 
-Env vars: APPLIANCE_ELASTIC_LEAVE_ON_TERM of the launcher's environment; the rest come read
+Env vars: APPLIANCE_ELASTIC_LEAVE_ON_TERM (``env``, then the launcher's environment); the rest come read
 (``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
 APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER and HOROVOD_RANK... of the round they start for, and
 APPLIANCE_ELASTIC_LEAVE_ON_TERM=1 on Kubernetes or when the launcher's environment sets it (a worker
@@ -73,7 +73,8 @@ class ElasticDriver:
                                                                                else config.slurm, config.np,
                                                                                config.default_slots)}))
         self.events: queue.Queue = queue.Queue()
-        self.leave_on_term = self.e.kubernetes or bool(read("APPLIANCE_ELASTIC_LEAVE_ON_TERM", config.environ))
+        self.leave_on_term = self.e.kubernetes or bool(read("APPLIANCE_ELASTIC_LEAVE_ON_TERM",
+                                                            {**config.environ, **config.env}))
         self.handles: dict[int, Any] = {}
         self.tickets: dict[Any, Ticket] = {}  # held joins by worker number, held leaves by ("leave", number)
         self.streams: dict[int, Stream] = {}
