@@ -160,6 +160,7 @@ def test_a_member_sent_sigterm_leaves_at_the_next_commit_without_blacklist_resto
     assert len(job.of(Notify)) == notices + 1 and note[0].wids == tuple(members) and note[0].result == 1
     assert not job.of(Remove, out) and not job.of(Kill, out) and job.phase is Phase.RUNNING  # it trains on
     assert "was sent SIGTERM: it leaves the job at its next commit" in job.said()
+    assert "hosts changed (removed): available now a:1, b:1, c:1; leaving: c" in job.said()
     assert not job.m.membership.is_blacklisted("c", job.now) and job.m.membership.is_held("c", job.now)
     assert job.of(Answer, job.feed(Leaving(2))) == [Answer(2, {"leave": True}, leave=True)]  # asked twice: once
     assert len(job.of(Notify)) == notices + 1

@@ -142,7 +142,9 @@ class Machine:
     def hosts_line(self, now: float) -> str:
         out = ", ".join(f"{h}:{s}" for h, s in self.membership.available(now)) or "none"
         black = [h for h in self.membership.hosts if self.membership.is_blacklisted(h, now)]
-        return out + (f"; blacklisted: {', '.join(black)}" if black else "")
+        leaving = sorted({w.host for w in self.live() if w.departing})
+        return (out + (f"; blacklisted: {', '.join(black)}" if black else "")
+                + (f"; leaving: {', '.join(leaving)}" if leaving else ""))
 
 
 def _when(until: float, now: float) -> str:
