@@ -25,9 +25,10 @@ pod being deleted gets SIGTERM): after the first round a SIGTERM handler (instal
 main thread, so Python runs it between bytecodes, never inside a collective) asks the driver to
 let this worker leave (``op: leave``) and returns: training goes on to the next commit, where every
 member gets the host-update interrupt and the next round forms without this worker, whose join is
-answered ``removed`` (exit 0). A handler the program had installed before is called after it. A
-second SIGTERM, or a request the driver refuses (it is stopping this worker itself, the job is
-ending) or cannot answer, ends the process as SIGTERM would without the handler.
+answered ``removed`` (exit 0). A second SIGTERM, or a request the driver refuses (it is stopping
+this worker itself, the job is ending) or cannot answer, is handed on as if this handler were not
+there: to the handler the program had installed before ``init()`` (typically one that exits, which
+would defeat the leave if it ran at the first SIGTERM), else the signal ends the process.
 
 The wire protocol is ``appliance.common.rendezvous``. Env vars: HOROVOD_ELASTIC,
 APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER, APPLIANCE_JOB_ID, APPLIANCE_JOB_SECRET,
@@ -170,10 +171,8 @@ class Session:
             self.leaving = True
             print(f"appliance: worker {self.worker} was sent SIGTERM: it leaves the elastic job at its next commit",
                   file=sys.stderr, flush=True)
-            if callable(prev):
-                prev(signum, frame)
             return
-        if callable(prev):
+        if callable(prev):  # the program's own way to stop (``sys.exit`` in a handler unwinds its code)
             prev(signum, frame)
         elif prev != signal.SIG_IGN:  # as without this handler: the signal ends the process
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -4,9 +4,10 @@ handler of the test's, real sockets and the job secret's handshake), in a child 
 sends itself SIGTERM.
 
 What is asserted: a leave the driver takes keeps the process alive (one line says it leaves at
-its next commit) and a handler the program had installed before is still called; a second
-SIGTERM, a refused leave or a driver that cannot be reached end the process by SIGTERM, as
-without the handler; without the variable no handler is installed. The whole path (the driver's
+its next commit; a handler the program had installed before, typically one that exits, is not
+run); a second SIGTERM, a refused leave or a driver that cannot be reached are handed on as
+without the handler: to the program's handler, else the signal ends the process; without the
+variable no handler is installed. The whole path (the driver's
 transition, the commit, exit 0) is in ``tests/launcher/test_elastic_leave.py``.
 """
 from __future__ import annotations
@@ -80,20 +81,23 @@ def driver():
         s.close()
 
 
-def test_a_taken_leave_keeps_the_worker_alive_and_a_program_handler_is_still_called(driver):
+def test_a_taken_leave_keeps_the_worker_alive_without_running_the_programs_handler(driver):
     d, addr = driver({"leave": True})
     r = child(addr, "none", 1)
     assert r.returncode == 0 and r.stdout.strip() == "alive, leaving", r
     assert "worker 4 was sent SIGTERM: it leaves the elastic job at its next commit" in r.stderr
     r = child(addr, "user", 1)
-    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["user handler", "alive, leaving"], r
+    assert r.returncode == 0 and r.stdout.strip() == "alive, leaving", r
     assert d.leaves == [4, 4]
 
 
-def test_a_second_sigterm_ends_the_worker(driver):
+def test_a_second_sigterm_goes_to_the_programs_handler_else_ends_the_worker(driver):
     d, addr = driver({"leave": True})
     r = child(addr, "none", 2)
     assert r.returncode == -signal.SIGTERM and d.leaves == [4], r
+    r = child(addr, "user", 2)
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["user handler", "alive, leaving"], r
+    assert d.leaves == [4, 4]
 
 
 @pytest.mark.parametrize("how", ["refused", "unreachable"])
@@ -101,7 +105,9 @@ def test_a_refused_or_unanswered_leave_ends_the_worker_as_sigterm_does(driver, h
     d, addr = driver({"error": "the launcher is stopping it"})
     r = child(addr if how == "refused" else "127.0.0.1:1", "none", 1)
     assert r.returncode == -signal.SIGTERM and "leaves" not in r.stderr, r
-    assert d.leaves == ([4] if how == "refused" else [])
+    r = child(addr if how == "refused" else "127.0.0.1:1", "user", 1)
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["user handler", "alive"], r
+    assert d.leaves == ([4, 4] if how == "refused" else [])
 
 
 def test_without_the_variable_sigterm_ends_the_worker_and_nothing_is_asked(driver):
