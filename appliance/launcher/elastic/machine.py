@@ -190,7 +190,7 @@ def on_leaving(m: Machine, ev: Leaving, now: float) -> None:
     m.emit(Answer(ev.wid, {"error": refused} if refused else {"leave": True}, leave=True))
     if refused or w.departing:
         return
-    w.departing = "it was sent SIGTERM (its pod is being deleted)"
+    w.departing = "it was sent SIGTERM" + (" (its pod is being deleted)" if m.s.kubernetes else "")
     until = m.membership.hold(w.host, now)
     m.say(f"{w.name()} was sent SIGTERM: it leaves the job at its next commit (not a failure); no new worker "
           f"starts on {w.host} {_when(until, now)}")
