@@ -14,11 +14,11 @@ first run ends the launcher at once) and host checks only post events to a queue
 ends, for whatever reason, the discovery is closed (a run in flight is killed with its process
 group), every held join answered, and the rendezvous closed.
 
-Env vars: APPLIANCE_ELASTIC_LEAVE_ON_TERM (``env``, then the launcher's environment); the rest come read
-(``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
-APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER and HOROVOD_RANK... of the round they start for, and
-APPLIANCE_ELASTIC_LEAVE_ON_TERM=1 on Kubernetes or when the launcher's environment sets it (a worker
-sent SIGTERM then asks to leave, ``Leaving``, and goes at its next commit).
+Env vars: APPLIANCE_ELASTIC_LEAVE_ON_TERM (``env``, then the launcher's environment); the rest
+come read (``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
+APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER and HOROVOD_RANK... of the round they start for,
+and APPLIANCE_ELASTIC_LEAVE_ON_TERM=1 on Kubernetes or when the launch sets it (a worker sent
+SIGTERM then asks to leave, ``Leaving``, and goes at its next commit).
 Failure modes: a discovery script that fails on its first run ends the launch before any rank
 starts (``LaunchError``); everything after ends in an ``Outcome``.
 """

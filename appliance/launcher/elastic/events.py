@@ -2,11 +2,11 @@
 
 What it owns: the events the driver's I/O shell (``driver.ElasticDriver``) hands to the pure state
 machine (``machine``) and the actions the machine returns for the shell to carry out. Events are
-facts that already happened (a worker joined, one asked to leave, a process exited, discovery printed a host list, a
-host passed its check, time passed); actions are what the machine decided (start a worker, stop
-one, answer a join, tell the members of a round, release a round, open or close hosts, say a line,
-end the job). Every
-record is a frozen dataclass: nothing here holds a socket, a thread or a process.
+facts that already happened (a worker joined, one asked to leave, a process exited, discovery
+printed a host list, a host passed its check, time passed); actions are what the machine decided
+(start a worker, stop one, answer a join or a leave, tell the members of a round, release a
+round, open or close hosts, say a line, end the job). Every record is a frozen dataclass: nothing
+here holds a socket, a thread or a process.
 
 Env vars: none. Failure modes: none (plain data).
 """
@@ -175,5 +175,5 @@ class End:
 Action = Spawn | Remove | Kill | Answer | Release | Notify | OpenHosts | CloseHosts | Say | End
 
 __all__ = ["Action", "Answer", "CloseHosts", "Discovered", "DiscoveryFailed", "End", "Event", "Exited", "HostOpened",
-           "Joined", "Kill", "Leaving", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn", "SpawnFailed",
-           "Tick", "Watching"]
+           "Joined", "Kill", "Leaving", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn",
+           "SpawnFailed", "Tick", "Watching"]

@@ -214,7 +214,7 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
             break_round(m, f"{w.name()} left", now)
         check_doomed(m, now)
         return
-    if (m.s.kubernetes or w.departing) and ev.code in (-SIGTERM, 128 + SIGTERM) or w.departing and ev.code == 0:
+    if ((m.s.kubernetes or w.departing) and ev.code in (-SIGTERM, 128 + SIGTERM)) or (w.departing and ev.code == 0):
         leave_on_sigterm(m, w, now)
         return
     if ev.code == 0:
