@@ -290,7 +290,7 @@ def leave_on_sigterm(m: Machine, w: WorkerRec, now: float) -> None:
     """Kubernetes: a rank ended by SIGTERM (its pod deleted, ``replicas`` lowered) leaves as a
     removed host does: no blacklist, the round re-forms without it from the last commit; new
     workers are held off its host for the cool-down (its pod is going away)."""
-    w.leaving, w.leaving_since = "it was sent SIGTERM (its pod is being deleted)", now
+    w.leaving, w.leaving_since = w.departing or "it was sent SIGTERM (its pod is being deleted)", now
     until = m.membership.hold(w.host, now)
     how = "exited before its round's commit" if w.exit_code == 0 else "ended by SIGTERM"
     m.say(f"{w.name()} on {w.host} {how}: it leaves the job (not a failure); no new worker starts "
