@@ -11,7 +11,9 @@ configs. The ``horovodrun`` command is not here: it is ``appliance/hvdcompat/hor
 job's secret file, ``appliance/common/jobsecret.py``), and the Docker plane: ``secondary`` (this
 host's sshd container), ``primary`` (a job from a primary container; its flags are ``launch``'s
 plus its own, which argparse cannot hold in one subparser, so ``main()`` dispatches it before
-argparse and the launcher's parser reads the launch flags) and ``status``. One
+argparse and the launcher's parser reads the launch flags) and ``status``; ``leave`` (SIGTERM
+this host's ranks and wait for them to leave: a Kubernetes worker's preStop hook,
+``appliance/launcher/ssh/leave.py``). One
 ``_add_<name>(subparsers)`` each, setting ``func``.
 
 Env vars: flags fall back to knobs of ``appliance/common/knobs.py`` (``--start-timeout`` ->
@@ -21,7 +23,8 @@ job cannot be set up (preflight failures...); ``check``: 0 all hosts ready, 1 so
 arguments; ``keys``: 0, or 1 when the files cannot be made; ``secret``: 0 (path on stdout), 1 when
 the file cannot be made or an existing one is unusable, 2 when no job is known; ``secondary``/``status``: 0, 1 when
 Docker, the image or the share is missing (one line saying what to run), 2 bad arguments;
-``primary``: the job's code, or those. Errors are one line on stderr starting ``appliance <cmd>:``.
+``primary``: the job's code, or those; ``leave``: 0 when no rank is left, 1 when some still run at
+its timeout. Errors are one line on stderr starting ``appliance <cmd>:``.
 """
 from __future__ import annotations
 
@@ -309,6 +312,17 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_status)
 
 
+def _add_leave(sub: argparse._SubParsersAction) -> None:
+    from .launcher.ssh import leave
+
+    p = sub.add_parser("leave", allow_abbrev=False, help="SIGTERM this host's ranks and wait for them to leave",
+                       description="Send SIGTERM to every rank the appliance's remote stubs run on this host (found "
+                                   "from their records) and wait until they have exited: an elastic job's rank "
+                                   "leaves at its next commit. A Kubernetes worker pod's preStop hook.")
+    leave.add_arguments(p)
+    p.set_defaults(func=leave.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", allow_abbrev=False,
                                      description="Multi-host PyTorch training with a Horovod-compatible runtime.")
@@ -320,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_secondary(sub)
     _add_primary(sub)
     _add_status(sub)
+    _add_leave(sub)
     return parser
 
 

@@ -27,6 +27,10 @@ Then one request per connection:
   ``host``, ``data_addr``, ``store`` ("addr:port") and ``sync``: whether every member must take
   the state of the round's rank 0), ``{"removed": why}`` (this worker is not part of the job any
   more) or ``{"error": why}`` (the job is failing or ending).
+- ``{"op": "leave"}``: the worker was sent SIGTERM and asks to leave the job at its round's next
+  commit (held and kept alive as a join is); the answer is ``{"leave": true}`` (taken: its next
+  join is answered ``removed``) or ``{"error": why}`` (refused: the driver is stopping it, or the
+  job is ending).
 - ``{"op": "watch"}``: the worker's notification stream. The driver pushes
   ``{"hosts_updated": {"timestamp": T, "result": F, "round": R}}`` (F: Horovod's
   ``HostUpdateResult`` flags, for the members of round R) and ``{"wait": true}`` keepalives.

@@ -20,15 +20,26 @@ and calls every listener (``add_listener``: ``hvd.elastic.run`` registers its ``
 ``(timestamp, HostUpdateResult flags)`` when hosts change while this worker's round runs; a
 notice for an earlier round is dropped.
 
+Leaving on SIGTERM (APPLIANCE_ELASTIC_LEAVE_ON_TERM, set by the launcher on Kubernetes, where a
+pod being deleted gets SIGTERM): after the first round a SIGTERM handler (installed from the
+main thread, so Python runs it between bytecodes, never inside a collective) asks the driver to
+let this worker leave (``op: leave``) and returns: training goes on to the next commit, where every
+member gets the host-update interrupt and the next round forms without this worker, whose join is
+answered ``removed`` (exit 0). A second SIGTERM, or a request the driver refuses (it is stopping
+this worker itself, the job is ending) or cannot answer, is handed on as if this handler were not
+there: to the handler the program had installed before ``init()`` (typically one that exits, which
+would defeat the leave if it ran at the first SIGTERM), else the signal ends the process.
+
 The wire protocol is ``appliance.common.rendezvous``. Env vars: HOROVOD_ELASTIC,
 APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER, APPLIANCE_JOB_ID, APPLIANCE_JOB_SECRET,
-APPLIANCE_DATA_ADDR. Failure modes: the driver refusing the job or unreachable raises
+APPLIANCE_DATA_ADDR, APPLIANCE_ELASTIC_LEAVE_ON_TERM. Failure modes: the driver refusing the job or unreachable raises
 ``HorovodInternalError`` (the job is ending); a worker the driver removed from the job (its
 host left) prints one line and exits with status 0 (``SystemExit``).
 """
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -42,6 +53,7 @@ from appliance.runtime.procmgr import started_by
 LAYOUT = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 _ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
 SILENCE = "no sign of life"  # the core's words for a peer silent past APPLIANCE_HEARTBEAT_TIMEOUT
+LEAVE_TIMEOUT_S = 5.0        # the SIGTERM handler's wait for the driver's answer
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -82,6 +94,10 @@ class Session:
         self._listeners: list[Callable[[int, int], None]] = []
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
+        self.leave_on_term = bool(read("APPLIANCE_ELASTIC_LEAVE_ON_TERM", env))
+        self.leaving = False          # the driver took this worker's leave request
+        self._term_installed = False
+        self._prev_term: object = signal.SIG_DFL
 
     # -- rounds -------------------------------------------------------------------------------
     def failed(self, error: BaseException) -> None:
@@ -138,12 +154,40 @@ class Session:
         set by ``failed``/``hosts_updated`` (neither: a re-init by hand, treated as a failure)."""
         self.reason = ""
         self.lost = []
+        if self.leave_on_term and not self._term_installed and threading.current_thread() is threading.main_thread():
+            self._prev_term = signal.signal(signal.SIGTERM, self._on_term)
+            self._term_installed = True
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="elastic-notices", daemon=True)
             self._watcher.start()
 
     def sync_needed(self) -> bool:
         return bool(self.round.get("sync", True))
+
+    # -- leaving on SIGTERM ---------------------------------------------------------------------
+    def _on_term(self, signum: int, frame: object) -> None:
+        prev = self._prev_term
+        if not self.leaving and self._ask_leave():
+            self.leaving = True
+            print(f"appliance: worker {self.worker} was sent SIGTERM: it leaves the elastic job at its next commit",
+                  file=sys.stderr, flush=True)
+            return
+        if callable(prev):  # the program's own way to stop (``sys.exit`` in a handler unwinds its code)
+            prev(signum, frame)
+        elif prev != signal.SIG_IGN:  # as without this handler: the signal ends the process
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _ask_leave(self) -> bool:
+        """Whether the driver takes this worker's leave (False: refused, or no driver to ask)."""
+        try:
+            chan = rdv.connect(self.addr, self.secret, self.job, self.worker, timeout=LEAVE_TIMEOUT_S)
+            try:
+                return bool(rdv.request(chan, {"op": "leave"}, LEAVE_TIMEOUT_S).get("leave"))
+            finally:
+                chan.close()
+        except rdv.RendezvousError:
+            return False
 
     # -- notifications ------------------------------------------------------------------------
     def add_listener(self, fn: Callable[[int, int], None]) -> None:

@@ -20,7 +20,7 @@ Each YAML document there is checked three ways (default tier: no Docker, no clus
    Worker replicas >= 1, restartPolicy Never or OnFailure).
 3. The appliance's contract: the images are ones build.sh makes, pods run as mpiuser (uid 1000)
    with the key mounted at /home/mpiuser/.ssh, workers run the image's non-root sshd (an elastic
-   job's with a preStop hook), the launcher's line parses with the image's own horovodrun parser
+   job's with the preStop hook ``appliance leave``, its timeout under the pod's grace), the launcher's line parses with the image's own horovodrun parser
    (and the default job's flags with its own), takes no -H/--hostfile, and its -np (or
    --min-np/--max-np/--slots-per-host) matches the slots the job gets.
 
@@ -31,6 +31,7 @@ numProcPerNode >= 1, one ML policy), defaulting, the rest of ObjectMeta and PodS
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import functools
@@ -304,10 +305,9 @@ def appliance_errors(doc: dict, docs: list[dict]) -> list[str]:
         line = [*(first.get("command") or []), *(first.get("args") or [])]
         errs += _launch_line_errors("Launcher", line, slots * hosts, slots)
         if "--min-np" in line or "--max-np" in line:
-            for c in ((rs.get("Worker") or {}).get("template") or {}).get("spec", {}).get("containers", []):
-                if not ((c.get("lifecycle") or {}).get("preStop")):
-                    errs.append(f"Worker: container {c.get('name')!r} of an elastic job needs the preStop hook that "
-                                "lets its ranks leave before Kubernetes stops sshd")
+            worker = ((rs.get("Worker") or {}).get("template") or {}).get("spec", {})
+            for c in worker.get("containers", []):
+                errs += _pre_stop_errors(c, worker.get("terminationGracePeriodSeconds", 30))
         for c in ((rs.get("Worker") or {}).get("template") or {}).get("spec", {}).get("containers", []):
             gpus = ((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
             if gpus is not None and int(gpus) != slots:
@@ -406,6 +406,30 @@ def _set(doc: dict, path, value) -> dict:
     return doc
 
 
+def _pre_stop_errors(container: dict, grace_s: int) -> list[str]:
+    """An elastic worker's preStop hook: the image's ``appliance leave``, within the pod's grace."""
+    name = container.get("name")
+    hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}
+    command = [str(a) for a in hook.get("command") or []]
+    if not command:
+        return [f"Worker: container {name!r} of an elastic job needs the preStop hook that lets its ranks leave "
+                "before Kubernetes stops sshd"]
+    if command[:2] != ["appliance", "leave"]:
+        return [f"Worker: container {name!r}: the preStop hook must be the image's `appliance leave` (it signals "
+                f"the job's ranks only, and waits for them), not {' '.join(command)[:80]!r}"]
+    from appliance.launcher.ssh import leave
+    p = argparse.ArgumentParser(exit_on_error=False)
+    leave.add_arguments(p)
+    try:
+        args = p.parse_args(command[2:])
+    except (argparse.ArgumentError, SystemExit):
+        return [f"Worker: container {name!r}: `appliance leave` refuses {' '.join(command[2:])!r}"]
+    if not 0 < args.timeout < grace_s:
+        return [f"Worker: container {name!r}: `appliance leave --timeout {args.timeout:g}` must be under the pod's "
+                f"terminationGracePeriodSeconds ({grace_s}), so that sshd still gets its turn"]
+    return []
+
+
 DELETE = object()
 W = "spec.mpiReplicaSpecs.Worker"
 WC = f"{W}.template.spec.containers.0"
@@ -458,6 +482,10 @@ BAD = [
      "--batch_size", "the default job refuses"),
     ("an elastic worker without its preStop hook", "mpijob-elastic.yaml", f"{WC}.lifecycle", DELETE,
      "needs the preStop hook"),
+    ("a preStop hook that is a shell of pkill", "mpijob-elastic.yaml", f"{WC}.lifecycle.preStop.exec.command",
+     ["/bin/sh", "-c", "pkill -TERM -f remote_stub"], "must be the image's `appliance leave`"),
+    ("a preStop hook that outwaits the pod's grace", "mpijob-elastic.yaml", f"{WC}.lifecycle.preStop.exec.command.3",
+     "90", "must be under the pod's terminationGracePeriodSeconds (60)"),
     ("runtime launcher np unlike its nodes", "trainer-runtime.yaml",
      "spec.template.spec.replicatedJobs.1.template.spec.template.spec.containers.0.args.1", "3",
      "launcher: -np is 3, but the job has 2 slots"),

@@ -14,7 +14,7 @@ import pytest
 
 from appliance.common.ranks import Slot
 from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited,
-                                               HostOpened, Joined, Kill, Notify, OpenHosts, Release, Remove, Say,
+                                               HostOpened, Joined, Kill, Leaving, Notify, OpenHosts, Release, Remove, Say,
                                                Spawn, SpawnFailed, Tick, Watching)
 from appliance.launcher.elastic.machine import HOROVOD_FAILED, LOST_GRACE_S, TRANSITIONS, Machine, Settings
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
@@ -162,6 +162,72 @@ def test_kubernetes_a_crashed_pod_is_closed_and_the_re_created_pod_of_that_name_
     assert job.of(OpenHosts)[opens:] == [OpenHosts(("b",))]
     job.feed(HostOpened("b", None))
     assert job.of(Spawn)[-1].host == "b"
+
+
+def test_a_member_sent_sigterm_leaves_at_the_next_commit_without_blacklist_restore_or_sync():
+    job = Job(np=3, min_np=1, max_np=3, cooldown_range=(10.0, 300.0))
+    members = job.start({"a": 1, "b": 1, "c": 1})
+    notices = len(job.of(Notify))
+    out = job.feed(Leaving(2))
+    assert job.of(Answer, out) == [Answer(2, {"leave": True}, leave=True)]
+    note = job.of(Notify, out)  # every member told at once, as for a host removed from discovery
+    assert len(job.of(Notify)) == notices + 1 and note[0].wids == tuple(members) and note[0].result == 1
+    assert not job.of(Remove, out) and not job.of(Kill, out) and job.phase is Phase.RUNNING  # it trains on
+    assert "was sent SIGTERM: it leaves the job at its next commit" in job.said()
+    assert "hosts changed (removed): available now a:1, b:1, c:1; leaving: c" in job.said()
+    assert not job.m.membership.is_blacklisted("c", job.now) and job.m.membership.is_held("c", job.now)
+    assert job.of(Answer, job.feed(Leaving(2))) == [Answer(2, {"leave": True}, leave=True)]  # asked twice: once
+    assert len(job.of(Notify)) == notices + 1
+    job.commit_interrupt(members)  # the commit: every member back with the host-update interrupt
+    removed = job.of(Remove)
+    assert [(r.wid, r.ask) for r in removed] == [(2, True)] and "SIGTERM" in removed[0].why
+    release = job.of(Release)[-1]
+    assert [m.wid for m in release.members] == [0, 1] and release.sync is False  # no restore, no sync
+    job.feed(Exited(2, 0))  # "removed": it prints its line and exits 0
+    assert job.phase is Phase.RUNNING and job.m.outcome is None and "blacklist" not in job.said()
+    assert not job.of(Spawn)[3:]  # nothing new on its host during the hold
+    job.feed(Tick(), dt=5.0)
+    assert not job.of(Kill) and job.m.workers[2].exit_code == 0
+
+
+def test_a_leave_request_is_refused_for_a_worker_being_stopped_or_unknown_and_after_the_job_ends():
+    job = Job(np=2, min_np=1, max_np=2)
+    job.start({"a": 1, "b": 1})
+    assert job.of(Answer, job.feed(Leaving(7)))[0].answer == {"error": "worker 7 is not part of this job"}
+    job.feed(Discovered({"a": 1}))  # b leaves discovery: its worker is removed at the commit
+    job.commit_interrupt([0, 1])
+    assert job.of(Answer, job.feed(Leaving(1)))[0].answer == {"error": "the launcher is stopping it"}
+    job.feed(Exited(1, 0))
+    assert job.of(Answer, job.feed(Leaving(1)))[0].answer["error"] == "worker 1 is not part of this job"
+    job = Job(np=2, min_np=1, max_np=2)
+    job.start({"a": 1, "b": 1})
+    job.feed(Exited(0, 0))  # a worker finished: the job is finishing
+    assert job.of(Answer, job.feed(Leaving(1)))[0].answer == {"error": "the job is ending"}
+
+
+def test_a_worker_not_training_in_a_round_that_asks_to_leave_is_removed_at_once():
+    job = Job(np=1, min_np=1, max_np=2, cooldown_range=(10.0, 300.0))
+    job.start({"a": 1})
+    job.feed(Discovered({"a": 1, "b": 1}))
+    job.feed(HostOpened("b", None))
+    assert job.of(Spawn)[-1].wid == 1
+    job.feed(Joined(1, {"reason": "start"}))  # the new worker waits for the next round
+    out = job.feed(Leaving(1))
+    assert job.of(Answer, out)[0].answer == {"leave": True}
+    assert [(r.wid, r.ask) for r in job.of(Remove, out)] == [(1, True)]
+    job.commit_interrupt([0])
+    assert [m.wid for m in job.of(Release)[-1].members] == [0] and job.phase is Phase.RUNNING
+
+
+def test_a_departing_worker_ended_by_a_second_sigterm_leaves_without_blacklist_anywhere():
+    job = Job(np=2, min_np=1, max_np=2)
+    job.start({"a": 1, "b": 1})
+    job.feed(Leaving(1))
+    job.feed(Exited(1, -15))
+    assert "ended by SIGTERM: it leaves the job (not a failure)" in job.said() and "blacklisted" not in job.said()
+    assert job.phase is Phase.BREAKING
+    job.commit_interrupt([0], reason="error")
+    assert [m.wid for m in job.of(Release)[-1].members] == [0] and job.m.outcome is None
 
 
 def test_sigterm_elsewhere_is_a_failure_and_a_crash_on_kubernetes_uses_the_cooldown():
@@ -533,7 +599,8 @@ def test_a_worker_that_does_not_leave_is_terminated_then_killed_after_the_grace(
 
 
 def test_every_event_type_has_a_transition_and_nothing_happens_after_the_end():
-    assert set(TRANSITIONS) == {Joined, Watching, Exited, SpawnFailed, Discovered, DiscoveryFailed, HostOpened, Tick}
+    assert set(TRANSITIONS) == {Joined, Watching, Leaving, Exited, SpawnFailed, Discovered, DiscoveryFailed,
+                                HostOpened, Tick}
     job = Job(np=1, min_np=1, max_np=1)
     job.start({"a": 1})
     job.feed(Exited(0, 1))

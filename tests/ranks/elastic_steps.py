@@ -18,7 +18,7 @@ Evidence, per worker number W (APPLIANCE_ELASTIC_WORKER): ``pid.W`` (its pid), `
 its process started until its imports were done: its own start), ``notice.W`` (JSON list: the
 time of every host-change notice the worker's state received), ``up.W`` (its
 rank and size after each round), ``step.W`` (rank, size, step after every step; rewritten) and,
-at the end, ``done.W`` (JSON: worker, rank, size, step, w, sizes, resets, syncs).
+at the end, ``done.W`` (JSON: worker, rank, size, step, w, sizes, resets, syncs, restores).
 """
 import json
 import os
@@ -87,7 +87,7 @@ if switch_at("crash_from") is not None and WID >= switch_at("crash_from"):
     sys.exit(f"worker {WID}: failing at start as asked")
 rt.init()
 notices = []
-counters = {"resets": 0, "syncs": 0}
+counters = {"resets": 0, "syncs": 0, "restores": 0}
 
 
 class State(ObjectState):
@@ -99,6 +99,10 @@ class State(ObjectState):
     def sync(self):
         counters["syncs"] += 1
         super().sync()
+
+    def restore(self):
+        counters["restores"] += 1
+        super().restore()
 
 
 state = State(bcast_object, rt.rank, step=0, w=np.zeros(4), sizes=[])

@@ -14,8 +14,11 @@ first run ends the launcher at once) and host checks only post events to a queue
 ends, for whatever reason, the discovery is closed (a run in flight is killed with its process
 group), every held join answered, and the rendezvous closed.
 
-Env vars: none read here (``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
-APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER and HOROVOD_RANK... of the round they start for.
+Env vars: APPLIANCE_ELASTIC_LEAVE_ON_TERM (``env``, then the launcher's environment); the rest
+come read (``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
+APPLIANCE_ELASTIC_ADDR, APPLIANCE_ELASTIC_WORKER and HOROVOD_RANK... of the round they start for,
+and APPLIANCE_ELASTIC_LEAVE_ON_TERM=1 on Kubernetes or when the launch sets it (a worker sent
+SIGTERM then asks to leave, ``Leaving``, and goes at its next commit).
 Failure modes: a discovery script that fails on its first run ends the launch before any rank
 starts (``LaunchError``); everything after ends in an ``Outcome``.
 """
@@ -27,6 +30,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from appliance.common.knobs import read
 from appliance.launcher.config import LaunchConfig
 from .. import env as envmod
 from .. import mechanism as mech_mod
@@ -38,8 +42,8 @@ from ..reaper import Reaper
 from ..signals import SignalTrap
 from ..workers import SpawnError
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
-from .events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Notify,
-                     OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
+from .events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Leaving,
+                     Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .machine import Machine, Settings
 from .records import Phase
 from .rendezvous import RendezvousServer, Stream, Ticket
@@ -69,8 +73,10 @@ class ElasticDriver:
                                                                                else config.slurm, config.np,
                                                                                config.default_slots)}))
         self.events: queue.Queue = queue.Queue()
+        self.leave_on_term = self.e.kubernetes or bool(read("APPLIANCE_ELASTIC_LEAVE_ON_TERM",
+                                                            {**config.environ, **config.env}))
         self.handles: dict[int, Any] = {}
-        self.tickets: dict[int, Ticket] = {}
+        self.tickets: dict[Any, Ticket] = {}  # held joins by worker number, held leaves by ("leave", number)
         self.streams: dict[int, Stream] = {}
         self.stamps: dict[int, int] = {}    # notice number -> its timestamp
         self.timestamp = 0
@@ -90,6 +96,10 @@ class ElasticDriver:
 
     def watch(self, worker: int, stream: Stream) -> None:
         self.events.put((Watching(worker), stream))
+
+    def leave(self, worker: int) -> Ticket:
+        self.events.put((Leaving(worker), ticket := Ticket()))
+        return ticket
 
     # -- the job ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -170,6 +180,8 @@ class ElasticDriver:
             if old is not None:
                 old.set({"error": "superseded by a newer request"})
             self.tickets[event.wid] = extra
+        elif isinstance(event, Leaving):
+            self.tickets[("leave", event.wid)] = extra
         elif isinstance(event, Watching):
             w = self.machine.workers.get(event.wid)
             if w is None or not w.alive:
@@ -210,7 +222,7 @@ class ElasticDriver:
             elif h is not None:
                 self.mech.signal([h], signal.SIGKILL)
         elif isinstance(a, Answer):
-            ticket = self.tickets.pop(a.wid, None)
+            ticket = self.tickets.pop(("leave", a.wid) if a.leave else a.wid, None)
             if ticket is not None:
                 ticket.set(dict(a.answer))
         elif isinstance(a, Release):
@@ -245,7 +257,8 @@ class ElasticDriver:
     def _spawn(self, a: Spawn) -> Any:
         spec = mech_mod.RankSpec(a.slot, a.wid, {
             "HOROVOD_ELASTIC": "1", "APPLIANCE_ELASTIC_ADDR": f"{self.mech.hosts.launcher_address(a.host)}:{self.server.port}",
-            "APPLIANCE_ELASTIC_WORKER": str(a.wid), "HOROVOD_ELASTIC_TIMEOUT": repr(float(self.e.timeout_s))})
+            "APPLIANCE_ELASTIC_WORKER": str(a.wid), "HOROVOD_ELASTIC_TIMEOUT": repr(float(self.e.timeout_s)),
+            **({"APPLIANCE_ELASTIC_LEAVE_ON_TERM": "1"} if self.leave_on_term else {})})
         addrs = self.mech.hosts.addresses(list(a.hosts))
         plan = envmod.JobPlan(job_id=self.job_id, secret=self.secret, store_addr="",
                               master_addr=addrs.get(a.first_host, ""), master_port=0, data_addrs=addrs,

@@ -2,11 +2,11 @@
 
 What it owns: the events the driver's I/O shell (``driver.ElasticDriver``) hands to the pure state
 machine (``machine``) and the actions the machine returns for the shell to carry out. Events are
-facts that already happened (a worker joined, a process exited, discovery printed a host list, a
-host passed its check, time passed); actions are what the machine decided (start a worker, stop
-one, answer a join, tell the members of a round, release a round, open or close hosts, say a line,
-end the job). Every
-record is a frozen dataclass: nothing here holds a socket, a thread or a process.
+facts that already happened (a worker joined, one asked to leave, a process exited, discovery
+printed a host list, a host passed its check, time passed); actions are what the machine decided
+(start a worker, stop one, answer a join or a leave, tell the members of a round, release a
+round, open or close hosts, say a line, end the job). Every record is a frozen dataclass: nothing
+here holds a socket, a thread or a process.
 
 Env vars: none. Failure modes: none (plain data).
 """
@@ -27,6 +27,13 @@ class Joined:
 @dataclasses.dataclass(frozen=True)
 class Watching:
     """Worker ``wid`` opened its notification stream."""
+    wid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaving:
+    """Worker ``wid`` was sent SIGTERM (its pod is being deleted) and asks to leave at its next
+    commit (``op: leave``); the machine answers with ``Answer(wid, ..., leave=True)``."""
     wid: int
 
 
@@ -72,7 +79,7 @@ class Tick:
     silent: frozenset = frozenset()
 
 
-Event = Joined | Watching | Exited | SpawnFailed | Discovered | DiscoveryFailed | HostOpened | Tick
+Event = Joined | Watching | Leaving | Exited | SpawnFailed | Discovered | DiscoveryFailed | HostOpened | Tick
 
 
 # -- actions (machine -> shell) -----------------------------------------------------------------
@@ -106,9 +113,11 @@ class Kill:
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-    """Answer worker ``wid``'s held join with ``answer`` (an error or ``removed``)."""
+    """Answer worker ``wid``'s held join with ``answer`` (an error or ``removed``); ``leave``: its
+    held leave request instead (``{"leave": true}`` taken, or an error: it dies of the signal)."""
     wid: int
     answer: Mapping[str, Any]
+    leave: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,5 +175,5 @@ class End:
 Action = Spawn | Remove | Kill | Answer | Release | Notify | OpenHosts | CloseHosts | Say | End
 
 __all__ = ["Action", "Answer", "CloseHosts", "Discovered", "DiscoveryFailed", "End", "Event", "Exited", "HostOpened",
-           "Joined", "Kill", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn", "SpawnFailed",
-           "Tick", "Watching"]
+           "Joined", "Kill", "Leaving", "Member", "Notify", "OpenHosts", "Release", "Remove", "Say", "Spawn",
+           "SpawnFailed", "Tick", "Watching"]

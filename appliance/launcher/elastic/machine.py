@@ -2,7 +2,7 @@
 
 What it owns: ``Machine`` (the state of one elastic job: its phase, workers, current round,
 membership, hosts being checked) and one function per transition. ``Machine.handle(event, now)``
-applies one event (``events``: ``Joined``, ``Watching``, ``Exited``, ``SpawnFailed``,
+applies one event (``events``: ``Joined``, ``Watching``, ``Leaving``, ``Exited``, ``SpawnFailed``,
 ``Discovered``, ``DiscoveryFailed``, ``HostOpened``, ``Tick``), then advances the phase, and
 returns the actions (``Spawn``, ``Remove``, ``Kill``, ``Answer``, ``Release``, ``Notify``,
 ``OpenHosts``, ``CloseHosts``, ``Say``, ``End``) for the I/O shell (``driver.ElasticDriver``) to carry out. No
@@ -32,7 +32,8 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | any | a worker exits non-zero (or cannot start) | ``failure``: blacklist its host, ``Remove`` its other workers; a worker that never joined a round only holds new workers off its host | same / BREAKING |
 | FORMING, RUNNING, BREAKING | every member failed or lost its host | ``check_doomed`` | FAILING |
 | FAILING | the members still stopping have exited, or the stop grace passed | ``failing``: ``End`` naming every rank and its exit, with Horovod's phrase | ENDED |
-| any | Kubernetes: a worker ended by SIGTERM (pod deleted, ``replicas`` lowered) | ``leave_on_sigterm``: it leaves, no blacklist; new workers held off its host for the cool-down; a member's round breaks | same / BREAKING |
+| any | a worker sent SIGTERM asks to leave (``Leaving``: its pod is being deleted) | ``on_leaving``: no blacklist, new workers held off its host for the cool-down; its slot leaves the target, so a running round's members are told at once (``notify``), its round ends at the next commit and the next round forms without it (``removed`` at its join, it exits 0); not in a running round: ``Remove`` now | same |
+| any | Kubernetes, or a worker that asked to leave: ended by SIGTERM (pod deleted, ``replicas`` lowered; a departing one also exiting 0) | ``leave_on_sigterm``: it leaves, no blacklist; new workers held off its host for the cool-down; a member's round breaks | same / BREAKING |
 | any | a worker exits 0 | ``on_exited``: ``Remove`` workers that never joined | FINISHING |
 | FINISHING | every worker exited / one failed | ``finishing``: ``End`` 0 / its code | ENDED |
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
@@ -50,7 +51,7 @@ from typing import Any, Callable
 
 from ..failures import describe_exit, exit_code
 from .events import (Action, Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill,
-                     Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
+                     Leaving, Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .pending import PendingHosts
 from .records import Phase, Round, WorkerRec
@@ -135,14 +136,16 @@ class Machine:
     def target(self, now: float) -> list[tuple[str, int]]:
         """The slots that should run workers: discovery's target, less the free slots of hosts
         where new workers are held off or that are pending (listed, not answering yet)."""
-        held = {(w.host, w.index) for w in self.live()}
+        held = {(w.host, w.index) for w in self.live() if not w.departing}
         return [t for t in self.membership.target(now)
                 if t in held or not (self.membership.is_held(t[0], now) or t[0] in self.pending.hosts)]
 
     def hosts_line(self, now: float) -> str:
         out = ", ".join(f"{h}:{s}" for h, s in self.membership.available(now)) or "none"
         black = [h for h in self.membership.hosts if self.membership.is_blacklisted(h, now)]
-        return out + (f"; blacklisted: {', '.join(black)}" if black else "")
+        leaving = sorted({w.host for w in self.live() if w.departing})
+        return (out + (f"; blacklisted: {', '.join(black)}" if black else "")
+                + (f"; leaving: {', '.join(leaving)}" if leaving else ""))
 
 
 def _when(until: float, now: float) -> str:
@@ -178,6 +181,24 @@ def on_watching(m: Machine, ev: Watching, now: float) -> None:
         m.emit(Notify((w.wid,), result, cur.id, seq))
 
 
+def on_leaving(m: Machine, ev: Leaving, now: float) -> None:
+    """A worker sent SIGTERM asks to leave: it goes as a host removed from discovery does (its
+    slot leaves the target, ``notify``), at its round's next commit; no blacklist."""
+    w = m.workers.get(ev.wid)
+    refused = (f"worker {ev.wid} is not part of this job" if w is None or not w.alive else
+               "the launcher is stopping it" if w.leaving else
+               "the job is ending" if m.phase in (Phase.FINISHING, Phase.FAILING) else "")
+    m.emit(Answer(ev.wid, {"error": refused} if refused else {"leave": True}, leave=True))
+    if refused or w.departing:
+        return
+    w.departing = "it was sent SIGTERM" + (" (its pod is being deleted)" if m.s.kubernetes else "")
+    until = m.membership.hold(w.host, now)
+    m.say(f"{w.name()} was sent SIGTERM: it leaves the job at its next commit (not a failure); no new worker "
+          f"starts on {w.host} {_when(until, now)}")
+    if not (m.is_member(w) and w.in_round):  # not training in a round: nothing to wait for
+        remove(m, w, w.departing, now)
+
+
 def on_exited(m: Machine, ev: Exited, now: float) -> None:
     w = m.workers.get(ev.wid)
     if w is None or not w.alive:
@@ -194,7 +215,7 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
             break_round(m, f"{w.name()} left", now)
         check_doomed(m, now)
         return
-    if m.s.kubernetes and ev.code in (-SIGTERM, 128 + SIGTERM):
+    if ((m.s.kubernetes or w.departing) and ev.code in (-SIGTERM, 128 + SIGTERM)) or (w.departing and ev.code == 0):
         leave_on_sigterm(m, w, now)
         return
     if ev.code == 0:
@@ -260,7 +281,7 @@ def on_tick(m: Machine, ev: Tick, now: float) -> None:
 
 
 TRANSITIONS: dict[type, Callable[[Machine, Any, float], None]] = {
-    Joined: on_joined, Watching: on_watching, Exited: on_exited, SpawnFailed: on_spawn_failed,
+    Joined: on_joined, Watching: on_watching, Leaving: on_leaving, Exited: on_exited, SpawnFailed: on_spawn_failed,
     Discovered: on_discovered, DiscoveryFailed: on_discovery_failed, HostOpened: on_host_opened, Tick: on_tick,
 }
 
@@ -270,9 +291,10 @@ def leave_on_sigterm(m: Machine, w: WorkerRec, now: float) -> None:
     """Kubernetes: a rank ended by SIGTERM (its pod deleted, ``replicas`` lowered) leaves as a
     removed host does: no blacklist, the round re-forms without it from the last commit; new
     workers are held off its host for the cool-down (its pod is going away)."""
-    w.leaving, w.leaving_since = "it was sent SIGTERM (its pod is being deleted)", now
+    w.leaving, w.leaving_since = w.departing or "it was sent SIGTERM (its pod is being deleted)", now
     until = m.membership.hold(w.host, now)
-    m.say(f"{w.name()} on {w.host} ended by SIGTERM: it leaves the job (not a failure); no new worker starts "
+    how = "exited before its round's commit" if w.exit_code == 0 else "ended by SIGTERM"
+    m.say(f"{w.name()} on {w.host} {how}: it leaves the job (not a failure); no new worker starts "
           f"there {_when(until, now)}")
     if m.is_member(w) and m.phase in (Phase.FORMING, Phase.RUNNING):
         break_round(m, f"{w.name()} left", now)
@@ -533,7 +555,7 @@ def form(m: Machine, now: float) -> None:
     wanted = set(target)
     have: dict[tuple[str, int], WorkerRec] = {}
     for w in m.live():
-        if (w.host, w.index) in wanted and (w.host, w.index) not in have:
+        if (w.host, w.index) in wanted and (w.host, w.index) not in have and not w.departing:
             have[(w.host, w.index)] = w
     free = [t for t in target if t not in have and t[0] in m.opened]
     if len(have) + len(free) < needed:
@@ -548,8 +570,8 @@ def form(m: Machine, now: float) -> None:
     hosts_now = dict(m.membership.available(now))
     for w in m.live():
         if have.get((w.host, w.index)) is not w:
-            remove(m, w, f"host {w.host} is no longer part of the job" if w.host not in hosts_now
-                   else "its slot is no longer part of the job", now)
+            remove(m, w, w.departing or (f"host {w.host} is no longer part of the job" if w.host not in hosts_now
+                                         else "its slot is no longer part of the job"), now)
     previous = m.round
     if not first:
         if not any(w.last > 0 for w in have.values()):

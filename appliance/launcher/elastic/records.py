@@ -3,7 +3,7 @@
 What it owns: ``Phase`` (where the job stands: waiting for slots, a round forming, running or
 breaking, the job finishing or failing, ended), ``WorkerRec`` (one worker process of the job: the number the
 machine gave it at spawn, its host and slot, exit code, whether a join of it is held and what it
-sent, the last round it was released into and its rank there, and why it is leaving) and ``Round``
+sent, the last round it was released into and its rank there, and why it is leaving or asked to) and ``Round``
 (one layout of the job: its members, slots, whether state must be synced, and whether a member
 failed). ``machine`` creates and changes them; nothing here touches a process or a socket (the
 I/O shell, ``driver``, keeps the processes, tickets and streams by worker number).
@@ -42,6 +42,7 @@ class WorkerRec:
     in_round: bool = False          # released into ``last`` and not back since
     rank: int | None = None         # its rank in the last round it was released into
     failed: bool = False            # it failed (exit, start, timeout, silence): its host was blacklisted
+    departing: str = ""             # it asked to leave (SIGTERM): why; it goes at its round's next commit
 
     @property
     def alive(self) -> bool:

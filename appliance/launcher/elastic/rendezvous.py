@@ -9,6 +9,8 @@ server turns it into a call on its ``handler`` (the driver) and writes the answe
 
 - ``join``: ``handler.join(worker, message) -> Ticket``; the server sends a keepalive every
   ``KEEPALIVE_S`` until the ticket's answer is set, then the answer, then closes.
+- ``leave``: ``handler.leave(worker) -> Ticket``, answered as a join is (the worker was sent
+  SIGTERM and leaves at its next commit).
 - ``watch``: ``handler.watch(worker, Stream)``; the server thread then waits until the stream is
   closed or the connection drops, sending keepalives; the handler pushes notifications through
   ``Stream.push``.
@@ -167,6 +169,8 @@ class Handler(Protocol):
 
     def watch(self, worker: int, stream: Stream) -> None: ...
 
+    def leave(self, worker: int) -> Ticket: ...
+
 
 class RendezvousServer:
     """Listens on ``host`` (default: every interface) at an ephemeral port; ``close()`` stops it."""
@@ -275,8 +279,8 @@ class RendezvousServer:
                 self._pending.pop(sock, None)
             message = chan.recv(30.0)
             op = message.get("op")
-            if op == "join":
-                ticket = self.handler.join(worker, message)
+            if op in ("join", "leave"):
+                ticket = self.handler.join(worker, message) if op == "join" else self.handler.leave(worker)
                 while not ticket.event.wait(KEEPALIVE_S):
                     if self._closed.is_set():
                         return
