@@ -7,7 +7,7 @@ there, says ``hello`` (the rank, the job, the round, and an HMAC of the job secr
 APPLIANCE_METRICS_INTERVAL seconds (default 1) sends one ``sample``: steps, busy/wait/late
 seconds and per-kind operation counters read from the core (``Runtime.metrics()``), the
 process's RSS and, where torch uses a GPU, its utilisation and memory; ``stop`` (at shutdown or
-before a re-init) sends ``bye``. Every counter is cumulative since the first init of the process
+before a re-init) sends a last sample and ``bye``. Every counter is cumulative since the first init of the process
 (an engine's counters are carried over when it stops), so a lost line loses nothing. Unset: no
 thread, nothing sent. Steps are counted here from whichever source the script has
 (``note_step``): optimizer steps, else elastic commits, else explicit ``step()`` calls.
@@ -202,9 +202,16 @@ class Publisher:
             self._emit(sample)
 
     def stop(self, bye: dict) -> None:
-        """End the thread; send ``bye`` (best effort) and close."""
+        """End the thread; send a last sample and ``bye`` (best effort, when connected) and close."""
         self._stop.set()
         self._thread.join(timeout=2 * self._timeout() + 1)
+        if self._thread.is_alive():  # stuck in a send past its timeout: leave the socket to it
+            return
+        if self._sock is not None:
+            try:
+                self._send(self._read())
+            except Exception:  # noqa: BLE001  (no last sample: the collector has the previous ones)
+                pass
         if self._sock is not None:
             self._send(bye)
         if self._sock is not None:
