@@ -148,6 +148,7 @@ class Publisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="appliance-metrics", daemon=True)
         self.sent = 0  # lines sent (for tests and the cost benchmark)
+        self.cpu_s = 0.0  # the thread's CPU time so far, updated each interval (the cost benchmark)
 
     def start(self) -> "Publisher":
         self._thread.start()
@@ -194,12 +195,14 @@ class Publisher:
         self._send(obj)
 
     def _run(self) -> None:
+        self._connect()  # the hello at once: the collector knows the rank from its init on
         while not self._stop.wait(self.interval):
             try:
                 sample = self._read()
             except Exception:  # noqa: BLE001  (the engine went away under us: nothing to report)
                 continue
             self._emit(sample)
+            self.cpu_s = time.thread_time()
 
     def stop(self, bye: dict) -> None:
         """End the thread; send a last sample and ``bye`` (best effort, when connected) and close."""
@@ -223,6 +226,11 @@ class Publisher:
 
 
 _publisher: Optional[Publisher] = None
+
+
+def publisher() -> Optional[Publisher]:
+    """The running engine's publisher, if any."""
+    return _publisher
 
 
 def _round(cfg) -> int:

@@ -134,6 +134,7 @@ def test_metrics_cost_quick(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["ranks"] == 2 and row["off_ms"] > 0 and row["on_ms"] > 0
     assert row["lines_per_s_per_rank"] > 0  # the collector heard the ranks with the metrics on (and nothing off)
+    assert 0 <= row["publisher_cpu_share"] < 1
     assert "on/off" in proc.stdout and "load average" in proc.stdout
 
 
