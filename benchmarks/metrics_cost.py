@@ -13,9 +13,10 @@ barriers, after warm-up). Printed: per rank count, the median step time off and 
 the share of a core rank 0's publishing thread used (its CPU time over its time since init:
 the cost measured directly, which a busy machine's noise in step times does not hide).
 
-    python benchmarks/metrics_cost.py [--ranks 2,32] [--rounds 3] [--steps N] [--quick] [--json out.json]
+    python benchmarks/metrics_cost.py [--job default|lm] [--ranks 2,32] [--rounds 3] [--steps N] [--quick] [--json out.json]
 
-``--steps``: timed steps per run (default max(100, 3000 / ranks)). ``--quick``: 2 ranks, one
+``--job lm``: benchmarks/train.py's job instead (its TransformerLM, AdamW, 16 sequences per rank).
+``--steps``: timed steps per run (default max(100, 3000 / ranks); lm: 10). ``--quick``: 2 ranks, one
 round, 30 steps (a smoke). Failure modes: a rank that fails ends the script with its stderr.
 """
 from __future__ import annotations
@@ -39,12 +40,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import benchlib as bl  # noqa: E402
 
 
-def worker(steps: int, warmup: int, out: str) -> None:
+def worker(job: str, steps: int, warmup: int, out: str) -> None:
     import torch
     import torch.nn.functional as F
 
     import appliance.torch as hvd
-    from appliance.examples.train import load_digits_split
     from appliance.runtime import metrics
 
     started = time.monotonic()
@@ -52,25 +52,45 @@ def worker(steps: int, warmup: int, out: str) -> None:
     torch.manual_seed(1234)
     torch.set_num_threads(1)
     rank, size = hvd.rank(), hvd.size()
-    x, y, _, _ = load_digits_split(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0)
-    batch = 64
     gen = torch.Generator().manual_seed(rank)
+    if job == "lm":  # benchmarks/train.py's job: its TransformerLM, AdamW, 16 sequences per rank
+        import bench_models as bm
 
-    def step(i: int) -> None:
-        idx = torch.randint(0, len(x), (batch,), generator=gen)[rank::size]
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") * (size / batch)
-        loss.backward()
-        opt.step()
-        hvd.allreduce(loss.detach(), name="loss")
-        state.batch = i + 1
-        if state.batch % 5 == 0:
-            state.commit()
+        cfg = dict(vocab=2048, d=256, layers=4, heads=4, seq=128)
+        model = bm.TransformerLM(**cfg)
+        tokens = bm.synthetic_tokens(65536, cfg["vocab"], seed=0)
+        opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+        def step(i: int) -> None:
+            starts = torch.randint(0, len(tokens) - cfg["seq"] - 1, (16,), generator=gen)
+            xb = torch.stack([tokens[s:s + cfg["seq"]] for s in starts])
+            yb = torch.stack([tokens[s + 1:s + cfg["seq"] + 1] for s in starts])
+            opt.zero_grad()
+            F.cross_entropy(model(xb).reshape(-1, cfg["vocab"]), yb.reshape(-1)).backward()
+            opt.step()
+    else:  # the default job's loop (appliance/examples/train.py)
+        from appliance.examples.train import load_digits_split
+
+        x, y, _, _ = load_digits_split(1234)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0)
+        batch = 64
+
+        def step(i: int) -> None:
+            idx = torch.randint(0, len(x), (batch,), generator=gen)[rank::size]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") * (size / batch)
+            loss.backward()
+            opt.step()
+            hvd.allreduce(loss.detach(), name="loss")
+            state.batch = i + 1
+            if state.batch % 5 == 0:
+                state.commit()
 
     for i in range(warmup):
         step(i)
@@ -94,7 +114,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(ranks: int, steps: int, warmup: int, metrics_addr: str | None, timeout: float) -> dict:
+def run_job(job: str, ranks: int, steps: int, warmup: int, metrics_addr: str | None, timeout: float) -> dict:
     """One job of ``ranks`` ranks on this machine; rank 0's timing and the job's wall time."""
     out = tempfile.NamedTemporaryFile(prefix="metrics-cost-", suffix=".json", delete=False).name
     port = _free_port()
@@ -105,8 +125,8 @@ def run_job(ranks: int, steps: int, warmup: int, metrics_addr: str | None, timeo
                 HOROVOD_START_TIMEOUT=str(timeout))
     if metrics_addr:
         base["APPLIANCE_METRICS_ADDR"] = metrics_addr
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps), "--warmup", str(warmup),
-            "--out", out]
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--job", job, "--steps", str(steps),
+            "--warmup", str(warmup), "--out", out]
     procs, errs = [], []
     started = time.monotonic()
     try:
@@ -140,7 +160,7 @@ def run_job(ranks: int, steps: int, warmup: int, metrics_addr: str | None, timeo
             pass
 
 
-def measure(ranks: int, steps: int, warmup: int, rounds: int, timeout: float) -> dict:
+def measure(job: str, ranks: int, steps: int, warmup: int, rounds: int, timeout: float) -> dict:
     from fixtures.metrics_listener import Listener
 
     runs = {"off": [], "on": []}
@@ -149,7 +169,7 @@ def measure(ranks: int, steps: int, warmup: int, rounds: int, timeout: float) ->
         order = ("off", "on") if k % 2 == 0 else ("on", "off")
         for setting in order:
             with Listener() as lst:
-                res = run_job(ranks, steps, warmup, lst.addr if setting == "on" else None, timeout)
+                res = run_job(job, ranks, steps, warmup, lst.addr if setting == "on" else None, timeout)
                 if setting == "on":
                     lines = len(lst.lines)
                     rates.append(lines / ranks / res["wall_s"])
@@ -158,14 +178,18 @@ def measure(ranks: int, steps: int, warmup: int, rounds: int, timeout: float) ->
                     assert not lst.lines, "metrics sent with APPLIANCE_METRICS_ADDR unset"
             runs[setting].append(res["step_ms"])
     off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
-    return {"ranks": ranks, "steps": steps, "off_ms": off, "on_ms": on, "ratio": on / off,
+    return {"job": job, "ranks": ranks, "steps": steps, "off_ms": off, "on_ms": on, "ratio": on / off,
             "lines_per_s_per_rank": statistics.median(rates), "publisher_cpu_share": statistics.median(cpu),
             "off_runs": runs["off"], "on_runs": runs["on"]}
 
 
+JOBS = {"default": "the default job's loop (MLP on digits, global batch 64, DistributedOptimizer, a commit every "
+                   "5 steps)",
+        "lm": "benchmarks/train.py's job (TransformerLM d=256, 4 layers, AdamW, batch 16 per rank)"}
+
+
 def print_table(rows, file=sys.stdout) -> None:
-    print("metrics cost: the default job's loop (MLP on digits, global batch 64, DistributedOptimizer, "
-          "a commit every 5 steps), metrics off vs on (collector listening in both)", file=file)
+    print(f"metrics cost: {JOBS[rows[0]['job']]}, metrics off vs on (collector listening in both)", file=file)
     print(f"{'ranks':>5} {'steps':>6} {'off ms':>8} {'on ms':>8} {'on/off':>7} {'lines/s/rank':>13} {'thread cpu':>10}"
           "  step ms of each run (off | on)", file=file)
     for r in rows:
@@ -178,6 +202,8 @@ def print_table(rows, file=sys.stdout) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", choices=sorted(JOBS), default="default",
+                   help="default: the default job's loop; lm: benchmarks/train.py's model")
     p.add_argument("--ranks", default="2,32", help="comma list of rank counts (default 2,32)")
     p.add_argument("--rounds", type=int, default=None, help="runs of each setting (default 3; 1 with --quick)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per run (default max(100, 3000 / ranks))")
@@ -185,17 +211,19 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--timeout", type=float, default=900, help="seconds one job may take")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--warmup", type=int, default=10, help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        worker(a.steps, a.warmup, a.out)
+        worker(a.job, a.steps, a.warmup, a.out)
         return 0
     counts = [2] if a.quick else [int(x) for x in a.ranks.split(",") if x]
     rounds = max(1, a.rounds or (1 if a.quick else 3))
     machine = bl.machine_line()
-    rows = [measure(n, a.steps or (30 if a.quick else max(100, 3000 // n)), 3 if a.quick else a.warmup, rounds,
-                    a.timeout) for n in counts]
+    default_steps = (lambda n: 30) if a.quick else (lambda n: max(100, 3000 // n)) if a.job == "default" else (lambda n: 10)
+    warmup = a.warmup or (3 if a.quick else 10 if a.job == "default" else 2)
+    rows = [measure(a.job, n, a.steps or default_steps(n), warmup, rounds, a.timeout)
+            for n in counts]
     print(machine)
     print_table(rows)
     if a.json:
