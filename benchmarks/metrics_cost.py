@@ -10,7 +10,7 @@ within each round (``--rounds``, default 3), so a slow minute of a shared machin
 of both; every row is the median over the rounds of rank 0's mean step time (timed steps between
 barriers, after warm-up). Printed: per rank count, the median step time off and on, their ratio
 (the cost; the target is <= 1.01), the lines per second per rank the collector received, and
-the share of a core rank 0's publishing thread used (its CPU time over its time since init:
+rank 0's process CPU time per step off and on, and the share of a core rank 0's publishing thread used (its CPU time over its time since init:
 the cost measured directly, which a busy machine's noise in step times does not hide).
 
     python benchmarks/metrics_cost.py [--job default|lm] [--ranks 2,32] [--rounds 3] [--steps N] [--quick] [--json out.json]
@@ -95,15 +95,15 @@ def worker(job: str, steps: int, warmup: int, out: str) -> None:
     for i in range(warmup):
         step(i)
     hvd.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(steps):
         step(warmup + i)
     hvd.barrier()
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     pub = metrics.publisher()
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"seconds": elapsed, "step_ms": elapsed / steps * 1e3,
+            json.dump({"seconds": elapsed, "step_ms": elapsed / steps * 1e3, "cpu_ms": cpu / steps * 1e3,
                        "publisher_cpu_s": pub.cpu_s if pub else None, "since_init_s": time.monotonic() - started}, f)
     hvd.shutdown()
 
@@ -164,6 +164,7 @@ def measure(job: str, ranks: int, steps: int, warmup: int, rounds: int, timeout:
     from fixtures.metrics_listener import Listener
 
     runs = {"off": [], "on": []}
+    cpus = {"off": [], "on": []}
     rates, cpu = [], []
     for k in range(rounds):
         order = ("off", "on") if k % 2 == 0 else ("on", "off")
@@ -177,8 +178,10 @@ def measure(job: str, ranks: int, steps: int, warmup: int, rounds: int, timeout:
                 else:
                     assert not lst.lines, "metrics sent with APPLIANCE_METRICS_ADDR unset"
             runs[setting].append(res["step_ms"])
+            cpus[setting].append(res["cpu_ms"])
     off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
     return {"job": job, "ranks": ranks, "steps": steps, "off_ms": off, "on_ms": on, "ratio": on / off,
+            "off_cpu_ms": statistics.median(cpus["off"]), "on_cpu_ms": statistics.median(cpus["on"]),
             "lines_per_s_per_rank": statistics.median(rates), "publisher_cpu_share": statistics.median(cpu),
             "off_runs": runs["off"], "on_runs": runs["on"]}
 
@@ -190,13 +193,15 @@ JOBS = {"default": "the default job's loop (MLP on digits, global batch 64, Dist
 
 def print_table(rows, file=sys.stdout) -> None:
     print(f"metrics cost: {JOBS[rows[0]['job']]}, metrics off vs on (collector listening in both)", file=file)
-    print(f"{'ranks':>5} {'steps':>6} {'off ms':>8} {'on ms':>8} {'on/off':>7} {'lines/s/rank':>13} {'thread cpu':>10}"
-          "  step ms of each run (off | on)", file=file)
+    print(f"{'ranks':>5} {'steps':>6} {'off ms':>8} {'on ms':>8} {'on/off':>7} {'cpu off':>8} {'cpu on':>8} "
+          f"{'lines/s/rank':>13} {'thread cpu':>10}  step ms of each run (off | on)", file=file)
     for r in rows:
         print(f"{r['ranks']:>5} {r['steps']:>6} {r['off_ms']:>8.3f} {r['on_ms']:>8.3f} {r['ratio']:>7.3f} "
+              f"{r['off_cpu_ms']:>8.3f} {r['on_cpu_ms']:>8.3f} "
               f"{r['lines_per_s_per_rank']:>13.2f} {100 * r['publisher_cpu_share']:>9.3f}%  " + " ".join(f"{x:.3f}" for x in r["off_runs"]) + " | "
               + " ".join(f"{x:.3f}" for x in r["on_runs"]), file=file)
-    print("thread cpu: CPU time of rank 0's publishing thread / its time since init (median of the runs with "
+    print("cpu off/on: rank 0's process CPU ms per timed step (median); "
+          "thread cpu: CPU time of rank 0's publishing thread / its time since init (median of the runs with "
           "metrics on); the counters in the core run in both settings", file=file)
 
 
