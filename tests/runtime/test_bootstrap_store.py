@@ -8,6 +8,7 @@ import time
 import pytest
 
 from appliance.runtime import _core_testing as T
+from appliance.runtime._core import WIRE_VERSION
 from bootstrap_util import Workers
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,7 +33,7 @@ def crc32c(data: bytes) -> int:
 
 
 def frame_header(typ: int, length: int, seq: int) -> bytes:
-    h = b"APLF" + bytes([1, typ, 0, 0]) + struct.pack("<II", length, seq)
+    h = b"APLF" + bytes([WIRE_VERSION, typ, 0, 0]) + struct.pack("<II", length, seq)
     return h + struct.pack("<I", crc32c(h))
 
 
