@@ -190,6 +190,7 @@ class HostRow:
 class Event:
     t: float
     text: str
+    source: str = "job"     # "launcher": said by the launcher already (elastic); "straggler"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,9 +302,9 @@ class JobState:
             if st is not None:
                 st.connected = False
 
-    def event(self, text: str, t: Optional[float] = None) -> None:
+    def event(self, text: str, t: Optional[float] = None, source: str = "job") -> None:
         """A line of the job's history (elastic driver, straggler)."""
-        ev = Event(self.clock() if t is None else t, text)
+        ev = Event(self.clock() if t is None else t, text, source)
         with self._lock:
             self.events.append(ev)
         if self.on_event is not None:
@@ -312,7 +313,7 @@ class JobState:
     def new_round(self, round_id: int, ranks: int) -> None:
         with self._lock:
             self.round = max(self.round, round_id)
-        self.event(f"round {round_id} formed: {ranks} rank{'s' if ranks != 1 else ''}")
+        self.event(f"round {round_id} formed: {ranks} rank{'s' if ranks != 1 else ''}", source="launcher")
 
     # -- output --------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -336,7 +337,7 @@ class JobState:
             total = self.total_steps
             started = self.started
         if change is not None:
-            self.event(change)
+            self.event(change, source="straggler")
         with self._lock:
             events = tuple(self.events)
         strag = self.tracker.current
