@@ -178,6 +178,10 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_HEARTBEAT_TIMEOUT", _nonneg_float, 10.0, "seconds of silence after which a peer is declared lost", core="heartbeat_timeout_s"),
     Knob("APPLIANCE_NCCL_LIBRARY", str, "", "path of libnccl.so.2 to use for CUDA tensors (default: the nvidia-nccl wheel next to torch, then the loader path)", core="nccl_library"),
     Knob("APPLIANCE_VERBOSE", _bool, False, "print the knob table and rendezvous details on rank 0 (launch: --verbose)", core="verbose"),
+    # Metrics a rank publishes (runtime/metrics.py; the launcher collects them).
+    Knob("APPLIANCE_METRICS_ADDR", str, "", "host:port each rank sends its metrics to (JSON lines: docs/runtime.md; the launcher sets it when it collects metrics; empty = nothing is sent)"),
+    Knob("APPLIANCE_METRICS_INTERVAL", _pos_float, 1.0, "seconds between two metrics samples of a rank"),
+    Knob("APPLIANCE_TOTAL_STEPS", _rank_int, None, "the job's total steps, for progress and an ETA (a script's appliance.torch.progress(total=...) wins)"),
     # Launcher.
     Knob("APPLIANCE_STOP_GRACE", _nonneg_float, 3.0, "seconds between SIGTERM and SIGKILL when the launcher stops workers"),
     Knob("APPLIANCE_FAILURE_GRACE", _nonneg_float, 5.0, "seconds the surviving ranks get to finish their error handlers after the first rank fails, before SIGTERM"),

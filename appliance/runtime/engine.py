@@ -3,7 +3,9 @@
 Owns the process state: the ``Engine`` (created by ``start()``, destroyed by ``stop()``;
 start -> stop -> start works), which ``current()`` returns. ``appliance.runtime.api`` (the numpy
 API and ``init``/``shutdown``) and the framework adapters (``appliance.torch``) build on this
-module; it imports neither. Config comes from ``appliance.runtime.config.RuntimeConfig`` (the caller
+module; it imports neither. Each engine's metrics publisher (``appliance.runtime.metrics``, only with
+APPLIANCE_METRICS_ADDR set) starts and stops with it. Config comes from
+``appliance.runtime.config.RuntimeConfig`` (the caller
 reads the environment: HOROVOD_RANK/SIZE..., APPLIANCE_STORE_ADDR, APPLIANCE_JOB_SECRET, and every
 engine knob, which is copied to the core by the option name it feeds). The Horovod timeline
 (``start_timeline``) is written by the core on rank 0 (csrc/engine/timeline.h).
@@ -45,7 +47,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from appliance.runtime import _core
-from appliance.runtime import devices
+from appliance.runtime import devices, metrics
 from appliance.runtime.config import RuntimeConfig
 from appliance.runtime.errors import HorovodInternalError, MismatchError
 
@@ -285,6 +287,7 @@ def start(cfg: RuntimeConfig) -> bool:
             return False
         _generation += 1
         _engine = Engine(cfg, _generation)
+        metrics.start(_engine)  # with APPLIANCE_METRICS_ADDR set: its publisher (runtime/metrics.py)
         return True
 
 
@@ -294,6 +297,7 @@ def stop() -> None:
     with _lock:
         e, _engine = _engine, None
     if e is not None:
+        metrics.stop(e)
         e.shutdown()
 
 

@@ -9,6 +9,8 @@ A script started without a launcher runs as a single rank.
 ``ObjectState``, ``ElasticSampler``) runs Horovod elastic scripts on the job's fixed set of hosts
 (a lost rank restores the last commit and raises ``HorovodInternalError`` out of ``run``).
 ``start_timeline``/``stop_timeline`` write Horovod's timeline (rank 0; README "Timeline").
+``step``/``progress`` (the appliance's own, not Horovod's) feed the metrics a rank publishes to its
+launcher (docs/runtime.md); optimizer steps and elastic commits count themselves.
 Environment: read by ``init``
 through ``appliance.runtime.config`` only. Errors: ``HorovodInternalError`` (the job failed; names the
 rank and host where it started), ``MismatchError`` (ranks disagree on a tensor), ``ValueError``.
@@ -30,4 +32,5 @@ from appliance.torch.mpi_ops import (  # noqa: F401
     start_timeline, stop_timeline, synchronize,
 )
 from appliance.torch.optimizer import DistributedOptimizer  # noqa: F401
+from appliance.torch.progress import progress, step  # noqa: F401
 from appliance.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401

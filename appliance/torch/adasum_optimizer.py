@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 import torch
 
+from appliance.runtime import metrics as _metrics
 from appliance.torch.mpi_ops import Adasum, allreduce_async_, global_process_set, synchronize
 
 
@@ -121,4 +122,5 @@ class DistributedAdasumOptimizer(PendingReductionGuard, torch.optim.Optimizer):
             p.data.copy_(start)
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
+        _metrics.note_step("optimizer")
         return loss

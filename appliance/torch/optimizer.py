@@ -25,7 +25,7 @@ import torch
 from appliance.torch.adasum_optimizer import DistributedAdasumOptimizer, PendingReductionGuard
 from appliance.torch.compression import Compression
 from appliance.torch.functions import broadcast_object
-from appliance.runtime import process_sets as _ps
+from appliance.runtime import metrics as _metrics, process_sets as _ps
 from appliance.torch.mpi_ops import (
     Adasum, Average, allreduce_async_, global_process_set, grouped_allreduce_async_, size,
     sparse_allreduce_async, synchronize_all,
@@ -290,7 +290,9 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return super().step(closure)
+        out = super().step(closure)
+        _metrics.note_step("optimizer")
+        return out
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,

@@ -4,7 +4,7 @@ can stop, kill or hammer one of them and watch what every other rank does.
 ``RankGroup`` is a context manager. It gives every rank the contract environment the launcher
 would (HOROVOD_RANK/SIZE, APPLIANCE_STORE_ADDR on 127.0.0.1, APPLIANCE_JOB_SECRET,
 APPLIANCE_DATA_ADDR, APPLIANCE_FAULT_FILE) plus the test's extra variables, runs
-``tests/ranks/fault_worker.py CASE ARGS...`` in its own session with stderr in a file, and
+``tests/ranks/fault_worker.py CASE ARGS...`` (or ``worker``) in its own session with stderr in a file, and
 on exit kills every process group it started (continuing stopped ones first), pass or fail.
 ``wait()`` bounds the time; ``report(r)``, ``fault(r)`` and ``stderr(r)`` read what rank r left;
 ``listening(r)`` lists the addresses rank r's process listens on.
@@ -34,7 +34,7 @@ def free_port() -> int:
 
 class RankGroup:
     def __init__(self, np: int, case: str, *args, out: Path, env: dict | None = None, addr: str = "127.0.0.1",
-                 only: list | None = None):
+                 only: list | None = None, worker: Path = WORKER):
         self.np, self.out = np, Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.store_port = free_port()
@@ -51,7 +51,7 @@ class RankGroup:
             e = dict(base, HOROVOD_RANK=str(r), APPLIANCE_FAULT_FILE=str(self.out / f"fault{r}.json"))
             err = open(self.out / f"stderr{r}.txt", "w")
             self._errs.append(err)
-            self.procs.append(subprocess.Popen([sys.executable, str(WORKER), case, *map(str, args)], env=e,
+            self.procs.append(subprocess.Popen([sys.executable, str(worker), case, *map(str, args)], env=e,
                                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True))
 
     def __enter__(self) -> "RankGroup":

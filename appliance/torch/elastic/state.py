@@ -24,6 +24,7 @@ import copy
 import torch
 
 from appliance.hvdcompat import elastic as _common
+from appliance.runtime import metrics as _metrics
 from appliance.torch.elastic.sampler import ElasticSampler
 from appliance.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
@@ -36,6 +37,10 @@ class ObjectState(_common.ObjectState):
 
     def __init__(self, bcast_object=None, get_rank=None, **kwargs):
         super().__init__(bcast_object=bcast_object or broadcast_object, get_rank=get_rank or rank, **kwargs)
+
+    def commit(self) -> None:
+        _metrics.note_step("commit")  # a step for the metrics where the script has no DistributedOptimizer
+        super().commit()
 
 
 class StateHandler:

@@ -181,7 +181,9 @@ py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
     bool finished = true;
     {
       py::gil_scoped_release nogil;
+      const int64_t t0 = steady_us();
       op = stream < 0 ? rt.wait(h) : rt.wait_on_stream(h, static_cast<uint64_t>(stream), &finished);
+      rt.note_wait(t0, steady_us(), op->planned_us);
     }
     return result_of(*op, finished);
   }
@@ -192,11 +194,14 @@ py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
   size_t first_bad = hs.size();  // the first op that failed or was refused
   {
     py::gil_scoped_release nogil;
+    const int64_t t0 = steady_us();
+    int64_t planned = 0;
     for (size_t i = 0; i < hs.size(); ++i) {  // every one, even after one failed: their memory is in use until then
       try {
         bool fin = true;
         ops[i] = stream < 0 ? rt.wait(hs[i]) : rt.wait_on_stream(hs[i], static_cast<uint64_t>(stream), &fin);
         finished[i] = fin;
+        planned = std::max(planned, ops[i]->planned_us);
         if (fin && !ops[i]->status.ok() && first_bad == hs.size()) first_bad = i;
       } catch (const std::invalid_argument& e) {
         if (first_bad == hs.size()) {
@@ -205,6 +210,7 @@ py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
         }
       }
     }
+    rt.note_wait(t0, steady_us(), planned);
   }
   if (first_bad < hs.size()) {
     if (!ops[first_bad]) throw std::invalid_argument(refused);
@@ -348,6 +354,29 @@ PYBIND11_MODULE(_core, m) {
              d["store_served"] = rt.store_served();
              d["outputs_reused"] = rt.output_pool().reused();
              d["outputs_idle_bytes"] = rt.output_pool().idle_bytes();
+             return d;
+           })
+      .def("metrics",
+           [](const Runtime& rt) {
+             // Cumulative since start: see Runtime::Metrics (seconds as floats, the rest ints).
+             static const char* kNames[Runtime::Metrics::kKinds] = {"allreduce", "allgather", "broadcast",
+                                                                   "alltoall", "reducescatter"};
+             const auto& m = rt.metrics();
+             py::dict ops;
+             for (int k = 0; k < Runtime::Metrics::kKinds; ++k) {
+               const uint64_t n = m.kinds[k].n.load(std::memory_order_relaxed);
+               if (!n) continue;
+               py::dict one;
+               one["n"] = n;
+               one["bytes"] = m.kinds[k].bytes.load(std::memory_order_relaxed);
+               one["s"] = m.kinds[k].ns.load(std::memory_order_relaxed) * 1e-9;
+               ops[kNames[k]] = one;
+             }
+             py::dict d;
+             d["ops"] = ops;
+             d["busy_s"] = m.busy_ns.load(std::memory_order_relaxed) * 1e-9;
+             d["wait_s"] = m.wait_ns.load(std::memory_order_relaxed) * 1e-9;
+             d["late_s"] = m.late_ns.load(std::memory_order_relaxed) * 1e-9;
              return d;
            })
       .def("set_profiling", &Runtime::set_profiling, py::arg("on"))

@@ -18,7 +18,8 @@ std::string rank_list(const std::vector<int>& v) {
 }
 }  // namespace
 
-Coordinator::Coordinator(CoordinatorOptions o) : o_(o), joined_(o.size, 0), left_(o.size, 0) {
+Coordinator::Coordinator(CoordinatorOptions o)
+    : o_(o), joined_(o.size, 0), left_(o.size, 0), late_until_(o.size), late_us_(o.size, 0) {
   for (int r = 0; r < o_.size; ++r) all_.push_back(r);
 }
 
@@ -89,8 +90,34 @@ void Coordinator::on_request(int rank, Request req, Time now) {
   Readiness& p = it->second;
   APPLIANCE_ASSERT(!p.reqs[rank], "rank " + std::to_string(rank) + " submitted '" + req.name + "' twice");
   p.reqs[rank] = std::move(req);
-  ++p.count;
-  promote_if_complete(it->first, now);
+  const bool others = p.count++ > 0;
+  const Time prev = p.last_arrival;
+  p.last_arrival = now;
+  if (promote_if_complete(it->first, now) && others) add_late(rank, prev, now);
+}
+
+void Coordinator::add_late(int rank, Time from, Time to) {
+  if (rank < 0 || rank >= o_.size) return;
+  from = std::max(from, late_until_[rank]);
+  if (to <= from) return;
+  late_us_[rank] += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(to - from).count());
+  late_until_[rank] = to;
+  any_late_ = true;
+}
+
+std::vector<Late> Coordinator::take_late() {
+  std::vector<Late> out;
+  if (!any_late_) return out;
+  for (int r = 0; r < o_.size; ++r) {
+    uint64_t& us = late_us_[r];
+    while (us > 0) {  // a u32 of microseconds per row: over an hour in more rows
+      const uint32_t part = static_cast<uint32_t>(std::min<uint64_t>(us, UINT32_MAX));
+      out.push_back(Late{r, part});
+      us -= part;
+    }
+  }
+  any_late_ = false;
+  return out;
 }
 
 void Coordinator::on_rank_left(int rank) {
@@ -101,9 +128,9 @@ void Coordinator::on_rank_left(int rank) {
   for (auto& n : names) promote_if_complete(n, Time{});
 }
 
-void Coordinator::promote_if_complete(const std::string& name, Time now) {
+bool Coordinator::promote_if_complete(const std::string& name, Time now) {
   auto it = readiness_.find(name);
-  if (it == readiness_.end() || !complete(it->second)) return;
+  if (it == readiness_.end() || !complete(it->second)) return false;
   PlanEntry e = validate(it->second);
   readiness_.erase(it);
   if (ready_.empty() && groups_.empty()) first_ready_ = now;
@@ -112,14 +139,15 @@ void Coordinator::promote_if_complete(const std::string& name, Time now) {
     const auto key = std::make_pair(s.process_set, s.group_id);
     auto& members = groups_[key];
     members.push_back(std::move(e));
-    if (members.size() < s.group_size) return;
+    if (members.size() < s.group_size) return true;
     if (ready_.empty()) first_ready_ = now;
     for (auto& m : members) ready_.push_back(std::move(m));
     groups_.erase(key);
-    return;
+    return true;
   }
   if (ready_.empty()) first_ready_ = now;
   ready_.push_back(std::move(e));
+  return true;
 }
 
 PlanEntry Coordinator::validate(Readiness& p) {

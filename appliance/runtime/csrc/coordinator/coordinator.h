@@ -68,6 +68,13 @@ class Coordinator {
 
   bool idle() const { return readiness_.empty() && ready_.empty(); }
 
+  // Lateness since the last call (see Plan::late): for each name completed by one rank's
+  // readiness after every other member was ready, the time since the previous member became
+  // ready, counted once per rank where such intervals overlap. Joins and departures are not lateness.
+  std::vector<Late> take_late();
+  // Lateness seen elsewhere (a tree subtree's): added as take_late() will report it.
+  void add_late(int rank, Time from, Time to);
+
  private:
   // The readiness table's row of a name not yet ready on every rank of its set: which ranks
   // asked for it, with what.
@@ -78,11 +85,12 @@ class Coordinator {
     std::vector<std::optional<Request>> reqs;  // per rank
     int count = 0;
     Time first_seen{};
+    Time last_arrival{};  // when the latest member so far became ready
   };
 
   const std::vector<int>* members(int32_t set) const;  // nullptr: unknown set
   bool complete(const Readiness& p) const;
-  void promote_if_complete(const std::string& name, Time now);
+  bool promote_if_complete(const std::string& name, Time now);  // true: it was complete
   PlanEntry validate(Readiness& p);
 
   CoordinatorOptions o_;
@@ -95,6 +103,9 @@ class Coordinator {
   std::vector<uint8_t> joined_, left_;
   int joined_count_ = 0;
   int last_joined_ = -1;
+  std::vector<Time> late_until_;    // per rank: the end of the lateness counted so far
+  std::vector<uint64_t> late_us_;   // per rank: lateness not yet taken (take_late)
+  bool any_late_ = false;
   bool reported_ = false;  // a stall report was made, at last_report_
   Time last_report_{};
 };

@@ -66,9 +66,18 @@ struct PlanEntry {
   std::vector<uint8_t> joined;     // allreduce while some ranks joined: 1 for ranks that contribute zeros
 };
 
+// Lateness the coordinator saw since its previous plan: `rank` was the last one ready for
+// entries the others had all been ready for, and they waited `us` microseconds for it (the
+// union of those intervals per rank, so overlapping entries count once).
+struct Late {
+  int32_t rank = 0;
+  uint32_t us = 0;
+};
+
 struct Plan {
   uint64_t seq = 0;
   std::vector<PlanEntry> entries;
+  std::vector<Late> late;  // carried with the plan; each rank adds the rows naming it to its metrics
 };
 
 }  // namespace appliance

@@ -87,6 +87,11 @@ std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
     w.i32(e.joined_last);
     w.bytes(e.joined.data(), e.joined.size());
   }
+  w.u32(static_cast<uint32_t>(p.late.size()));
+  for (const Late& l : p.late) {
+    w.i32(l.rank);
+    w.u32(l.us);
+  }
   return w.take();
 }
 
@@ -142,6 +147,15 @@ Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache
       r.fail("alltoall entry without a full split matrix");
     if (!e.joined.empty() && e.joined.size() != static_cast<size_t>(size)) r.fail("joined vector of wrong length");
     p.entries.push_back(std::move(e));
+  }
+  const uint32_t late = r.u32();
+  if (late > static_cast<uint32_t>(size) * 64u) r.fail(std::to_string(late) + " lateness rows");
+  for (uint32_t k = 0; k < late; ++k) {
+    Late l;
+    l.rank = r.i32();
+    l.us = r.u32();
+    if (l.rank < 0 || l.rank >= size) r.fail("lateness of rank " + std::to_string(l.rank));
+    p.late.push_back(l);
   }
   r.expect_done();
   return p;
@@ -203,6 +217,12 @@ std::vector<uint8_t> encode_up(const UpMsg& m) {
   w.u32(static_cast<uint32_t>(m.left.size()));
   for (int32_t r : m.left) w.i32(r);
   put_ids(w, m.stale);
+  w.u32(static_cast<uint32_t>(m.ids.size()));  // one row per id (none known: nobody waited)
+  for (size_t i = 0; i < m.ids.size(); ++i) {
+    const Late l = i < m.late.size() ? m.late[i] : Late{0, UINT32_MAX};
+    w.i32(l.rank);
+    w.u32(l.us);
+  }
   return w.take();
 }
 
@@ -231,6 +251,15 @@ UpMsg decode_up(const std::vector<uint8_t>& p, int size, const std::string& from
     m.left.push_back(x);
   }
   m.stale = get_ids(r);
+  n = r.u32();
+  if (n != m.ids.size()) r.fail(std::to_string(n) + " lateness rows for " + std::to_string(m.ids.size()) + " ids");
+  for (uint32_t i = 0; i < n; ++i) {
+    Late l;
+    l.rank = r.i32();
+    l.us = r.u32();
+    if (l.rank < 0 || l.rank >= size) r.fail("lateness of rank " + std::to_string(l.rank));
+    m.late.push_back(l);
+  }
   r.expect_done();
   return m;
 }

@@ -2,12 +2,14 @@
 //
 // The star protocol (engine/star_negotiator.h), between each rank and rank 0:
 //   READY   rank -> 0   {epoch, full requests, cache ids}   names this rank is ready for
-//   PLAN    0 -> ranks  {seq, entries}                       what everyone runs next, in order
+//   PLAN    0 -> ranks  {seq, entries, lateness}             what everyone runs next, in order; who
+//                                                            the others waited for (Plan::late)
 //   RESEND  0 -> rank   {cache ids}                          ids the coordinator no longer knows
 //   NOTICE  0 -> ranks  {text lines}                         diagnostics every rank prints (stall report)
 // The tree protocol (engine/tree_negotiator.h), between tree neighbours:
 //   UP      child -> parent  {seq, ids complete in its subtree, full requests (rank, request,
-//                             ms waited), ranks that left, ids pending for long (stale)}
+//                             ms waited), ranks that left, ids pending for long (stale),
+//                             per id the subtree's last member and its lag}
 //   DOWN    parent -> child  {seq, slow?, ids evicted, lines to print, PLAN}: the root's
 //                             decisions, forwarded down unchanged
 //   GONE    parent -> child  {rank}: negotiation ended (that rank left in order)
@@ -65,6 +67,7 @@ struct UpMsg {
   std::vector<Full> full;
   std::vector<int32_t> left;   // ranks that left in order
   std::vector<uint32_t> stale;  // ids some rank has waited on for long (the root evicts them)
+  std::vector<Late> late;       // per id: the subtree's last member, and how long the rest waited for it (us; UINT32_MAX: nobody)
 };
 std::vector<uint8_t> encode_up(const UpMsg& m);
 UpMsg decode_up(const std::vector<uint8_t>& payload, int size, const std::string& from);

@@ -11,6 +11,8 @@ void Runtime::planned(const std::vector<PlanEntry>& entries) {
 
 void Runtime::run_plan(const Plan& plan) {
   const uint64_t mark = profile_.plan_begins();
+  for (const Late& l : plan.late)
+    if (l.rank == cfg_.rank) Stats::add(metrics_.late_ns, static_cast<uint64_t>(l.us) * 1000);
   for (const PlanEntry& e : plan.entries) run_entry(e);
   profile_.plan_ends(mark);
   Stats::add(stats_.plans);
@@ -52,6 +54,11 @@ void Runtime::run_entry(const PlanEntry& e) {
   }
   Backend& backend = backends_->for_entry(e, raw, join_device_.load());
   if (timeline_.on()) timeline_.launched(e, backend);
+  const int kind = static_cast<int>(e.kind) < Metrics::kKinds && !joined_here ? static_cast<int>(e.kind) : -1;
+  const int64_t started = steady_us();
+  if (kind >= 0) count_entry(e, ops, kind);
+  for (auto& op : ops)
+    if (op) op->planned_us = started;
   std::unique_ptr<Completion> completion = backend.launch(e, raw);
   Stats::add(stats_.entries);
   Stats::add(stats_.tensors, e.names.size());
@@ -63,19 +70,40 @@ void Runtime::run_entry(const PlanEntry& e) {
         op->ready_event = ev;
         handles_.mark_launched(op);
       }
-    running_.push_back(Running{std::move(completion), std::move(ops)});
+    running_.push_back(Running{std::move(completion), std::move(ops), kind, started});
     return;
   }
+  if (kind >= 0) Stats::add(metrics_.kinds[kind].ns, static_cast<uint64_t>(steady_us() - started) * 1000);
   if (timeline_.on())
     for (size_t i = 0; i < ops.size(); ++i)
       if (ops[i]) timeline_.done(e.names[i], e.sigs[i]);
   handles_.complete_all(ops, Status::Ok());
 }
 
+void Runtime::count_entry(const PlanEntry& e, const std::vector<OpPtr>& ops, int kind) {
+  uint64_t n = 0, bytes = 0;
+  for (const OpPtr& op : ops) {
+    if (!op) continue;
+    ++n;
+    const Signature& s = op->req.sig;
+    if (e.kind == OpKind::kAllgather && !e.sizes.empty()) {  // the gathered output, as nccl-tests sizes it
+      int64_t rows = 0;
+      for (int64_t d : e.sizes) rows += d;
+      bytes += static_cast<uint64_t>(rows * s.row_elems()) * dtype_size(s.dtype);
+    } else {
+      bytes += s.nbytes();
+    }
+  }
+  Metrics::PerKind& k = metrics_.kinds[kind];
+  Stats::add(k.n, n);
+  Stats::add(k.bytes, bytes);
+}
+
 void Runtime::poll_running() {
   while (!running_.empty()) {
     Running& r = running_.front();
     if (!r.completion->done()) return;  // in plan order: later entries wait for earlier ones
+    if (r.kind >= 0) Stats::add(metrics_.kinds[r.kind].ns, static_cast<uint64_t>(steady_us() - r.started) * 1000);
     for (auto& op : r.ops)
       if (op) {
         if (timeline_.on()) timeline_.done(op->req.name, op->req.sig);

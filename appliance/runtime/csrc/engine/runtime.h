@@ -17,6 +17,7 @@
 // is also written once to cfg.fault_file (engine/fault_report.h), for the launcher.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -81,6 +82,29 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     }
   };
   const Stats& stats() const { return stats_; }
+  // What a rank publishes as metrics (appliance/runtime/metrics.py), cumulative since this
+  // Runtime started; read from any thread. Per operation kind (allreduce..reducescatter): the
+  // operations run here, their bytes (as nccl-tests sizes them) and the time from their plan's
+  // launch to their completion. busy: callers blocked in wait(); wait: the part of that before
+  // the awaited operations were negotiated (the others were not ready); late: the time the
+  // others waited for this rank, as the coordinator saw it (Plan::late). Engine-side counters
+  // are written under the engine's lock only (Stats::add); busy and wait by callers (relaxed adds).
+  struct Metrics {
+    static constexpr int kKinds = 5;  // OpKind::kAllreduce .. kReducescatter
+    struct PerKind {
+      std::atomic<uint64_t> n{0}, bytes{0}, ns{0};
+    } kinds[kKinds];
+    std::atomic<uint64_t> busy_ns{0}, wait_ns{0}, late_ns{0};
+  };
+  const Metrics& metrics() const { return metrics_; }
+  // A caller was blocked in wait() from t0 to t1 (steady_us); the last of the operations it
+  // waited for was planned at `planned` (0: none was).
+  void note_wait(int64_t t0, int64_t t1, int64_t planned) {
+    if (t1 <= t0) return;
+    metrics_.busy_ns.fetch_add(static_cast<uint64_t>(t1 - t0) * 1000, std::memory_order_relaxed);
+    const int64_t w = std::min(planned, t1) - t0;
+    if (w > 0) metrics_.wait_ns.fetch_add(static_cast<uint64_t>(w) * 1000, std::memory_order_relaxed);
+  }
   // With profiling on (set_profiling): thread CPU time of the engine's turns that moved control
   // frames or announced work, less the plans they ran (the negotiation's own work), and those turns.
   const NegotiationProfile& profile() const { return profile_; }
@@ -166,6 +190,7 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   // --- plans (engine/plans.cc) ---
   void run_plan(const Plan& plan);
   void run_entry(const PlanEntry& e);
+  void count_entry(const PlanEntry& e, const std::vector<OpPtr>& ops, int kind);  // metrics_ per kind
   // Completes the handles of launched entries whose backend has finished, in plan order.
   void poll_running();
   // A joined rank skips the ops the others run; it counts their automatic names as used so
@@ -210,10 +235,13 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   struct Running {                    // launched entries whose backend has not finished
     std::unique_ptr<Completion> completion;
     std::vector<OpPtr> ops;
+    int kind = -1;        // Metrics::kinds index (-1: not counted)
+    int64_t started = 0;  // steady_us at launch
   };
   std::deque<Running> running_;
   HandleTable handles_;
   Stats stats_;
+  Metrics metrics_;
   NegotiationProfile profile_{stats_.ctrl_in, stats_.ctrl_out};
   std::shared_ptr<OutputPool> outputs_ = std::make_shared<OutputPool>();  // large core-allocated outputs
 

@@ -103,6 +103,7 @@ void StarNegotiator::issue_plans(Time now, Negotiated& out) {
     Plan plan;
     plan.seq = plans_ + 1;
     plan.entries = std::move(entries);
+    plan.late = coord_->take_late();
     if (observer_ && observer_->on()) observer_->planned(plan.entries);
     if (o_.size > 1) {
       std::vector<uint8_t> bytes = encode_plan(plan, cache_);

@@ -59,7 +59,7 @@ void TreeNegotiator::announce(Mine& m, Time now) {
   m.id = id;
   ++ready_ids_;
   next_stale_ = std::min(next_stale_, stale_after(m));
-  mark(id, 0, now);
+  mark(id, 0, now, Late{o_.rank, kNoLag});
 }
 
 void TreeNegotiator::announce_full(Mine& m, Time now) {
@@ -70,22 +70,35 @@ void TreeNegotiator::announce_full(Mine& m, Time now) {
   else up_.full.push_back(UpMsg::Full{o_.rank, m.req, waited});
 }
 
-void TreeNegotiator::mark(uint32_t id, int source, Time now) {
+void TreeNegotiator::mark(uint32_t id, int source, Time now, Late last) {
   if (done_.count(id)) return;
-  uint32_t& bits = table_[id];
-  bits |= 1u << source;
+  Arrivals& a = table_[id];
+  if (a.bits && now > a.last) {
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - a.last).count();
+    last.us = std::min<uint64_t>(last.us, static_cast<uint64_t>(waited));
+  } else if (a.bits) {
+    last.us = 0;
+  }
+  if (!a.bits || now >= a.last) {
+    a.last = now;
+    a.latest = last;
+  }
+  a.bits |= 1u << source;
   const uint32_t all = (1u << (children_.size() + 1)) - 1;
-  if (bits != all) return;
+  if (a.bits != all) return;
+  const Late latest = a.latest;
   table_.erase(id);
-  complete(id, now);
+  complete(id, now, latest);
 }
 
-void TreeNegotiator::complete(uint32_t id, Time now) {
+void TreeNegotiator::complete(uint32_t id, Time now, Late last) {
   done_.insert(id);
   if (!root()) {
     up_.ids.push_back(id);
+    up_.late.push_back(last);
     return;
   }
+  if (last.us != kNoLag && last.us > 0) coord_->add_late(last.rank, now - std::chrono::microseconds(last.us), now);
   const ResponseCache::Entry* c = cache_.get(id);
   APPLIANCE_ASSERT(c != nullptr, "a complete id the cache does not hold");
   PlanEntry e;
@@ -157,8 +170,8 @@ void TreeNegotiator::on_up(int from, const std::vector<uint8_t>& payload, Time n
   // Ids reported before the last mode change are void (the child re-announces in full), and so
   // are ids this rank's cache no longer holds (evicted since: ids are never given again).
   if (!slow_ && m.seq >= slow_seq_)
-    for (uint32_t id : m.ids)
-      if (cache_.get(id)) mark(id, source, now);
+    for (size_t i = 0; i < m.ids.size(); ++i)
+      if (cache_.get(m.ids[i])) mark(m.ids[i], source, now, m.late[i]);
   for (UpMsg::Full& f : m.full) {
     if (root()) full(f.rank, std::move(f.req), f.waited_ms, now);
     else up_.full.push_back(std::move(f));
@@ -201,6 +214,7 @@ void TreeNegotiator::apply(const DownMsg& m, Plan plan, Time now, Negotiated& ou
     table_.clear();
     done_.clear();
     up_.ids.clear();
+    up_.late.clear();
     for (auto& kv : mine_)
       if (kv.second.id) announce_full(kv.second, now);
   }
@@ -249,6 +263,7 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
   for (uint32_t id : m.evict) cache_.erase(id);
   Plan plan;
   plan.entries = std::move(entries);
+  if (!plan.entries.empty()) plan.late = coord_->take_late();
   if (observer_ && observer_->on() && !plan.entries.empty()) observer_->planned(plan.entries);
   if (!plan.entries.empty()) m.plan = encode_plan(plan, cache_);
   const std::vector<uint8_t> bytes = encode_down(m);

@@ -28,6 +28,10 @@
 // the id unless it is about to run; every rank then re-announces it in full with how long it
 // waited, so the coordinator's stall report (sent down to every rank) names the missing ranks.
 // Every re-announcement follows a DOWN, so it never races a plan that runs the same request.
+// Lateness: with each id a rank reports up goes its subtree's last member and how long the rest
+// of the subtree waited for it (the smaller of that member's own subtree's lag and the time
+// since the previous source was ready here); the root hands the whole tree's to the coordinator,
+// whose next plan carries it (Plan::late).
 // Departures: a rank whose parent leaves ends its negotiation (as rank 0's departure ends
 // everyone's) and tells its children; a parent reports a departed child's subtree up as left.
 #pragma once
@@ -77,8 +81,10 @@ class TreeNegotiator final : public Negotiator {
   Time stale_after(const Mine& m) const;
   void announce(Mine& m, Time now);            // as an id when cached (and not slow), else in full
   void announce_full(Mine& m, Time now);
-  void mark(uint32_t id, int source, Time now);  // source 0: this rank; i > 0: children_[i-1]
-  void complete(uint32_t id, Time now);        // ready in the whole subtree
+  // source 0: this rank; i > 0: children_[i-1], whose subtree's last member was `last` (Late:
+  // its rank, and how long the rest of that subtree had waited for it; kNoLag: nobody did).
+  void mark(uint32_t id, int source, Time now, Late last);
+  void complete(uint32_t id, Time now, Late last);  // ready in the whole subtree
   void full(int rank, Request req, int64_t waited_ms, Time now);
   void left(int rank, Time now);
   void stale(uint32_t id);  // root: some rank waits on it for long
@@ -104,8 +110,16 @@ class TreeNegotiator final : public Negotiator {
   uint64_t seq_ = 0;                // DOWN messages applied
   bool slow_ = false;
   uint64_t slow_seq_ = 0;           // seq of the last mode change
-  // The AND over the subtree: id -> which sources (bit 0 this rank, bit i child i) are ready.
-  std::unordered_map<uint32_t, uint32_t> table_;
+  // The AND over the subtree: id -> which sources (bit 0 this rank, bit i child i) are ready,
+  // when the latest of them came, and the subtree's last member so far with its lag (the
+  // lateness the root hands the coordinator: Plan::late).
+  static constexpr uint32_t kNoLag = UINT32_MAX;
+  struct Arrivals {
+    uint32_t bits = 0;
+    Time last{};
+    Late latest{0, kNoLag};
+  };
+  std::unordered_map<uint32_t, Arrivals> table_;
   std::set<uint32_t> done_;         // complete here (reported up, or at the root: planned soon)
   UpMsg up_;                        // what goes up next (not the root)
 

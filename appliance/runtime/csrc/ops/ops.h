@@ -61,6 +61,7 @@ struct OpState {
   // A caller may make its own stream wait on it instead of waiting for `done` on the host.
   std::shared_ptr<void> ready_event;
   int64_t value = -1;
+  int64_t planned_us = 0;  // steady_us when its plan entry launched here (metrics: the caller's wait)
   // Set (under the table's mutex) by the background thread; atomic so that a spinning
   // waiter reads them without taking that mutex, which it would otherwise keep from the
   // thread that completes the op. Release/acquire: what was written before is visible.

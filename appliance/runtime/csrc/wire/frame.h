@@ -21,7 +21,7 @@
 
 namespace appliance {
 
-constexpr uint8_t kWireVersion = 1;
+constexpr uint8_t kWireVersion = 2;  // 2: PLAN carries lateness (Plan::late)
 constexpr size_t kFrameHeaderSize = 20;
 
 enum class FrameType : uint8_t {
