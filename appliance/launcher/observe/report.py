@@ -170,4 +170,38 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
     return path
 
 
-__all__ = ["Point", "REPORT", "draw", "series", "summarize"]
+def job_dir_of(job: str, shared: str) -> str:
+    """``appliance report JOB``: JOB is a job id under ``SHARED/jobs`` or a job directory."""
+    from ...mount import Layout
+
+    if os.sep in job or job in (".", ".."):
+        path = job
+    else:
+        try:
+            path = Layout(shared).job_dir(job)
+        except ValueError as e:
+            raise FileNotFoundError(str(e)) from None
+    if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
+        where = path if os.sep in job else f"{Layout(shared).jobs} (--shared or APPLIANCE_SHARED to look elsewhere)"
+        raise FileNotFoundError(f"no record of job {job} in {where}")
+    return path
+
+
+def summary_text(job_dir: str) -> str:
+    """One line: the record's summary, as the launcher said it at the end."""
+    record = read_record(job_dir)
+    end = record.get("end") or {}
+    if end.get("summary"):
+        return str(end["summary"])
+    s = summarize(record)
+    if not s:
+        return "summary: no samples in the record"
+    text = f"summary: {s['steps']:.0f} steps in {s['elapsed_s']:.0f} s"
+    if s.get("comm_share") is not None:
+        text += f", communication {s['comm_share'] * 100:.0f}% of step time"
+    if s["top"][2] > 0:
+        text += f", top straggler rank {s['top'][0]} on {s['top'][1]} (the others waited {s['top'][2]:.1f} s for it)"
+    return text + ("" if record.get("end") else " (the job is running or was killed: the record has no end)")
+
+
+__all__ = ["Point", "REPORT", "draw", "job_dir_of", "series", "summarize", "summary_text"]
