@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from appliance.common.knobs import ConfigError, parse_launcher, read
 from appliance.common.slurm import SlurmAllocation
+from appliance.launcher.flagtable import fallback
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -74,18 +75,18 @@ class RemoteConfig:
             raise ConfigError(f"-p {port}: expected a TCP port (1-65535)")
         if not host_wait_s >= 0:
             raise ConfigError(f"host_wait_s must not be negative, got {host_wait_s!r}")
-        python = remote_python or read("APPLIANCE_REMOTE_PYTHON", env) or None
+        python = fallback("remote_python", remote_python or None, env) or None
         if python is not None and not os.path.isabs(python):
             raise ConfigError(f"--remote-python {python!r}: must be an absolute path (SSH sessions do not see "
                               "the PATH of a login shell or of Docker's ENV)")
-        iface = network_interface or read("HOROVOD_GLOO_IFACE", env) or None
+        iface = fallback("network_interface", network_interface or None, env) or None
         if iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:@\-]{1,15}", iface):
             raise ConfigError(f"--network-interface {iface!r} is not an interface name")
         return cls(
-            port=int(port) if port is not None else read("APPLIANCE_SSH_PORT", env),
-            key=os.fspath(key) if key else (read("APPLIANCE_SSH_KEY", env) or None),
+            port=int(port) if port is not None else fallback("ssh_port", None, env),
+            key=os.fspath(key) if key else (fallback("ssh_identity_file", None, env) or None),
             user=user or read("APPLIANCE_SSH_USER", env) or None,
-            shared_dir=os.fspath(shared) if shared else read("APPLIANCE_SHARED", env),
+            shared_dir=os.fspath(shared) if shared else fallback("shared", None, env),
             shared_explicit=bool(shared),
             remote_python=python,
             network_interface=iface,
@@ -118,8 +119,8 @@ class CheckConfig:
         if start_timeout is not None and not start_timeout > 0:
             raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
         return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
-                   start_timeout_s=read("HOROVOD_START_TIMEOUT", env) if start_timeout is None else float(start_timeout),
-                   verbose=read("APPLIANCE_VERBOSE", env) if verbose is None else bool(verbose),
+                   start_timeout_s=float(fallback("start_timeout", start_timeout, env)),
+                   verbose=bool(fallback("verbose", verbose, env)),
                    remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
 
 
@@ -174,7 +175,7 @@ class ElasticConfig:
             raise ConfigError(f"expected --min-np <= -np <= --max-np, got {lo} <= {np} <= "
                               f"{'(unbounded)' if hi is None else hi}")
         if elastic_timeout is None:
-            timeout = read("HOROVOD_ELASTIC_TIMEOUT", env)  # refused there, naming the variable
+            timeout = fallback("elastic_timeout", None, env)  # its knob: refused there, naming the variable
         else:
             timeout = float(elastic_timeout)
             if not (math.isfinite(timeout) and timeout > 0):
@@ -280,9 +281,9 @@ class LaunchConfig:
             np=np,
             hosts=hosts,
             hostfile=None if hostfile is None else os.fspath(hostfile),
-            start_timeout_s=read("HOROVOD_START_TIMEOUT", merged) if start_timeout is None else float(start_timeout),
+            start_timeout_s=float(fallback("start_timeout", start_timeout, merged)),
             output_dir=None if output_dir is None else os.fspath(output_dir),
-            verbose=read("APPLIANCE_VERBOSE", merged) if verbose is None else bool(verbose),
+            verbose=bool(fallback("verbose", verbose, merged)),
             timeout_s=None if timeout is None else float(timeout),
             stop_grace_s=read("APPLIANCE_STOP_GRACE", merged),
             failure_grace_s=read("APPLIANCE_FAILURE_GRACE", merged),
@@ -292,7 +293,7 @@ class LaunchConfig:
             remote=RemoteConfig.create(environ=merged, **remote),
             slurm=SlurmAllocation.from_env(environ),
             ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
-            launcher=read("APPLIANCE_LAUNCHER", merged) if launcher is None else _launcher_flag(launcher),
+            launcher=fallback("launcher", None, merged) if launcher is None else _launcher_flag(launcher),
             elastic=elastic,
         )
 

@@ -21,7 +21,6 @@ arguments raise ``HostsError``/``ConfigError`` before anything starts; an unusab
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
@@ -31,9 +30,7 @@ from . import mechanism
 from .executors import is_local
 from .failures import Outcome, wait_for_end
 from .hosts import Host, HostsError, assign_ranks, hosts_from
-from .reaper import Reaper
-from .signals import SignalTrap
-from .output import OutputSink
+from .setup import JobSetup
 from .workers import SpawnError
 
 
@@ -89,36 +86,24 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     ranks = mechanism.choose(config, on_host_report=on_host_report)
     hosts, merges = ranks.arrange(hosts_of(config, ranks.name))
     slots = assign_ranks(hosts, config.np)
-    with contextlib.ExitStack() as stack:
-        trap = stack.enter_context(SignalTrap(handle_signals))
-        stack.enter_context(ranks)
+    with JobSetup(config, ranks, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout,
+                  stderr=stderr) as job:
         plan = ranks.open(slots)
-        sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
-                                              stdout=stdout, stderr=stderr))
+        sink = job.begin(plan.fault_dir, config.np)
         for line in [f"appliance launch: {m}" for m in merges] + ranks.notes():
             sink.message(line)
         if config.verbose:
             for line in ranks.describe(slots, plan):
                 sink.message(line)
-        reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[plan.fault_dir]))
-        if reaper.error:
-            sink.message(f"appliance launch: warning: {reaper.error}")
-        stack.callback(ranks.stop)  # before the reaper is told the job ended normally
         outcome = None
         try:
-            ranks.start([mechanism.RankSpec(s, s.rank) for s in slots], plan, sink, reaper,
-                        cancelled=lambda: bool(trap.received))
+            ranks.start([mechanism.RankSpec(s, s.rank) for s in slots], plan, sink, job.reaper,
+                        cancelled=lambda: bool(job.trap.received))
         except SpawnError as e:
             outcome = Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
         if outcome is None:
-            outcome = wait_for_end(ranks, trap, deadline, config.timeout_s, config.failure_grace_s)
-        others = len(ranks.running())
-        ranks.stop()
-        summary = outcome.reason
-        if outcome.returncode != 0 and others:
-            summary += f"; stopped {others}{' other' if outcome.rank is not None else ''} rank{'s' if others != 1 else ''}"
-        if outcome.returncode != 0 and echo:
-            sink.message(f"appliance launch: {summary}")
+            outcome = wait_for_end(ranks, job.trap, deadline, config.timeout_s, config.failure_grace_s)
+        summary = job.finish(outcome)
         lines = sink.captured()
     return LaunchResult(returncode=outcome.returncode, failed_rank=outcome.rank, failed_host=outcome.host,
                         reason=summary, lines=lines, timed_out=outcome.timed_out,
