@@ -226,6 +226,8 @@ class LaunchConfig:
     ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
     launcher: str = "auto"  # auto, ssh, srun, local (slurm/step.py decides what auto means)
     elastic: ElasticConfig | None = None  # an elastic job (--min-np, --max-np or a discovery script)
+    view: bool = True                     # --no-view: False (observe/session.py reads APPLIANCE_VIEW too)
+    metrics_port: int | None = None       # --metrics-port: serve Prometheus' text format there
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
@@ -236,7 +238,7 @@ class LaunchConfig:
                min_np: int | None = None, max_np: int | None = None, host_discovery_script: str | None = None,
                slots_per_host: int | None = None, elastic_timeout: float | None = None,
                reset_limit: int | None = None, blacklist_cooldown_range: Sequence[float] | None = None,
-               **remote: Any) -> "LaunchConfig":
+               no_view: bool = False, metrics_port: int | None = None, **remote: Any) -> "LaunchConfig":
         """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
         remote_python, network_interface, host_wait_s). ``launcher``: --launcher (else
         APPLIANCE_LAUNCHER). The elastic arguments (Horovod's flags) make an elastic job as soon
@@ -295,7 +297,15 @@ class LaunchConfig:
             ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
             launcher=fallback("launcher", None, merged) if launcher is None else _launcher_flag(launcher),
             elastic=elastic,
+            view=not no_view,
+            metrics_port=_metrics_port(fallback("metrics_port", metrics_port, merged)),
         )
+
+
+def _metrics_port(port: Any) -> int | None:
+    if port is not None and not 0 <= int(port) < 65536:
+        raise ConfigError(f"--metrics-port {port}: expected a TCP port (1-65535, or 0 for any free one)")
+    return None if port is None else int(port)
 
 
 def _launcher_flag(value: str) -> str:

@@ -153,8 +153,7 @@ class Observer:
             reported = any(r.last is not None for r in snap.ranks)
             summary = ""
             if reported:
-                tops = [(r.rank, r.host, r.last.late_s) for r in snap.ranks if r.last is not None]
-                summary = closing_line(snap, max(tops, key=lambda x: x[2]) if tops else None)
+                summary = closing_line(snap)
                 self._say(f"{self.prefix}: {summary}")
             if self.record is not None:
                 self.record.end(snap, self.returncode, summary)

@@ -87,17 +87,24 @@ def summary_line(snap: Snapshot) -> str:
     return line
 
 
-def closing_line(snap: Snapshot, top: Optional[tuple] = None) -> str:
-    """The job's summary at its end. ``top``: (rank, host, seconds the others waited for it in all)."""
-    parts = [f"{fmt_step(snap)} steps in {fmt_duration(snap.elapsed_s)}"]
-    if snap.step and snap.elapsed_s > 0:
-        parts.append(f"{fmt_rate(snap.step / snap.elapsed_s)} steps/s")
-    if snap.samples_per_s is not None:
-        parts.append(f"last {fmt_rate(snap.samples_per_s)} samples/s")
-    if snap.comm_share is not None:
-        parts.append(f"communication {fmt_pct(snap.comm_share)} of step time")
-    if top is not None and top[2] > 0:
-        parts.append(f"top straggler rank {top[0]} on {top[1]} (the others waited {top[2]:.1f} s for it)")
+def closing_line(snap: Snapshot) -> str:
+    """The job's summary at its end, from every rank's last cumulative counters: steps, overall
+    steps/s, communication share of the whole run, and the rank the others waited for most."""
+    last = [r for r in snap.ranks if r.last is not None]
+    steps = min((r.last.step for r in last), default=None)
+    total = f"/{snap.total_steps}" if snap.total_steps else ""
+    parts = [f"{'-' if steps is None else f'{steps:.0f}'}{total} steps in {fmt_duration(snap.elapsed_s)}"]
+    if steps and snap.elapsed_s > 0:
+        parts.append(f"{fmt_rate(steps / snap.elapsed_s)} steps/s")
+    samples = [r.last.samples for r in last if r.last.samples is not None]
+    if samples and snap.elapsed_s > 0:
+        parts.append(f"{fmt_rate(sum(samples) / snap.elapsed_s)} samples/s")
+    shares = [r.last.busy_s / r.last.wall_s for r in last if r.last.wall_s > 0]
+    if shares:
+        parts.append(f"communication {fmt_pct(sum(shares) / len(shares))} of the time")
+    top = max(last, key=lambda r: r.last.late_s, default=None)
+    if top is not None and len(last) > 1 and top.last.late_s > 0:
+        parts.append(f"top straggler rank {top.rank} on {top.host} (the others waited {top.last.late_s:.1f} s for it)")
     return "summary: " + ", ".join(parts)
 
 

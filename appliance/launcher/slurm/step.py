@@ -444,7 +444,9 @@ class Srun:
                     return
                 self.add(spec.slot.host, [spec], plan)
             return
-        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper)
+        # one environment for every task: the first rank's additions (the observers' address)
+        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper,
+                             extra_env=dict(specs[0].env) if specs else {})
         if not cancelled():
             self.step.start()
 
