@@ -89,7 +89,8 @@ def summary_line(snap: Snapshot) -> str:
 
 def closing_line(snap: Snapshot) -> str:
     """The job's summary at its end, from every rank's last cumulative counters: steps, overall
-    steps/s, communication share of the whole run, and the rank the others waited for most."""
+    steps/s, communication share of the whole run, and the rank the others waited for most
+    (when it stands out)."""
     last = [r for r in snap.ranks if r.last is not None]
     steps = min((r.last.step for r in last), default=None)
     total = f"/{snap.total_steps}" if snap.total_steps else ""
@@ -102,8 +103,10 @@ def closing_line(snap: Snapshot) -> str:
     shares = [r.last.busy_s / r.last.wall_s for r in last if r.last.wall_s > 0]
     if shares:
         parts.append(f"communication {fmt_pct(sum(shares) / len(shares))} of the time")
-    top = max(last, key=lambda r: r.last.late_s, default=None)
-    if top is not None and len(last) > 1 and top.last.late_s > 0:
+    lates = sorted(last, key=lambda r: r.last.late_s, reverse=True)
+    top = lates[0] if len(lates) > 1 else None
+    # named only when it stands out: twice the next rank's, and 1% of the job's time
+    if top is not None and top.last.late_s >= max(2 * lates[1].last.late_s, 0.01 * snap.elapsed_s, 1e-3):
         parts.append(f"top straggler rank {top.rank} on {top.host} (the others waited {top.last.late_s:.1f} s for it)")
     return "summary: " + ", ".join(parts)
 
