@@ -68,7 +68,8 @@ def test_live_view_in_a_terminal(tmp_path):
         term.type("r", enter=False)
         screen = term.wait_for(lambda s: re.search(r"^\s+rank\s+0\s+\d+", s, re.M) and
                                re.search(r"^\s+rank ◀ straggler\s+1\s+\d+", s, re.M), 5, "a row per rank after r")
-        screen = term.wait_for(lambda s: "EXIT=0" in s, 90, "the job's end")
+        screen = term.wait_for(lambda s: re.search(r"^EXIT=\d+", s, re.M), 90, "the job's end")
+        assert re.search(r"^EXIT=0$", screen, re.M), screen
         history = term.history()
         check_output_lines(history, 2, 20)
         assert re.search(r"appliance launch: summary: \d+/200 steps in \d+s, [\d.]+ steps/s, .*top straggler rank 1 "

@@ -200,7 +200,7 @@ class Snapshot:
     started: float
     size: int
     ranks: tuple                   # RankRow, by rank
-    hosts: tuple                   # HostRow, in the order the hosts first appeared
+    hosts: tuple                   # HostRow, by their lowest rank
     step: Optional[float]
     total_steps: Optional[int]
     steps_per_s: Optional[float]
@@ -361,7 +361,8 @@ class JobState:
         for r in rows:
             by_host.setdefault(r.host, []).append(r)
         out = []
-        for host, mine in by_host.items():
+        # hosts in the order of their lowest rank (as -H lists them), not of their first hello
+        for host, mine in sorted(by_host.items(), key=lambda kv: min((r.rank for r in kv[1]), default=1 << 30)):
             if not mine:
                 continue
             live = [r for r in mine if r.alive] or mine

@@ -281,7 +281,13 @@ class LiveDisplay:
         try:
             with self._lock:
                 self._flush()
-                self._draw()
+                snap = self.snapshot()
+                if any(r.last is not None for r in snap.ranks):
+                    self._live.update(render(snap, self.ranks), refresh=True)
+                else:  # nothing was ever reported: leave no empty table behind
+                    from rich.text import Text
+
+                    self._live.update(Text(""), refresh=True)
                 self._live.stop()
         except Exception:  # noqa: BLE001
             pass
