@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import os
 import socket
 import time
@@ -233,3 +234,40 @@ def test_prometheus_port_in_use_is_one_clear_error():
         s.listen()
         with pytest.raises(ConfigError, match=rf"--metrics-port {s.getsockname()[1]}: cannot listen there"):
             PrometheusEndpoint(s.getsockname()[1], state.snapshot).__enter__()
+
+
+def test_status_lists_running_jobs_only(tmp_path):
+    from appliance.cluster.status import list_jobs, render
+
+    now = 5000.0
+    jobs = tmp_path / "jobs"
+    for name, live in {"run1": {"ended": None, "updated": now - 2, "started": now - 300, "step": 120,
+                                "total_steps": 1000, "steps_per_s": 2.5, "hosts": ["a", "b"], "ranks": 16,
+                                "reporting": 16},
+                       "done": {"ended": now - 10, "updated": now - 10, "started": now - 99, "hosts": ["a"], "ranks": 1},
+                       "stale": {"ended": None, "updated": now - 600, "started": now - 900, "hosts": ["a"],
+                                 "ranks": 1}}.items():
+        (jobs / name).mkdir(parents=True)
+        (jobs / name / "live.json").write_text(json.dumps(live))
+    (jobs / "nofile").mkdir()
+    rows = list_jobs([str(tmp_path)], now=now)
+    assert [(r.job, r.hosts, r.ranks, r.step, r.steps_per_s, r.age_s) for r in rows] == [
+        ("run1", ("a", "b"), 16, 120, 2.5, 300.0)]
+    import io
+
+    out = io.StringIO()
+    render(None, out, [], [str(tmp_path)], rows)
+    text = out.getvalue()
+    assert re.search(r"run1\s*│\s*a, b\s*│\s*16\s*│\s*120/1000\s*│\s*2\.50\s*│\s*5m", text), text
+
+
+def test_report_command_without_a_record_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "jobs").mkdir()
+    r = subprocess.run([sys.executable, "-m", "appliance", "report", "nojob", "--shared", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == f"appliance report: no record of job nojob in {tmp_path}/jobs (--shared or APPLIANCE_SHARED " \
+                       "to look elsewhere)\n"
