@@ -90,11 +90,14 @@ def test_32_ranks_on_4_hosts(four_hosts, tmp_path):
         assert up == {(hosts[r // 8], str(r)) for r in range(32)}
         assert {s.labels["job"] for s in samples} == {job_id}
 
-        status = subprocess.run([sys.executable, "-m", "appliance", "status", "--shared", shared], capture_output=True,
-                                text=True, timeout=60, env={**os.environ, **env})
-        row = next((l for l in status.stdout.splitlines() if job_id in l), "")
-        assert re.search(rf"{job_id}\s*│\s*{re.escape(', '.join(hosts))}\s*│\s*32\s*│\s*\d+/150\s*│\s*[\d.]+\s*│",
-                         row), status.stdout + status.stderr
+        want = re.compile(rf"{job_id}\s*│\s*{re.escape(', '.join(hosts))}\s*│\s*32\s*│\s*\d+/150\s*│\s*[\d.]+\s*│")
+        for _ in range(10):  # live.json is rewritten every 2 s
+            status = subprocess.run([sys.executable, "-m", "appliance", "status", "--shared", shared],
+                                    capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+            if want.search(status.stdout):
+                break
+            time.sleep(1)
+        assert want.search(status.stdout), status.stdout + status.stderr
 
         term.wait_for(lambda s: f"straggler: rank 13 on {hosts[1]} keeps the others waiting" in s, 30,
                       "the straggler named")
