@@ -23,6 +23,7 @@ from typing import Any, Optional
 from .record import read_record
 
 REPORT = "report.png"
+BIN_S = 5.0  # seconds per time bin (the record has a row per rank every 2 s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,7 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
     hosts = list(dict.fromkeys(p.host for p in points))
     ranks = sorted({p.rank for p in points})
     span = max(p.t for p in points)
-    nbins = max(1, min(200, int(span / 2) + 1))
+    nbins = max(1, min(150, int(span / BIN_S) + 1))  # a few record rows per bin: no gaps, no aliasing
     width = (span + 1e-9) / nbins
 
     def binned(select, combine) -> dict:
@@ -117,7 +118,7 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
                 acc[p.host][min(nbins - 1, int(p.t / width))].append(v)
         return {h: sorted((b * width + width / 2, combine(vs)) for b, vs in bins.items()) for h, bins in acc.items()}
 
-    speed = binned(lambda p: p.steps_per_s, statistics.median)
+    speed = binned(lambda p: p.steps_per_s, statistics.mean)
     comm = binned(lambda p: p.comm_share, statistics.mean)
     heat = np.full((len(ranks), nbins), np.nan)
     cells: dict = collections.defaultdict(list)
@@ -126,6 +127,10 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
             cells[(ranks.index(p.rank), min(nbins - 1, int(p.t / width)))].append(p.late_ms)
     for (i, b), vs in cells.items():
         heat[i, b] = statistics.mean(vs)
+    for i in range(len(ranks)):  # a bin without a row of this rank: its previous value
+        for b in range(1, nbins):
+            if np.isnan(heat[i, b]):
+                heat[i, b] = heat[i, b - 1]
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True,
                              gridspec_kw={"height_ratios": [1, 1, max(1.0, min(2.5, len(ranks) / 16))]})
@@ -136,6 +141,7 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
             xs, ys = zip(*comm[h])
             axes[1].plot(xs, [y * 100 for y in ys], label=h, linewidth=1.2)
     axes[0].set_ylabel("steps/s")
+    axes[0].set_ylim(0, max((y for h in speed.values() for _, y in h), default=1.0) * 1.15 or 1.0)
     axes[0].set_title("steps/s per host")
     axes[1].set_ylabel("% of wall time")
     axes[1].set_title("communication share per host (time blocked in collectives)")
