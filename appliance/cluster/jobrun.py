@@ -123,8 +123,10 @@ def job_config(job: dict, job_dir: str, **extra: Any) -> LaunchConfig:
     flags = with_defaults(given, ssh_port=int(job["ssh_port"]),
                           output_filename=os.path.join(job_dir, "logs"), shared=job["shared"])
     wrapped = [sys.executable, "-m", "appliance.cluster.rankexec", job_dir, "--", *job["command"]]
-    if "environ" not in extra:  # the job's record (observe/) goes into its job directory
-        extra["environ"] = {**os.environ, "APPLIANCE_RECORD_DIR": job_dir}
+    environ = extra.get("environ")
+    environ = dict(os.environ if environ is None else environ)
+    environ.setdefault("APPLIANCE_RECORD_DIR", job_dir)  # the job's record (observe/) goes into its job directory
+    extra["environ"] = environ
     config = flags.launch_config(wrapped, host_wait_s=float(job.get("secondary_wait_s", 20.0)), **extra)
     # -p/-i the user gave (the cluster's own port is not one: no "unused" line for a one-host job)
     return dataclasses.replace(config, ssh_flags=tuple(

@@ -271,3 +271,18 @@ def test_report_command_without_a_record_is_one_line(tmp_path):
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == f"appliance report: no record of job nojob in {tmp_path}/jobs (--shared or APPLIANCE_SHARED " \
                        "to look elsewhere)\n"
+
+
+def test_the_record_of_a_primary_job_goes_into_its_job_directory():
+    from appliance.cluster.jobrun import job_config
+    from appliance.launcher.flags import LaunchFlags
+    from appliance.launcher.observe.session import record_dir_of
+
+    job = {"launch": LaunchFlags(np=2, hosts="a:1,b:1").to_json(), "command": ["python", "-m", "train"],
+           "ssh_port": 12345, "shared": "/s", "secondary_wait_s": 7.5}
+    config = job_config(job, "/s/jobs/j1", environ={})
+    assert record_dir_of("launcherid", {**config.environ, **config.env}, config.remote.shared_dir) == "/s/jobs/j1"
+    # elsewhere: SHARED/jobs/<launcher's job id> when the share exists, nothing when it does not; "off": nothing
+    assert record_dir_of("abc", {}, "/nonexistent") is None
+    assert record_dir_of("abc", {"APPLIANCE_RECORD_DIR": "off"}, "/") is None
+    assert record_dir_of("abc", {}, "/") == "/jobs/abc"

@@ -107,3 +107,17 @@ def test_no_view(tmp_path):
     check_output_lines(out, 2, 10)
     assert " · step " not in err and "summary:" in err  # no view; the job's summary and record stay
     assert (tmp_path / "rec" / "metrics.jsonl").stat().st_size > 0
+
+
+def test_elastic_rounds_in_the_view_and_the_record(tmp_path):
+    rec = tmp_path / "rec"
+    argv = [sys.executable, "-m", "appliance", "launch", "-np", "2", "--min-np", "2", "-H", "localhost:2",
+            "--launcher", "local", "--", sys.executable, WORKER, "60", "40"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                       env={**os.environ, "APPLIANCE_RECORD_DIR": str(rec), "APPLIANCE_VIEW_INTERVAL": "1",
+                            "APPLIANCE_METRICS_INTERVAL": "0.5"})
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"^appliance launch: job \w+ · 2/2 ranks on 1 host · round 1 · step ", p.stderr, re.M), p.stderr
+    rows = [json.loads(l) for l in (rec / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows if r["kind"] == "round"] == [1]
+    assert "round 1 formed: 2 ranks" in [r["text"] for r in rows if r["kind"] == "event"]
