@@ -52,16 +52,20 @@ class RecordWriter:
             self._fail(e)
             return self
         self._write({"kind": "job", "job": self.job_id, "size": self.size, "t": self._started})
-        if self._tb_wanted:
-            try:
-                from tensorboardX import SummaryWriter
-
-                self._tb = SummaryWriter(logdir=self.job_dir, flush_secs=10)
-            except ImportError:
-                self._tb = None
-            except Exception as e:  # noqa: BLE001 - the record is optional, the job is not
-                self.warn(f"no TensorBoard events: {type(e).__name__}: {e}")
         return self
+
+    def _open_tensorboard(self) -> None:
+        """The event writer, made at the first numbers (by the ticker thread: importing it takes
+        a while, and the ranks must not wait for that)."""
+        self._tb_wanted = False
+        try:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=self.job_dir, flush_secs=10)
+        except ImportError:
+            self._tb = None
+        except Exception as e:  # noqa: BLE001 - the record is optional, the job is not
+            self.warn(f"no TensorBoard events: {type(e).__name__}: {e}")
 
     def _fail(self, e: BaseException) -> None:
         if not self._broken:
@@ -98,7 +102,11 @@ class RecordWriter:
         self._live(snap, ended=None)
 
     def _tensorboard(self, snap: Snapshot) -> None:
-        if self._tb is None or snap.step is None:
+        if snap.step is None:
+            return
+        if self._tb_wanted and not self._broken:
+            self._open_tensorboard()
+        if self._tb is None:
             return
         step = int(snap.step)
         try:
