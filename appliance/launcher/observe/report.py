@@ -89,6 +89,17 @@ def _round_times(record: dict) -> list[tuple[float, int]]:
     return [(float(r["t"]) - t0, int(r["round"])) for r in record["rounds"]]
 
 
+def warm() -> None:
+    """Import matplotlib now (the observer's ticker does, while the job runs), so the drawing at
+    the job's end does not wait for the import."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:
+        pass
+
+
 def draw(job_dir: str, path: Optional[str] = None) -> str:
     """Draw ``job_dir``'s record into ``path`` (default ``job_dir/report.png``); returns the path."""
     try:
@@ -210,4 +221,4 @@ def summary_text(job_dir: str) -> str:
     return text + ("" if record.get("end") else " (the job is running or was killed: the record has no end)")
 
 
-__all__ = ["Point", "REPORT", "draw", "job_dir_of", "series", "summarize", "summary_text"]
+__all__ = ["Point", "REPORT", "draw", "warm", "job_dir_of", "series", "summarize", "summary_text"]

@@ -133,10 +133,16 @@ class Observer:
             self._say(f"{self.prefix}: {ev.text}")
 
     def _tick(self) -> None:
+        warmed = False
         while not self._stop.wait(TICK_S):
             snap = self.state.snapshot()
             if self.record is not None:
                 self.record.tick(snap)
+                if not warmed and snap.step is not None:  # a report will be drawn: import its library now
+                    from .report import warm
+
+                    warm()
+                    warmed = True
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
