@@ -183,6 +183,13 @@ class Runtime:
         outputs_reused, outputs_idle_bytes; ctrl_in, ctrl_out (control frames received, sent);
         store_requests (this rank's), store_served (rank 0: its store server's); negotiation_ns,
         negotiation_turns (with ``set_profiling(True)``: CPU time of the engine's negotiation)."""
+    def metrics(self) -> dict:
+        """What the rank publishes (``appliance.runtime.metrics``), cumulative since this Runtime
+        started: ``ops`` {kind: {"n", "bytes", "s"}} for the kinds run here (allreduce, allgather,
+        broadcast, alltoall, reducescatter; bytes as nccl-tests sizes them: allgather its output;
+        s from launch to completion), ``busy_s`` (callers blocked in ``wait``), ``wait_s`` (the
+        part of it before the awaited operations were negotiated), ``late_s`` (how long the
+        others waited for this rank, as the coordinator saw it)."""
     def set_profiling(self, on: bool) -> None:
         """Measure the negotiation's CPU time into ``stats()`` (two clock reads per engine turn)."""
     def set_device_allocator(self, fn: Callable[[int, int, int], Tuple[int, object]]) -> None:

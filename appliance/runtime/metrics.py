@@ -7,7 +7,7 @@ there, says ``hello`` (the rank, the job, the round, and an HMAC of the job secr
 APPLIANCE_METRICS_INTERVAL seconds (default 1) sends one ``sample``: steps, busy/wait/late
 seconds and per-kind operation counters read from the core (``Runtime.metrics()``), the
 process's RSS and, where torch uses a GPU, its utilisation and memory; ``stop`` (at shutdown or
-before a re-init) sends ``bye``. Every counter is cumulative since the first init of the process
+before a re-init) sends a last sample and ``bye``. Every counter is cumulative since the first init of the process
 (an engine's counters are carried over when it stops), so a lost line loses nothing. Unset: no
 thread, nothing sent. Steps are counted here from whichever source the script has
 (``note_step``): optimizer steps, else elastic commits, else explicit ``step()`` calls.
@@ -148,6 +148,7 @@ class Publisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="appliance-metrics", daemon=True)
         self.sent = 0  # lines sent (for tests and the cost benchmark)
+        self.cpu_s = 0.0  # the thread's CPU time so far, updated each interval (the cost benchmark)
 
     def start(self) -> "Publisher":
         self._thread.start()
@@ -194,17 +195,26 @@ class Publisher:
         self._send(obj)
 
     def _run(self) -> None:
+        self._connect()  # the hello at once: the collector knows the rank from its init on
         while not self._stop.wait(self.interval):
             try:
                 sample = self._read()
             except Exception:  # noqa: BLE001  (the engine went away under us: nothing to report)
                 continue
             self._emit(sample)
+            self.cpu_s = time.thread_time()
 
     def stop(self, bye: dict) -> None:
-        """End the thread; send ``bye`` (best effort) and close."""
+        """End the thread; send a last sample and ``bye`` (best effort, when connected) and close."""
         self._stop.set()
         self._thread.join(timeout=2 * self._timeout() + 1)
+        if self._thread.is_alive():  # stuck in a send past its timeout: leave the socket to it
+            return
+        if self._sock is not None:
+            try:
+                self._send(self._read())
+            except Exception:  # noqa: BLE001  (no last sample: the collector has the previous ones)
+                pass
         if self._sock is not None:
             self._send(bye)
         if self._sock is not None:
@@ -216,6 +226,11 @@ class Publisher:
 
 
 _publisher: Optional[Publisher] = None
+
+
+def publisher() -> Optional[Publisher]:
+    """The running engine's publisher, if any."""
+    return _publisher
 
 
 def _round(cfg) -> int:

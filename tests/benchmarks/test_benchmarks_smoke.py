@@ -128,6 +128,16 @@ def test_train_quick(tmp_path):
     assert "ours / ddp-gloo samples/s at 2 ranks" in proc.stdout and "torch threads per rank" in proc.stdout
 
 
+def test_metrics_cost_quick(tmp_path):
+    out = tmp_path / "m.json"
+    proc = run("metrics_cost.py", "--json", out)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ranks"] == 2 and row["off_ms"] > 0 and row["on_ms"] > 0
+    assert row["lines_per_s_per_rank"] > 0  # the collector heard the ranks with the metrics on (and nothing off)
+    assert 0 <= row["publisher_cpu_share"] < 1
+    assert "on/off" in proc.stdout and "load average" in proc.stdout
+
+
 def test_train_rounds_report_the_median_run(tmp_path):
     out = tmp_path / "t.json"
     proc = run("train.py", "--ranks", "1", "--rounds", "3", "--json", out)
@@ -182,7 +192,7 @@ def test_startup_mpirun_quick(tmp_path, require_tool):
 
 @pytest.mark.parametrize("script", ["collectives.py", "fusion.py", "train.py", "plot.py", "nccl_allreduce.py",
                                     "launch_ssh.py", "scale.py", "elastic.py", "elastic_soak.py",
-                                    "startup_mpirun.py"])
+                                    "startup_mpirun.py", "metrics_cost.py"])
 def test_every_script_answers_help(script):
     """Each script imports what it needs (its siblings included) and parses its flags; the GPU and
     SSH ones cannot run here, but must not rot."""

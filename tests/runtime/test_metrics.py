@@ -48,8 +48,8 @@ def final_samples(lst, g, np, steps):
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_hello_samples_and_counters(tmp_path, np):
-    steps, secret = 25, secrets.token_hex(16)
-    with Listener() as lst, group(tmp_path, np, steps, -1, 0, 10, listener=lst, linger=True,
+    steps, secret = 30, secrets.token_hex(16)  # 20 ms steps: several samples go out while the loop runs
+    with Listener() as lst, group(tmp_path, np, steps, -1, 0, 20, listener=lst, linger=True,
                                   env={"APPLIANCE_JOB_SECRET": secret, "HOROVOD_HOSTNAME": "nodeA"}) as g:
         by_rank = final_samples(lst, g, np, steps)
         g.touch("release")
@@ -124,3 +124,32 @@ def test_dead_listener_never_stalls_training(tmp_path):
             warnings = [l for l in g.stderr(r).splitlines() if l.startswith("appliance: metrics:")]
             assert len(warnings) == 1, g.stderr(r)  # said once, however many sends failed
             assert "Traceback" not in g.stderr(r)
+
+
+def test_a_reinit_says_hello_again_and_keeps_counting(tmp_path):
+    """shutdown() then init() (what an elastic reset does): a new connection and hello, counters
+    and steps going on from where they were, a bye for each."""
+    import os
+    import subprocess
+    import sys
+
+    from fixtures import ROOT
+
+    script = ("import numpy as np, appliance.runtime as rt\n"
+              "from appliance.runtime import metrics\n"
+              "for _ in range(2):\n"
+              "    rt.init()\n"
+              "    for _ in range(3):\n"
+              "        rt.allreduce(np.ones(8, np.float32)); metrics.note_step('explicit')\n"
+              "    rt.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_", "OMPI_"))}
+    with Listener() as lst:
+        env.update(PYTHONPATH=str(ROOT), APPLIANCE_METRICS_ADDR=lst.addr, APPLIANCE_METRICS_INTERVAL="5")
+        proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        lst.wait_for(lambda ls: len(ls.of("bye")) == 2, 10, "two byes")
+        assert [c for c, m in lst.lines if m["kind"] == "hello"] == [0, 1]  # one connection per init
+        last = [m for m in lst.of("sample")]
+        assert [(m["step"], m["ops"]["allreduce"]["n"], m["ops"]["allreduce"]["bytes"]) for m in last] == \
+            [(3, 3, 96), (6, 6, 192)]  # the last sample of each init: cumulative across both
+        assert last[1]["wall_s"] > last[0]["wall_s"]

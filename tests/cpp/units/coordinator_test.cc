@@ -48,6 +48,30 @@ TEST(Coordinator, plans_nothing_until_every_rank_is_ready) {
   EXPECT_TRUE(c.idle());
 }
 
+TEST(Coordinator, lateness_names_the_last_rank_once_per_overlapping_interval) {
+  Coordinator c(opts(3));
+  EXPECT_TRUE(c.take_late().empty());
+  for (const char* n : {"a", "b"}) {  // ranks 0 and 1 ready for both at 0 and 1 ms
+    c.on_request(0, req(n), t0);
+    c.on_request(1, req(n), at_ms(1));
+  }
+  c.on_request(2, req("a"), at_ms(30));  // rank 2 last: 29 ms for "a", then 10 more for "b"
+  c.on_request(2, req("b"), at_ms(40));
+  c.on_request(2, req("c"), at_ms(41));
+  c.on_request(0, req("c"), at_ms(45));
+  c.on_request(1, req("c"), at_ms(50));  // rank 1 last for "c": 5 ms after rank 0
+  std::vector<Late> late = c.take_late();
+  ASSERT_EQ(late.size(), 2u);
+  EXPECT_EQ(late[0].rank, 1);
+  EXPECT_EQ(late[0].us, 5000u);
+  EXPECT_EQ(late[1].rank, 2);
+  EXPECT_EQ(late[1].us, 39000u);  // 1..40 ms: the overlap of "a" and "b" counted once
+  EXPECT_TRUE(c.take_late().empty());  // taken
+  size_t names = 0;
+  for (const PlanEntry& e : c.take_plan(at_ms(50))) names += e.names.size();
+  EXPECT_EQ(names, 3u);  // lateness changes nothing of the plans
+}
+
 TEST(Coordinator, entries_follow_readiness_order_not_submission_order) {
   Coordinator c(opts(2, 0));
   c.on_request(0, req("a"), t0);

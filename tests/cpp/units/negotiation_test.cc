@@ -98,6 +98,26 @@ TEST(ControlMessages, a_plan_of_cached_names_travels_as_ids_and_resolves_against
   EXPECT_EQ(decode_plan(full, ResponseCache(0), 2, "rank 0").entries[0].names, e.names);
 }
 
+TEST(ControlMessages, a_plan_carries_its_lateness_rows_and_refuses_unknown_ranks) {
+  Plan p;
+  p.seq = 1;
+  p.late = {Late{1, 40000}, Late{0, 7}};
+  Plan back = decode_plan(encode_plan(p, ResponseCache(0)), ResponseCache(0), 2, "rank 0");
+  ASSERT_EQ(back.late.size(), 2u);
+  EXPECT_EQ(back.late[0].rank, 1);
+  EXPECT_EQ(back.late[0].us, 40000u);
+  EXPECT_EQ(back.late[1].rank, 0);
+  p.late = {Late{2, 1}};
+  EXPECT_THROW(decode_plan(encode_plan(p, ResponseCache(0)), ResponseCache(0), 2, "rank 0"), Error);
+  UpMsg u;
+  u.ids = {3, 4};
+  u.late = {Late{1, 5}};  // a row per id: the missing one says nobody waited
+  UpMsg ub = decode_up(encode_up(u), 2, "rank 1");
+  ASSERT_EQ(ub.late.size(), 2u);
+  EXPECT_EQ(ub.late[0].us, 5u);
+  EXPECT_EQ(ub.late[1].us, UINT32_MAX);
+}
+
 TEST(ControlMessages, truncated_or_unknown_messages_are_protocol_errors) {
   ReadyMsg m;
   m.ids = {1, 2, 3};

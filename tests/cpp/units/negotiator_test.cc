@@ -5,6 +5,8 @@
 // ranks that leave.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "engine/star_negotiator.h"
 #include "engine/tree_negotiator.h"
 #include "virtual/virtual_job.h"
@@ -219,6 +221,31 @@ TEST_P(Negotiation, ranks_ready_at_very_different_times_agree_once_the_last_is_r
   }
   for (int r = 0; r < 7; ++r) EXPECT_EQ(j->order(r).size(), 6u) << r;
   for (int r = 1; r < 7; ++r) EXPECT_EQ(j->order(r), j->order(0)) << r;
+}
+
+// Lateness (Plan::late): the rank the others waited for, and for how long, on every rank's
+// plans; overlapping names count once; the first (full) and the cached (tree: up the subtrees)
+// occurrences alike.
+TEST_P(Negotiation, plans_name_the_late_rank_and_how_long_the_others_waited_for_it) {
+  const int size = 7, slow = 5;
+  auto j = job(size);
+  for (int step = 0; step < 3; ++step) {
+    for (int r = 0; r < size; ++r)
+      if (r != slow) j->submit(r, {req("w"), req("v", {3})}, at_s(step));
+    j->settle(at_s(step));
+    j->submit(slow, {req("w"), req("v", {3})}, at_s(step + 0.040));
+    j->settle(at_s(step + 0.040));
+    j->tick(at_s(step + 0.5));
+    j->settle(at_s(step + 0.5));
+  }
+  for (int r = 0; r < size; ++r) {
+    ASSERT_EQ(j->order(r).size(), 6u) << r;
+    std::map<int, uint64_t> late;
+    for (const Plan& p : j->plans(r))
+      for (const Late& l : p.late) late[l.rank] += l.us;
+    EXPECT_EQ(late.size(), 1u) << r;
+    EXPECT_EQ(late[slow], 3u * 40000u) << "rank " << r << " sees 40 ms per step, once for both names";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Protocols, Negotiation, ::testing::ValuesIn(protocols()),
