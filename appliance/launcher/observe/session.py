@@ -172,13 +172,18 @@ class Observer:
     def _report(self) -> None:
         from .report import draw
 
+        files = []
         try:
-            path = draw(self.record_dir)
+            draw(self.record_dir)
+            files.append("report.png")
+        except ValueError:
+            pass  # too short a job for a picture: its record and summary line say it all
         except Exception as e:  # noqa: BLE001 - the report is a picture, the job is over either way
             self._say(f"{self.prefix}: warning: no report.png: {type(e).__name__}: {e}")
-            return
-        self._say(f"{self.prefix}: record of job {self.job_id}: {os.path.dirname(path)} (report.png, metrics.jsonl"
-                  f"{', TensorBoard events' if _has_events(self.record_dir) else ''})")
+        files.append("metrics.jsonl")
+        if _has_events(self.record_dir):
+            files.append("TensorBoard events")
+        self._say(f"{self.prefix}: record of job {self.job_id}: {self.record_dir} ({', '.join(files)})")
 
 
 def _has_events(d: str) -> bool:

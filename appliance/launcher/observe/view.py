@@ -105,8 +105,8 @@ def closing_line(snap: Snapshot) -> str:
         parts.append(f"communication {fmt_pct(sum(shares) / len(shares))} of the time")
     lates = sorted(last, key=lambda r: r.last.late_s, reverse=True)
     top = lates[0] if len(lates) > 1 else None
-    # named only when it stands out: twice the next rank's, and 1% of the job's time
-    if top is not None and top.last.late_s >= max(2 * lates[1].last.late_s, 0.01 * snap.elapsed_s, 1e-3):
+    # named only when it stands out: twice the next rank's, and 5% of the job's time
+    if top is not None and top.last.late_s >= max(2 * lates[1].last.late_s, 0.05 * snap.elapsed_s, 1e-3):
         parts.append(f"top straggler rank {top.rank} on {top.host} (the others waited {top.last.late_s:.1f} s for it)")
     return "summary: " + ", ".join(parts)
 
