@@ -76,7 +76,8 @@ class JobSetup:
 
         c = self.config
         self.observer = self.stack.enter_context(Observer(
-            job_id, secret, width, say=self.sink.message, sink=self.sink if self.echo else None,
+            job_id, secret, width, say=self.sink.message if self.echo else (lambda text: None),
+            sink=self.sink if self.echo else None,
             out=self.stdout or sys.stdout, err=self.stderr or sys.stderr, environ={**c.environ, **c.env},
             view=c.view and self.echo, metrics_port=c.metrics_port, shared=c.remote.shared_dir))
 

@@ -271,8 +271,7 @@ class LiveDisplay:
                         next_draw = time.monotonic() + self.refresh_s
                         self._draw()
             except Exception:  # noqa: BLE001 - a broken terminal must not end the job
-                if not self._pending:
-                    continue
+                pass
 
     def stop(self) -> None:
         self._stop.set()
