@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from appliance.common.knobs import ConfigError, parse_launcher, read
 from appliance.common.slurm import SlurmAllocation
 from appliance.launcher.flagtable import fallback
+from appliance.launcher.kubernetes import COOLDOWN_S, Kubernetes, detect, uniform_slots
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -61,6 +62,8 @@ class RemoteConfig:
     min_shm: int = 64 << 20
     ssh_timeout_s: float = 5.0          # silence on a remote rank's channel -> its host is unreachable
     host_wait_s: float = 0.0            # how long the preflight waits for a host's SSH port to accept TCP
+    wait_dns: bool = False              # ... and for its name to resolve (a pod whose DNS record is not there yet)
+    record_hosts: bool = True           # write new host keys to ~/.ssh/known_hosts (not on a read-only mount)
 
     @classmethod
     def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
@@ -108,6 +111,7 @@ class CheckConfig:
     verbose: bool = False
     remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+    default_slots: int = 1  # slots of a hostfile line that gives none
 
     @classmethod
     def create(cls, *, hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None,
@@ -118,10 +122,16 @@ class CheckConfig:
             raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
         if start_timeout is not None and not start_timeout > 0:
             raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        remote_config = RemoteConfig.create(environ=env, **remote)
+        k8s, default_slots = detect(env), 1
+        if k8s is not None:  # a Kubernetes launcher pod: its hostfile and key, as for launch
+            default_slots = k8s.slots or 1
+            hostfile = k8s.hostfile if hosts is None and hostfile is None else hostfile
+            remote_config = dataclasses.replace(remote_config, key=remote_config.key or k8s.key, record_hosts=False)
         return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
                    start_timeout_s=float(fallback("start_timeout", start_timeout, env)),
                    verbose=bool(fallback("verbose", verbose, env)),
-                   remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
+                   remote=remote_config, slurm=SlurmAllocation.from_env(env), default_slots=default_slots)
 
 
 COOLDOWN_LIMITS_S = (1.0, 3600.0)  # Horovod's bounds of --blacklist-cooldown-range
@@ -147,6 +157,7 @@ class ElasticConfig:
     timeout_s: float = 600.0
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] | None = None
+    kubernetes: bool = False            # hosts not answering yet are pending; a SIGTERM-ed rank leaves gracefully
     discovery_interval_s: float = 1.0
     discovery_timeout_s: float = 10.0
 
@@ -155,7 +166,7 @@ class ElasticConfig:
                discovery_script: str | None = None, slots_per_host: int | None = None,
                elastic_timeout: float | None = None, reset_limit: int | None = None,
                cooldown_range: Sequence[float] | None = None, fixed_hosts: bool = False,
-               environ: Mapping[str, str] | None = None) -> "ElasticConfig":
+               kubernetes: bool = False, environ: Mapping[str, str] | None = None) -> "ElasticConfig":
         """``fixed_hosts``: -H or --hostfile was given (they exclude a discovery script)."""
         env = os.environ if environ is None else environ
         if discovery_script is not None and fixed_hosts:
@@ -195,6 +206,7 @@ class ElasticConfig:
         return cls(min_np=lo, max_np=hi, discovery_script=None if discovery_script is None else str(discovery_script),
                    slots_per_host=slots_per_host, timeout_s=timeout,
                    reset_limit=None if reset_limit is None else int(reset_limit), cooldown_range=cooldown,
+                   kubernetes=kubernetes,
                    discovery_interval_s=read("APPLIANCE_DISCOVERY_INTERVAL", env),
                    discovery_timeout_s=read("APPLIANCE_DISCOVERY_TIMEOUT", env))
 
@@ -226,6 +238,9 @@ class LaunchConfig:
     ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
     launcher: str = "auto"  # auto, ssh, srun, local (slurm/step.py decides what auto means)
     elastic: ElasticConfig | None = None  # an elastic job (--min-np, --max-np or a discovery script)
+    default_slots: int = 1  # slots of a hostfile line that gives none
+    kubernetes: Kubernetes | None = None  # the launcher pod of the MPI Operator / Kubeflow Trainer
+    notice: str = ""  # the line said at start about where the hosts and key came from
     view: bool = True                     # --no-view: False (observe/session.py reads APPLIANCE_VIEW too)
     metrics_port: int | None = None       # --metrics-port: serve Prometheus' text format there
 
@@ -265,11 +280,26 @@ class LaunchConfig:
         explicit.update(parse_forwards(forward, environ))
         merged = {**environ, **explicit}
         elastic = None
-        if min_np is not None or max_np is not None or host_discovery_script is not None:
+        wants_elastic = min_np is not None or max_np is not None or host_discovery_script is not None
+        k8s = detect(environ)
+        default_slots = 1
+        if k8s is not None:
+            default_slots = k8s.slots or 1
+            if hosts is None and hostfile is None and host_discovery_script is None:
+                if wants_elastic and k8s.discovery:
+                    host_discovery_script = k8s.discovery
+                else:
+                    hostfile = k8s.hostfile
+            if host_discovery_script is not None and slots_per_host is None:
+                slots_per_host = k8s.slots or uniform_slots(k8s.hostfile, default_slots)
+            if wants_elastic and blacklist_cooldown_range is None:
+                blacklist_cooldown_range = COOLDOWN_S
+        if wants_elastic:
             elastic = ElasticConfig.create(np, min_np=min_np, max_np=max_np, discovery_script=host_discovery_script,
                                            slots_per_host=slots_per_host, elastic_timeout=elastic_timeout,
                                            reset_limit=reset_limit, cooldown_range=blacklist_cooldown_range,
-                                           fixed_hosts=hosts is not None or hostfile is not None, environ=merged)
+                                           fixed_hosts=hosts is not None or hostfile is not None,
+                                           kubernetes=k8s is not None, environ=merged)
         else:
             given = [flag for flag, value in (("--slots-per-host", slots_per_host),
                                               ("--elastic-timeout", elastic_timeout), ("--reset-limit", reset_limit),
@@ -297,9 +327,26 @@ class LaunchConfig:
             ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
             launcher=fallback("launcher", None, merged) if launcher is None else _launcher_flag(launcher),
             elastic=elastic,
+            default_slots=default_slots,
+            kubernetes=k8s,
             view=not no_view,
             metrics_port=_metrics_port(fallback("metrics_port", metrics_port, merged)),
-        )
+        )._on_kubernetes()
+
+    def _on_kubernetes(self) -> "LaunchConfig":
+        """In a launcher pod: the mounted key (unless -i/APPLIANCE_SSH_KEY), no known_hosts written,
+        a static job's hosts and their names waited for (up to --start-timeout; an elastic job's are
+        pending instead); and the line that says so."""
+        k8s = self.kubernetes
+        if k8s is None:
+            return self
+        wait = self.remote.host_wait_s if self.elastic else max(self.remote.host_wait_s, self.start_timeout_s)
+        remote = dataclasses.replace(self.remote, key=self.remote.key or k8s.key, record_hosts=False, wait_dns=True,
+                                     host_wait_s=wait)  # elastic: a host not answering is pending instead
+        e = self.elastic
+        notice = k8s.line(hosts_from=self.hostfile, discovery=e.discovery_script if e else None, key=remote.key,
+                          cooldown=e.cooldown_range if e else None)
+        return dataclasses.replace(self, remote=remote, notice=notice)
 
 
 def _metrics_port(port: Any) -> int | None:

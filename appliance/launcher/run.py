@@ -17,7 +17,7 @@ rank's fault report, if any), a one-line reason, and the captured lines.
 
 Env vars: none read directly (``LaunchConfig`` carries them). Failure modes: bad hosts or
 arguments raise ``HostsError``/``ConfigError`` before anything starts; an unusable host raises
-``LaunchError``; once workers exist, every path ends with all of them stopped (``Mechanism.stop``).
+``LaunchError``; once workers exist, every path ends with all of them stopped (``Mechanism.close``).
 """
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class LaunchResult:
 def hosts_of(config: LaunchConfig, launcher: str = "ssh") -> list[Host]:
     """-H, then --hostfile, then a Slurm allocation (not for ``--launcher local``), else ``localhost``
     with -np slots (horovodrun's default)."""
-    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np)
+    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np,
+                       config.default_slots)
     if launcher == "local":
         other = [h.name for h in hosts if not is_local(h.name)]
         if other:
@@ -71,7 +72,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
         handle_signals: bool = True, stdout=None, stderr=None, on_host_report=None) -> LaunchResult:
     """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind.
     ``on_host_report(report)``: called once per host with its ``preflight.HostReport`` when the
-    host checks are decided, before any rank starts (``executors.open_executors``)."""
+    host checks are decided, before any rank starts (``hostset.ExecutorHosts.open``)."""
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     if config.elastic is not None:
@@ -84,16 +85,16 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
                             interrupted=outcome.interrupted, job_id=job_id, elapsed_s=time.monotonic() - start)
     envmod.check_explicit(config.env)
     ranks = mechanism.choose(config, on_host_report=on_host_report)
-    hosts, merges = ranks.arrange(hosts_of(config, ranks.name))
+    hosts, merges = ranks.hosts.merge(hosts_of(config, ranks.name))
     slots = assign_ranks(hosts, config.np)
     with JobSetup(config, ranks, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout,
                   stderr=stderr) as job:
-        plan = ranks.open(slots)
+        plan = ranks.prepare(slots)
         sink = job.begin(plan.fault_dir, config.np, plan.job_id, plan.secret)
-        for line in [f"appliance launch: {m}" for m in merges] + ranks.notes():
+        for line in [f"appliance launch: {m}" for m in merges] + mechanism.notes(ranks, config):
             sink.message(line)
         if config.verbose:
-            for line in ranks.describe(slots, plan):
+            for line in mechanism.describe(ranks, slots, plan):
                 sink.message(line)
         outcome = None
         try:

@@ -2,7 +2,8 @@
 
 What it owns: one context manager that ``run.run`` (a static job) and ``elastic.launch.run_elastic``
 (an elastic job) both enter. On entry: the signal trap (``signals.SignalTrap``) and the mechanism
-that starts ranks (``mechanism.choose``: its hosts are released on exit). ``begin(fault_dir,
+that starts ranks (``mechanism.choose``: its hosts are released on exit), and in a Kubernetes
+launcher pod one line on stderr saying where the hosts and key came from (``LaunchConfig.notice``). ``begin(fault_dir,
 width)`` then opens the output sink (``output.OutputSink``), the reaper (``reaper.Reaper``: local
 ranks die with a killed launcher, ``fault_dir`` removed with it) and the job-scoped observers
 (``_observers``: the one place where something that watches the whole job is entered: the view,
@@ -21,6 +22,7 @@ import sys
 from typing import Any
 
 from appliance.launcher.config import LaunchConfig
+from .mechanism import running
 from .output import OutputSink
 from .reaper import Reaper
 from .signals import SignalTrap
@@ -44,6 +46,7 @@ class JobSetup:
         try:
             self.trap = self.stack.enter_context(SignalTrap(self.handle_signals))
             self.stack.enter_context(self.mech)
+            self._say_where()
         except BaseException:
             self.stack.close()
             raise
@@ -51,6 +54,21 @@ class JobSetup:
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()
+
+    def _say_where(self) -> None:
+        """In a Kubernetes launcher pod: the one line saying where the hosts and key came from
+        (before any host is checked), and a key OpenSSH would refuse."""
+        c = self.config
+        lines = [c.notice] if c.notice else []
+        if c.kubernetes is not None and c.remote.key:
+            from .kubernetes import key_mode_warning
+
+            warning = key_mode_warning(c.remote.key)
+            if warning:
+                lines.append(f"warning: {warning}")
+        out = self.stderr or sys.stderr
+        for line in lines:
+            print(f"appliance launch: {line}", file=out, flush=True)
 
     def begin(self, fault_dir: str, width: int, job_id: str = "", secret: str | None = None) -> OutputSink:
         """Open the sink (``width``: how many output prefixes to expect), the reaper and the
@@ -64,7 +82,7 @@ class JobSetup:
         if self.reaper.error:
             self.sink.message(f"appliance launch: warning: {self.reaper.error}")
         self._observers(job_id, secret, width)
-        self.stack.callback(self.mech.stop)  # before the reaper is told the job ended normally
+        self.stack.callback(self.mech.close)  # before the reaper is told the job ended normally
         return self.sink
 
     def _observers(self, job_id: str, secret: str | None, width: int) -> None:
@@ -83,12 +101,12 @@ class JobSetup:
 
     def rank_env(self, host: str) -> dict[str, str]:
         """What the observers add to the environment of a rank on ``host``."""
-        return self.observer.env_for(self.mech.launcher_address(host)) if self.observer is not None else {}
+        return self.observer.env_for(self.mech.hosts.launcher_address(host)) if self.observer is not None else {}
 
     def finish(self, outcome: Any, *, elastic: bool = False) -> str:
         """Stop what still runs; the job's summary line (printed when it failed)."""
-        others = len(self.mech.running())
-        self.mech.stop()
+        others = len(running(self.mech))
+        self.mech.close()
         if self.observer is not None:
             self.observer.ended(outcome.returncode)
         summary = outcome.reason

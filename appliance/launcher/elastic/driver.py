@@ -62,13 +62,14 @@ class ElasticDriver:
         self.observer = observer  # observe.Observer: told every line said and every round formed
         self.machine = Machine(Settings(config.np, self.e.min_np, self.e.max_np, self.e.timeout_s, self.e.reset_limit,
                                         self.e.cooldown_range, config.stop_grace_s, bool(config.verbose), SILENT_S,
-                                        self.e.discovery_interval_s))
+                                        self.e.discovery_interval_s, self.e.kubernetes))
         self.discovery = (ScriptDiscovery(self.e.discovery_script, self.e.slots_per_host, self.e.discovery_timeout_s,
                                           config.environ, config.cwd)
                           if self.e.discovery_script is not None else
                           FixedDiscovery({h.name: h.slots for h in hosts_from(config.hosts, config.hostfile,
                                                                                None if mech.name == "local"
-                                                                               else config.slurm, config.np)}))
+                                                                               else config.slurm, config.np,
+                                                                               config.default_slots)}))
         self.events: queue.Queue = queue.Queue()
         self.handles: dict[int, Any] = {}
         self.tickets: dict[int, Ticket] = {}
@@ -135,10 +136,10 @@ class ElasticDriver:
             self.outcome = Outcome(EXIT_TIMEOUT, reason=f"timed out after {self.config.timeout_s:g} s", timed_out=True)
             return
         if self._started:
-            exit_ = self.mech.next_exit(POLL_S)
+            exit_ = self.mech.wait(POLL_S)
             while exit_ is not None and self.outcome is None:
                 self._exited(exit_[0], exit_[1])
-                exit_ = self.mech.next_exit(0)
+                exit_ = self.mech.wait(0)
         else:
             try:
                 self._event(*self.events.get(timeout=POLL_S))
@@ -205,13 +206,13 @@ class ElasticDriver:
                 if ticket is not None:
                     ticket.set({"removed": a.why})
             elif a.wid in self.handles:
-                self.mech.remove([self.handles[a.wid]])
+                self.mech.signal([self.handles[a.wid]], signal.SIGTERM)
         elif isinstance(a, Kill):
             h = self.handles.get(a.wid)
             if h is not None and a.term:
-                self.mech.remove([h])
+                self.mech.signal([h], signal.SIGTERM)
             elif h is not None:
-                h.signal(signal.SIGKILL)
+                self.mech.signal([h], signal.SIGKILL)
         elif isinstance(a, Answer):
             ticket = self.tickets.pop(a.wid, None)
             if ticket is not None:
@@ -230,7 +231,7 @@ class ElasticDriver:
         elif isinstance(a, OpenHosts):
             threading.Thread(target=self._check, args=(list(a.hosts),), name="elastic-open", daemon=True).start()
         elif isinstance(a, CloseHosts):
-            self.mech.close_hosts(list(a.hosts))
+            self.mech.hosts.close(list(a.hosts))
         elif isinstance(a, Say):
             self.say(a.text)
         elif isinstance(a, End):
@@ -239,7 +240,7 @@ class ElasticDriver:
 
     def _check(self, hosts: list[str]) -> None:
         try:
-            result = self.mech.open_hosts(hosts)
+            result = self.mech.hosts.open(hosts)
         except Exception as e:  # noqa: BLE001 - reported as that host's failure
             result = {h: f"{h}: {type(e).__name__}: {e}" for h in hosts}
         for host in hosts:
@@ -247,20 +248,17 @@ class ElasticDriver:
 
     def _spawn(self, a: Spawn) -> Any:
         spec = mech_mod.RankSpec(a.slot, a.wid, {
-            "HOROVOD_ELASTIC": "1", "APPLIANCE_ELASTIC_ADDR": f"{self.mech.launcher_address(a.host)}:{self.server.port}",
+            "HOROVOD_ELASTIC": "1", "APPLIANCE_ELASTIC_ADDR": f"{self.mech.hosts.launcher_address(a.host)}:{self.server.port}",
             "APPLIANCE_ELASTIC_WORKER": str(a.wid), "HOROVOD_ELASTIC_TIMEOUT": repr(float(self.e.timeout_s)),
-            **(self.observer.env_for(self.mech.launcher_address(a.host)) if self.observer is not None else {})})
-        addrs = self.mech.round_addresses(list(a.hosts))
+            **(self.observer.env_for(self.mech.hosts.launcher_address(a.host)) if self.observer is not None else {})})
+        addrs = self.mech.hosts.addresses(list(a.hosts))
         plan = envmod.JobPlan(job_id=self.job_id, secret=self.secret, store_addr="",
                               master_addr=addrs.get(a.first_host, ""), master_port=0, data_addrs=addrs,
                               start_timeout_s=self.config.start_timeout_s, verbose=self.config.verbose,
                               fault_dir=self.fault_dir)
         try:
-            if not self._started:
-                self._started = True
-                self.mech.start([spec], plan, self.sink, self.reaper)
-            else:
-                self.mech.add(a.host, [spec], plan)
+            self._started = True
+            self.mech.start([spec], plan, self.sink, self.reaper)
         except SpawnError as e:
             return SpawnFailed(a.wid, e.returncode, str(e))
         self.handles[a.wid] = self.mech.workers[-1]
@@ -269,7 +267,7 @@ class ElasticDriver:
     def _release(self, a: Release) -> None:
         if self.observer is not None:
             self.observer.new_round(a.round_id, len(a.members))
-        addrs = self.mech.round_addresses(list(dict.fromkeys(m.host for m in a.members)))
+        addrs = self.mech.hosts.addresses(list(dict.fromkeys(m.host for m in a.members)))
         rank0 = a.members[0]
         store = f"{addrs.get(rank0.host) or str(rank0.join.get('addr', ''))}:{int(rank0.join.get('port') or 0)}"
         for m in a.members:
@@ -296,8 +294,8 @@ class ElasticDriver:
         if self.outcome is None or self.outcome.returncode == 0 or self.outcome.interrupted or self.outcome.timed_out:
             return
         end = self.clock() + self.config.failure_grace_s
-        while self.mech.running() and self.clock() < end and not self.trap.received:
-            self.mech.next_exit(POLL_S)
+        while mech_mod.running(self.mech) and self.clock() < end and not self.trap.received:
+            self.mech.wait(POLL_S)
 
 
 __all__ = ["ElasticDriver"]
