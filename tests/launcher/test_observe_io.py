@@ -21,7 +21,7 @@ from appliance.common.knobs import ConfigError
 from appliance.launcher.observe.collector import Collector
 from appliance.launcher.observe.prometheus import PrometheusEndpoint
 from appliance.launcher.observe.record import RecordWriter, read_record
-from appliance.launcher.observe.report import draw, summarize
+from appliance.launcher.observe.report import draw, figure, summarize
 from appliance.launcher.observe.state import JobState
 
 SECRET = "00112233445566778899aabbccddeeff"
@@ -159,8 +159,17 @@ def test_record_and_report(tmp_path):
 
     img = matplotlib.image.imread(path)
     assert img.shape[0] > 600 and img.shape[1] > 800   # three stacked panels at 90 dpi
-    # The heatmap's row of rank 3 is hot after the round: the picture is not blank.
-    assert img[..., :3].std() > 0.05
+    assert img[..., :3].std() > 0.05                   # not blank
+    fig = figure(job_dir)
+    speed, comm, late = fig.axes[:3]
+    assert [a.get_title() for a in (speed, comm, late)] == [
+        "steps/s per host", "communication share per host (time blocked in collectives)",
+        "lateness: ms the others waited per step for each rank"]
+    assert sorted(l.get_label() for l in speed.get_lines() if not l.get_label().startswith("_")) == ["node0", "node1"]
+    assert any(t.get_text() == "round 1" for t in speed.texts)            # the round, marked
+    heat = late.get_images()[0].get_array()
+    assert heat.shape[0] == 4 and int(heat[:, -1].argmax()) == 3          # rank 3 is late at the end
+    assert "top straggler: rank 3 on node1" in fig._suptitle.get_text()
 
 
 def read_events(path: str) -> list:

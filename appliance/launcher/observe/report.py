@@ -102,6 +102,19 @@ def warm() -> None:
 
 def draw(job_dir: str, path: Optional[str] = None) -> str:
     """Draw ``job_dir``'s record into ``path`` (default ``job_dir/report.png``); returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(job_dir)
+    path = path or os.path.join(job_dir, REPORT)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def figure(job_dir: str) -> Any:
+    """The report of ``job_dir``'s record as a matplotlib figure (its first three axes: the panels)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -114,7 +127,6 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
     points = series(record)
     if not points:
         raise ValueError(f"{job_dir}: the record has no two samples of any rank to draw")
-    path = path or os.path.join(job_dir, REPORT)
     hosts = list(dict.fromkeys(p.host for p in points))
     ranks = sorted({p.rank for p in points})
     span = max(p.t for p in points)
@@ -180,11 +192,7 @@ def draw(job_dir: str, path: Optional[str] = None) -> str:
         title += f"\ntop straggler: rank {top[0]} on {top[1]} (the others waited {top[2]:.1f} s for it)"
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return fig
 
 
 def job_dir_of(job: str, shared: str) -> str:
@@ -221,4 +229,4 @@ def summary_text(job_dir: str) -> str:
     return text + ("" if record.get("end") else " (the job is running or was killed: the record has no end)")
 
 
-__all__ = ["Point", "REPORT", "draw", "warm", "job_dir_of", "series", "summarize", "summary_text"]
+__all__ = ["Point", "REPORT", "draw", "figure", "warm", "job_dir_of", "series", "summarize", "summary_text"]
