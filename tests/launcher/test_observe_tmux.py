@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from fixtures.tmux import Terminal, available
+from fixtures.tmux import Terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "ranks", "observe_worker.py")
@@ -49,10 +49,8 @@ def check_output_lines(text: str, ranks: int, lines: int) -> None:
         assert got == list(range(1, lines + 1)), f"rank {r}'s lines: {got}"
 
 
-def test_live_view_in_a_terminal(tmp_path):
-    why = available()
-    if why:
-        pytest.skip(why)
+def test_live_view_in_a_terminal(tmp_path, require_tool):
+    require_tool("tmux", "a real terminal for the view")
     rec = tmp_path / "rec"
     env = {"APPLIANCE_RECORD_DIR": str(rec), "APPLIANCE_METRICS_INTERVAL": "0.5"}
     with Terminal(160, 50, env=env, cwd=str(tmp_path)) as term:
@@ -74,7 +72,7 @@ def test_live_view_in_a_terminal(tmp_path):
         check_output_lines(history, 2, 20)
         assert re.search(r"appliance launch: summary: \d+/200 steps in \d+s, [\d.]+ steps/s, .*top straggler rank 1 "
                          r"on localhost \(the others waited [\d.]+ s for it\)", history), history[-3000:]
-        assert f"appliance launch: record of job" in history
+        assert "appliance launch: record of job" in history
         term.type("stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?icanon'")
         term.wait_for(lambda s: re.search(r"^icanon$", s, re.M), 5, "the terminal back in canonical mode")
     assert (rec / "report.png").stat().st_size > 10000
