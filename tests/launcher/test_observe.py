@@ -196,3 +196,21 @@ def test_summary_and_closing_lines():
     assert re.fullmatch(r"summary: \d+ steps in \d+s, [\d.]+ steps/s, [\d.]+ samples/s, communication \d+% of the "
                         r"time, top straggler rank 1 on node0 \(the others waited [\d.]+ s for it\)", end), end
     assert f"waited {late:.1f} s" in end
+
+
+def test_a_stall_is_said_once_and_its_end_too():
+    job = Job(4, 2)
+    job.advance(5)
+    for _ in range(70):  # the ranks keep reporting, no step finishes
+        job.clock.t += 1.0
+        for r, c in job.c.items():
+            c["wall_s"] += 1.0
+            job.state.message({"v": 1, "kind": "sample", "t": job.clock.t, "rank": r, "round": 0,
+                               "step": int(c["step"]), "busy_s": c["busy_s"], "wall_s": c["wall_s"],
+                               "wait_s": c["wait_s"], "late_s": c["late_s"]})
+        job.state.snapshot()
+    stalls = [e.text for e in job.state.snapshot().events if e.text.startswith("stall")]
+    assert stalls == [f"stall: no rank has finished a step for 60 s (step {int(job.c[0]['step'])}; 4 of 4 ranks "
+                      "still report)"]
+    job.advance(2)
+    assert job.state.snapshot().events[-1].text.startswith("stall over: steps again (step ")

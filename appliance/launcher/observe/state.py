@@ -26,6 +26,7 @@ from .straggler import RankWindow, Straggler, StragglerTracker
 OP_KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 KEEP_SAMPLES = 64        # per rank: enough for a window at any sane interval
 MAX_EVENTS = 50
+STALL_S = 60.0  # no rank finished a step for this long while they report: a stall (Horovod's warning too)
 MIN_STRAGGLER_SPAN_S = 2.0  # a rank's window takes part in the straggler rule once it spans this
 
 
@@ -252,6 +253,9 @@ class JobState:
             self._rank(rank, host)
         self.events: collections.deque = collections.deque(maxlen=MAX_EVENTS)
         self.tracker = StragglerTracker()
+        self._top_step = -1.0
+        self._progress_t = self.started
+        self._stalled = False
         self.on_event = on_event
         self._lock = threading.Lock()
 
@@ -334,10 +338,13 @@ class JobState:
                                               last.wait_s - first.wait_s, last.late_s - first.late_s))
             change = self.tracker.update(windows, now)
             round_ = max([self.round] + [r.round for r in rows])
+            stall = self._stall(rows, now)
             total = self.total_steps
             started = self.started
         if change is not None:
             self.event(change, source="straggler")
+        if stall is not None:
+            self.event(stall, source="stall")
         with self._lock:
             events = tuple(self.events)
         strag = self.tracker.current
@@ -353,6 +360,24 @@ class JobState:
                         samples_per_s=sum(spd) if spd else None,
                         comm_share=_mean(r.rates.comm_share for r in live), round=round_, events=events,
                         straggler=strag)
+
+    def _stall(self, rows: list, now: float) -> Optional[str]:
+        """The line to say when the job stops or resumes finishing steps (under the lock)."""
+        steps = [r.step for r in rows if r.step is not None]
+        if not steps:
+            return None
+        if max(steps) > self._top_step:
+            self._top_step, self._progress_t = max(steps), now
+            if self._stalled:
+                self._stalled = False
+                return f"stall over: steps again (step {max(steps):.0f})"
+            return None
+        alive = [r for r in rows if r.alive]
+        if not self._stalled and alive and now - self._progress_t >= STALL_S:
+            self._stalled = True
+            return (f"stall: no rank has finished a step for {now - self._progress_t:.0f} s "
+                    f"(step {self._top_step:.0f}; {len(alive)} of {len(rows)} ranks still report)")
+        return None
 
     def _hosts(self, rows: list, strag: Optional[Straggler]) -> list:
         by_host: dict[str, list] = {}
