@@ -74,9 +74,12 @@ def test_collector_takes_authentic_ranks_and_drops_the_rest():
         assert [r.rank for r in snap.ranks] == [0]
         assert snap.ranks[0].step == 30 and snap.ranks[0].rates.steps_per_s == pytest.approx(20.0)
         assert snap.ranks[0].alive
-        good.sendall(json.dumps({"v": 1, "kind": "bye", "rank": 0, "t": 102.0}).encode() + b"\n")
-        good.close()
+        good.close()  # gone without a bye: no longer alive
         wait_for(lambda: not state.snapshot().ranks[0].alive)
+        again = send(col.port, hello(0), sample(0, 103.0, 40), {"v": 1, "kind": "bye", "rank": 0, "t": 104.0})
+        again.close()  # ended with a bye: shown as done, not as lost
+        wait_for(lambda: not state.snapshot().ranks[0].connected)
+        assert state.snapshot().ranks[0].alive
         for s in (bad, none, first_not_hello):
             s.close()
 

@@ -50,7 +50,7 @@ class _Collector:
         bw = gauge("appliance_rank_busbw_bytes_per_second", "bus bandwidth per operation kind", ("op",))
         rss = gauge("appliance_rank_rss_bytes", "resident memory of the rank's process")
         gpu = gauge("appliance_rank_gpu_utilization_percent", "GPU utilisation")
-        up = gauge("appliance_rank_up", "1 while the rank reports")
+        up = gauge("appliance_rank_up", "1 while the rank's connection is open")
         late_t = CounterMetricFamily("appliance_rank_late_seconds", "seconds the others waited for this rank",
                                      labels=labels)
         busy_t = CounterMetricFamily("appliance_rank_busy_seconds", "seconds blocked in collectives", labels=labels)
@@ -58,7 +58,7 @@ class _Collector:
                                       labels=[*labels, "op"])
         for r in snap.ranks:
             lv = [job, r.host, str(r.rank)]
-            up.add_metric(lv, 1.0 if r.alive else 0.0)
+            up.add_metric(lv, 1.0 if r.connected else 0.0)
             for fam, v in ((step, r.step), (sps, r.rates.steps_per_s), (smp, r.rates.samples_per_s),
                            (comm, r.rates.comm_share), (late, r.rates.late_per_step_s),
                            (wait, r.rates.wait_per_step_s), (rss, r.rss), (gpu, r.gpu_util)):

@@ -160,13 +160,14 @@ class RankRow:
     host: str
     step: Optional[float]
     round: int
-    alive: bool
+    alive: bool                    # reporting, or ended with a bye
     rates: Rates
     rss: Optional[float] = None
     gpu_util: Optional[float] = None
     gpu_mem: Optional[float] = None
     last: Optional[Sample] = None
     straggler: bool = False
+    connected: bool = False        # its connection is open now
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,9 +331,9 @@ class JobState:
                 first, last = st.window(self.window_s)
                 r = rates(first, last, size) if first is not None else Rates()
                 rows.append(RankRow(rank=rank, host=st.host, step=last.step if last else None,
-                                    round=st.round, alive=st.connected, rates=r,
+                                    round=st.round, alive=st.connected or st.said_bye, rates=r,
                                     rss=last.rss if last else None, gpu_util=last.gpu_util if last else None,
-                                    gpu_mem=last.gpu_mem if last else None, last=last))
+                                    gpu_mem=last.gpu_mem if last else None, last=last, connected=st.connected))
                 if first is not None and st.connected and last.t - first.t >= MIN_STRAGGLER_SPAN_S:
                     windows.append(RankWindow(rank, st.host, last.step - first.step, last.t - first.t,
                                               last.wait_s - first.wait_s, last.late_s - first.late_s))
