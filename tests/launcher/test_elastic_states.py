@@ -150,6 +150,20 @@ def test_kubernetes_a_rank_ended_by_sigterm_leaves_without_blacklist_and_the_job
     assert job.of(Spawn)[-1].host == "c"
 
 
+def test_kubernetes_a_crashed_pod_is_closed_and_the_re_created_pod_of_that_name_checked_afresh():
+    job = Job(np=2, min_np=1, max_np=2, kubernetes=True, cooldown_range=(10.0, 300.0))
+    job.start({"a": 1, "b": 1})
+    out = job.feed(Exited(1, -9))
+    assert "host b is blacklisted for 10 s" in job.said() and job.of(CloseHosts, out) == [CloseHosts(("b",))]
+    job.commit_interrupt([0], reason="error")
+    assert job.phase is Phase.RUNNING and [m.wid for m in job.of(Release)[-1].members] == [0]
+    opens = len(job.of(OpenHosts))
+    job.feed(Discovered({"a": 1, "b": 1}), dt=11.0)  # the same name, a new pod
+    assert job.of(OpenHosts)[opens:] == [OpenHosts(("b",))]
+    job.feed(HostOpened("b", None))
+    assert job.of(Spawn)[-1].host == "b"
+
+
 def test_sigterm_elsewhere_is_a_failure_and_a_crash_on_kubernetes_uses_the_cooldown():
     job = Job(np=2, min_np=1, max_np=2)
     job.start({"a": 1, "b": 1})

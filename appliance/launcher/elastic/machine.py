@@ -36,7 +36,7 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | any | a worker exits 0 | ``on_exited``: ``Remove`` workers that never joined | FINISHING |
 | FINISHING | every worker exited / one failed | ``finishing``: ``End`` 0 / its code | ENDED |
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
-| any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
+| any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good (Kubernetes: or blacklisted or held at all: its pod is re-created) | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
 
 Env vars: none (``Settings`` carries what the launcher read). Failure modes: none raised; the
 job's end is the ``End`` action (also kept as ``Machine.outcome``).
@@ -356,14 +356,17 @@ def reap(m: Machine, now: float) -> None:
 def advance(m: Machine, now: float) -> None:
     phases(m, now)
     if m.phase is not Phase.ENDED:
-        close_hosts(m)
+        close_hosts(m, now)
 
 
-def close_hosts(m: Machine) -> None:
+def close_hosts(m: Machine, now: float) -> None:
     """Close the connection of every checked host that no worker runs on any more and that is no
-    longer wanted (not listed, or blacklisted for good): a host listed again is checked again."""
+    longer wanted (not listed, or blacklisted for good; on Kubernetes also one in its cool-down or
+    hold: the pod of that name is re-created, so its old connection is dead): a host listed again
+    is checked again."""
     busy = {w.host for w in m.workers.values() if w.alive}
-    gone = tuple(h for h in sorted(m.opened) if h not in busy and not m.membership.wanted(h))
+    gone = tuple(h for h in sorted(m.opened) if h not in busy and (not m.membership.wanted(h) or (
+        m.s.kubernetes and (m.membership.is_blacklisted(h, now) or m.membership.is_held(h, now)))))
     if gone:
         m.opened -= set(gone)
         m.emit(CloseHosts(gone))

@@ -233,6 +233,12 @@ def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy,
             report.steps["tcp"] = "unresolved"
         elif e.step == "tcp":
             report.steps["tcp"] = _tcp_word(str(e))
+            if remote.wait_dns and report.steps["tcp"] == "refused" and report.target is not None:
+                port = report.target.port  # a Kubernetes pod: no `appliance secondary` to start there
+                e = SSHFailure(e.host, e.step, (
+                    f"{report.host}:{port} refused the connection for {remote.host_wait_s:g} s: no sshd listens on "
+                    f"port {port} in that pod (its container is not up, or its sshd uses another port: the operators' "
+                    "images use 2222, from ~/.ssh/config or /etc/ssh/ssh_config; -p overrides)"))
         else:
             report.steps["tcp"] = "ok"
             report.steps["ssh"] = {"auth": "denied", "hostkey": "host key", "ssh": "failed"}.get(e.step, "ok")

@@ -262,3 +262,34 @@ def test_elastic_the_kubernetes_way_pending_added_removed_sigterm(pods, tmp_path
           f"{statistics.median(up):.2f} s; scale-down lag (unlisted -> first step at 1): "
           f"{[round(x, 2) for x in down]} median {statistics.median(down):.2f} s")
     assert pods.leftovers() == {}
+
+
+def test_elastic_a_crashed_pod_re_created_under_its_name_rejoins_after_the_cooldown(pods, tmp_path, monkeypatch):
+    h1, h2 = pods.hosts
+    for k, v in pods.env(APPLIANCE_DISCOVERY_INTERVAL="0.2").items():
+        monkeypatch.setenv(k, v)
+    with ElasticJob(tmp_path, steps=100000, commit=2, step_s=0.05, hosts=f"{h1.address}\n{h2.address}") as job:
+        job.start(2, min_np=1, max_np=2, timeout=200)
+        job.wait_size(2, step_after=2, limit=60)
+        rank1 = [w for w, p in job.progress().items() if p["size"] == 2 and p.get("rank") == 1]
+        subprocess.run(["kill", "-KILL", str(job.pids()[max(rank1)])], check=True)  # the pod's rank crashes
+        pods.stop_sshd(h2)  # the pod is deleted (everything in it dies) and re-created under the same name
+        for pid in h2.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pods.start_sshd(h2)
+        job.wait_size(1, step_after=job.max_step(), limit=60)
+        crashed = time.monotonic()
+        job.wait_size(2, step_after=job.max_step(), limit=60)
+        back_after = time.monotonic() - crashed
+        stop = job.max_step() + 4
+        (tmp_path / "stop").write_text(str(stop))
+        r = job.wait(120)
+        assert r.returncode == 0, r.reason
+        assert 8.0 < back_after < 40.0, back_after  # the 10 s cool-down (from the crash), then checked afresh
+        sizes = check_consistent(job.done(), stop)
+        assert sizes[-1] == 2 and 1 in sizes
+        assert job.leftovers() == []
+    assert pods.leftovers() == {}
