@@ -14,8 +14,12 @@ rank 0's process CPU time per step off and on, and the share of a core rank 0's 
 the cost measured directly, which a busy machine's noise in step times does not hide).
 
     python benchmarks/metrics_cost.py [--job default|lm] [--ranks 2,32] [--rounds 3] [--steps N] [--quick] [--json out.json]
+    python benchmarks/metrics_cost.py --paired 10 [--interval 1] [--ranks 2,32] [--steps N]
 
 ``--job lm``: benchmarks/train.py's job instead (its TransformerLM, AdamW, 16 sequences per rank).
+``--paired PAIRS``: one job per rank count instead, the publisher started and stopped between
+blocks of ``--steps`` steps, PAIRS times (``--interval`` sets its interval): the median of the
+per-pair ratios (wall and process CPU of rank 0) is the least noisy measure on a busy machine.
 ``--steps``: timed steps per run (default max(100, 3000 / ranks); lm: 10). ``--quick``: 2 ranks, one
 round, 30 steps (a smoke). Failure modes: a rank that fails ends the script with its stderr.
 """
@@ -40,7 +44,40 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import benchlib as bl  # noqa: E402
 
 
-def worker(job: str, steps: int, warmup: int, out: str) -> None:
+def paired_blocks(hvd, metrics, step, first: int, steps: int, pairs: int, out: str) -> None:
+    """One job, the publisher started and stopped between blocks of ``steps`` steps (off/on, then
+    on/off, ``pairs`` times): each on-block is compared with its neighbour, so start-up, placement
+    and a slow minute of the machine spoil both alike. Rank 0 writes the per-pair ratios."""
+    from appliance.runtime import engine
+
+    eng, i = engine.current(), first
+    metrics.stop(eng, carry=False)  # the one init started: from here on, only the blocks' own
+    blocks = {"off": [], "on": []}
+    for k in range(pairs):
+        for setting in (("off", "on") if k % 2 == 0 else ("on", "off")):
+            if setting == "on":  # connected and hello sent before the block: its steady state is timed
+                pub, deadline = metrics.start(eng), time.monotonic() + 5
+                while pub is not None and pub.sent < 1 and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            hvd.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                step(i)
+                i += 1
+            hvd.barrier()
+            blocks[setting].append((time.perf_counter() - t0, time.process_time() - c0))
+            if setting == "on":
+                metrics.stop(eng, carry=False)
+    if hvd.rank() == 0:
+        with open(out, "w") as f:
+            json.dump({"wall_ratios": [a[0] / b[0] for a, b in zip(blocks["on"], blocks["off"])],
+                       "cpu_ratios": [a[1] / b[1] for a, b in zip(blocks["on"], blocks["off"])],
+                       "off_ms": statistics.median(b[0] for b in blocks["off"]) / steps * 1e3,
+                       "on_ms": statistics.median(b[0] for b in blocks["on"]) / steps * 1e3}, f)
+    hvd.shutdown()
+
+
+def worker(job: str, steps: int, warmup: int, out: str, paired: int = 0) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -94,6 +131,8 @@ def worker(job: str, steps: int, warmup: int, out: str) -> None:
 
     for i in range(warmup):
         step(i)
+    if paired:
+        return paired_blocks(hvd, metrics, step, warmup, steps, paired, out)
     hvd.barrier()
     t0, c0 = time.perf_counter(), time.process_time()
     for i in range(steps):
@@ -114,7 +153,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(job: str, ranks: int, steps: int, warmup: int, metrics_addr: str | None, timeout: float) -> dict:
+def run_job(job: str, ranks: int, steps: int, warmup: int, metrics_addr: str | None, timeout: float,
+            paired: int = 0) -> dict:
     """One job of ``ranks`` ranks on this machine; rank 0's timing and the job's wall time."""
     out = tempfile.NamedTemporaryFile(prefix="metrics-cost-", suffix=".json", delete=False).name
     port = _free_port()
@@ -125,8 +165,10 @@ def run_job(job: str, ranks: int, steps: int, warmup: int, metrics_addr: str | N
                 HOROVOD_START_TIMEOUT=str(timeout))
     if metrics_addr:
         base["APPLIANCE_METRICS_ADDR"] = metrics_addr
+        if paired:
+            base["APPLIANCE_METRICS_INTERVAL"] = str(paired_interval)
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--job", job, "--steps", str(steps),
-            "--warmup", str(warmup), "--out", out]
+            "--warmup", str(warmup), "--out", out, "--paired", str(paired)]
     procs, errs = [], []
     started = time.monotonic()
     try:
@@ -158,6 +200,33 @@ def run_job(job: str, ranks: int, steps: int, warmup: int, metrics_addr: str | N
             os.unlink(out)
         except OSError:
             pass
+
+
+paired_interval = 1.0  # --paired's APPLIANCE_METRICS_INTERVAL (--interval)
+
+
+def measure_paired(job: str, ranks: int, steps: int, warmup: int, pairs: int, timeout: float) -> dict:
+    from fixtures.metrics_listener import Listener
+
+    with Listener() as lst:
+        res = run_job(job, ranks, steps, warmup, lst.addr, timeout, paired=pairs)
+        res["lines_per_s_per_rank"] = len(lst.lines) / ranks / res["wall_s"]
+    return {"job": job, "ranks": ranks, "steps": steps, "pairs": pairs, "interval": paired_interval,
+            "off_ms": res["off_ms"], "on_ms": res["on_ms"], "wall_ratio": statistics.median(res["wall_ratios"]),
+            "cpu_ratio": statistics.median(res["cpu_ratios"]), "lines_per_s_per_rank": res["lines_per_s_per_rank"]}
+
+
+def print_paired(rows, file=sys.stdout) -> None:
+    print(f"metrics cost, paired within one job: {JOBS[rows[0]['job']]}; the publisher started and stopped "
+          "between blocks of steps, each on-block against its neighbour", file=file)
+    print(f"{'ranks':>5} {'steps':>6} {'pairs':>5} {'interval':>8} {'off ms':>8} {'on ms':>8} {'wall on/off':>11} "
+          f"{'cpu on/off':>10} {'lines/s/rank':>13}", file=file)
+    for r in rows:
+        print(f"{r['ranks']:>5} {r['steps']:>6} {r['pairs']:>5} {r['interval']:>7.2f}s {r['off_ms']:>8.3f} "
+              f"{r['on_ms']:>8.3f} {r['wall_ratio']:>11.3f} {r['cpu_ratio']:>10.3f} {r['lines_per_s_per_rank']:>13.2f}",
+              file=file)
+    print("wall/cpu on/off: median over the pairs of (block with the publisher) / (its neighbour without); "
+          "cpu: rank 0's process CPU time", file=file)
 
 
 def measure(job: str, ranks: int, steps: int, warmup: int, rounds: int, timeout: float) -> dict:
@@ -215,22 +284,30 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke: 2 ranks, one round, 30 steps")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--timeout", type=float, default=900, help="seconds one job may take")
+    p.add_argument("--paired", type=int, default=0, metavar="PAIRS",
+                   help="instead: one job per rank count, the publisher toggled between blocks of --steps steps, "
+                        "PAIRS times (the least noisy measure on a busy machine)")
+    p.add_argument("--interval", type=float, default=1.0, help="APPLIANCE_METRICS_INTERVAL for --paired (default 1)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        worker(a.job, a.steps, a.warmup, a.out)
+        worker(a.job, a.steps, a.warmup, a.out, a.paired)
         return 0
     counts = [2] if a.quick else [int(x) for x in a.ranks.split(",") if x]
     rounds = max(1, a.rounds or (1 if a.quick else 3))
     machine = bl.machine_line()
     default_steps = (lambda n: 30) if a.quick else (lambda n: max(100, 3000 // n)) if a.job == "default" else (lambda n: 10)
     warmup = a.warmup or (3 if a.quick else 10 if a.job == "default" else 2)
-    rows = [measure(a.job, n, a.steps or default_steps(n), warmup, rounds, a.timeout)
-            for n in counts]
+    global paired_interval
+    paired_interval = a.interval
+    if a.paired:
+        rows = [measure_paired(a.job, n, a.steps or default_steps(n), warmup, a.paired, a.timeout) for n in counts]
+    else:
+        rows = [measure(a.job, n, a.steps or default_steps(n), warmup, rounds, a.timeout) for n in counts]
     print(machine)
-    print_table(rows)
+    (print_paired if a.paired else print_table)(rows)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"machine": machine, "rows": rows}, f, indent=1)

@@ -275,12 +275,15 @@ def start(engine: Any) -> Optional[Publisher]:
     return _publisher
 
 
-def stop(engine: Any) -> None:
-    """Before ``engine`` shuts down: carry its counters over, and end its publisher (``bye``)."""
+def stop(engine: Any, carry: bool = True) -> None:
+    """Before ``engine`` shuts down: end its publisher (a last sample, ``bye``) and carry its
+    counters over to the next engine (``carry`` False: the engine goes on, as in the cost benchmark)."""
     global _publisher, _carried
     p, _publisher = _publisher, None
     if p is not None:
         p.stop({"v": 1, "kind": "bye", "rank": engine.core.rank, "t": time.time()})
+    if not carry:
+        return
     try:  # after its last sample: counted once
         _carried = _add(_carried, engine.core.metrics())
     except Exception:  # noqa: BLE001  (a core without counters: nothing to carry)

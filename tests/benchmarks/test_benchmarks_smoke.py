@@ -136,6 +136,9 @@ def test_metrics_cost_quick(tmp_path):
     assert row["lines_per_s_per_rank"] > 0  # the collector heard the ranks with the metrics on (and nothing off)
     assert 0 <= row["publisher_cpu_share"] < 1
     assert "on/off" in proc.stdout and "load average" in proc.stdout
+    run("metrics_cost.py", "--paired", "1", "--json", out)  # the publisher toggled within one job
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["pairs"] == 1 and row["wall_ratio"] > 0 and row["cpu_ratio"] > 0
 
 
 def test_train_rounds_report_the_median_run(tmp_path):
