@@ -8,7 +8,8 @@ wire is cumulative, so rates are differences over a window of each rank's recent
 steps/s, samples/s, communication share (d busy_s / d wall_s), lateness and waiting per step,
 bus bandwidth per operation kind (bytes / core seconds with nccl-tests' factors). A rank whose
 counters go back (a new process took its rank: elastic) starts a new window. The straggler rule
-is ``straggler.py``'s. Thread-safe: one lock around the state; ``snapshot`` copies out.
+is ``straggler.py``'s; a stall (no rank finished a step for ``STALL_S`` while they report) and its
+end are events too. Thread-safe: one lock around the state; ``snapshot`` copies out.
 
 Env vars: none. Failure modes: none raised; a malformed message is counted and ignored.
 """
