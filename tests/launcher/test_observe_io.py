@@ -78,8 +78,8 @@ def test_collector_takes_authentic_ranks_and_drops_the_rest():
         wait_for(lambda: not state.snapshot().ranks[0].alive)
         again = send(col.port, hello(0), sample(0, 103.0, 40), {"v": 1, "kind": "bye", "rank": 0, "t": 104.0})
         again.close()  # ended with a bye: shown as done, not as lost
-        wait_for(lambda: not state.snapshot().ranks[0].connected)
-        assert state.snapshot().ranks[0].alive
+        wait_for(lambda: state.ranks[0].said_bye and not state.snapshot().ranks[0].connected)
+        assert state.snapshot().ranks[0].step == 40 and state.snapshot().ranks[0].alive
         for s in (bad, none, first_not_hello):
             s.close()
 
