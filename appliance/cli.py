@@ -11,7 +11,8 @@ configs. The ``horovodrun`` command is not here: it is ``appliance/hvdcompat/hor
 job's secret file, ``appliance/common/jobsecret.py``), and the Docker plane: ``secondary`` (this
 host's sshd container), ``primary`` (a job from a primary container; its flags are ``launch``'s
 plus its own, which argparse cannot hold in one subparser, so ``main()`` dispatches it before
-argparse and the launcher's parser reads the launch flags) and ``status``; ``leave`` (SIGTERM
+argparse and the launcher's parser reads the launch flags) and ``status``; ``report`` (a job's
+report.png drawn again from its record, ``launcher/observe/report.py``); ``leave`` (SIGTERM
 this host's ranks and wait for them to leave: a Kubernetes worker's preStop hook,
 ``appliance/launcher/ssh/leave.py``). One
 ``_add_<name>(subparsers)`` each, setting ``func``.
@@ -21,7 +22,8 @@ HOROVOD_START_TIMEOUT, ``--verbose`` -> APPLIANCE_VERBOSE). Exit codes: the job'
 ``launch``; 2 for unusable arguments (bad -H, hostfile line, -np above the slots, -x); 1 when the
 job cannot be set up (preflight failures...); ``check``: 0 all hosts ready, 1 some failed, 2 bad
 arguments; ``keys``: 0, or 1 when the files cannot be made; ``secret``: 0 (path on stdout), 1 when
-the file cannot be made or an existing one is unusable, 2 when no job is known; ``secondary``/``status``: 0, 1 when
+the file cannot be made or an existing one is unusable, 2 when no job is known; ``report``: 0, 1 when
+the job has no record; ``secondary``/``status``: 0, 1 when
 Docker, the image or the share is missing (one line saying what to run), 2 bad arguments;
 ``primary``: the job's code, or those; ``leave``: 0 when no rank is left, 1 when some still run at
 its timeout. Errors are one line on stderr starting ``appliance <cmd>:``.
@@ -248,6 +250,9 @@ def _primary(args: argparse.Namespace) -> int:
     except SystemExit as e:  # it printed why
         return e.code if isinstance(e.code, int) else 2
 
+    if own.no_view:  # also the launcher's view of the job, inside the container
+        flags = flags.replace(no_view=True)
+
     def go() -> int:
         from .cluster.primary import run_primary
 
@@ -281,7 +286,7 @@ def _status(args: argparse.Namespace) -> int:
     def go() -> int:
         from appliance.common.knobs import read
         from .cluster.docker import ClusterError
-        from .cluster.status import list_containers, list_secondaries, render, shares_of
+        from .cluster.status import list_containers, list_jobs, list_secondaries, render, shares_of
 
         if args.shared is not None and not os.path.isdir(args.shared):
             raise ConfigError(f"--shared {args.shared}: no such directory")
@@ -291,7 +296,7 @@ def _status(args: argparse.Namespace) -> int:
         except ClusterError as e:  # the share's secondaries are still worth showing
             rows, error = None, e
         shares = [args.shared] if args.shared is not None else shares_of(rows or [], read("APPLIANCE_SHARED"))
-        render(rows, sys.stdout, list_secondaries(shares, stale), shares)
+        render(rows, sys.stdout, list_secondaries(shares, stale), shares, list_jobs(shares))
         if error is not None:
             raise error
         return 0
@@ -305,9 +310,10 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
                                    "with state, health, network, SSH port, shared directory and job; then the "
                                    "secondaries registered on the shared directory (name, slots, SSH port, container, "
                                    "heartbeat age, live or stale after APPLIANCE_SECONDARY_STALE seconds, as an "
-                                   "elastic primary's discovery counts them).")
+                                   "elastic primary's discovery counts them); then the jobs running on the share "
+                                   "(id, hosts, ranks, step, steps/s, age).")
     p.add_argument("--shared", metavar="DIR",
-                   help="the shared directory whose secondaries to list (default: APPLIANCE_SHARED and the "
+                   help="the shared directory whose secondaries and jobs to list (default: APPLIANCE_SHARED and the "
                         "containers' shared directories)")
     p.set_defaults(func=_status)
 
@@ -323,6 +329,33 @@ def _add_leave(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=leave.run)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from appliance.common.knobs import read
+    from .launcher.observe.report import draw, job_dir_of, summary_text
+
+    try:
+        job_dir = job_dir_of(args.job, args.shared or read("APPLIANCE_SHARED"))
+        path = draw(job_dir, args.output)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        print(f"appliance report: {e}", file=sys.stderr)
+        return 1
+    print(summary_text(job_dir))
+    print(path)
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", allow_abbrev=False, help="draw a job's report.png again from its record",
+                       description="Redraw report.png (steps/s and communication share per host over time, a rank x "
+                                   "time heatmap of lateness, elastic rounds marked) from the record the launcher "
+                                   "wrote in the job's directory, SHARED/jobs/JOB_ID/metrics.jsonl; prints the job's "
+                                   "summary line and the picture's path.")
+    p.add_argument("job", metavar="JOB_ID", help="the job's id (its directory under SHARED/jobs), or a job directory")
+    p.add_argument("--shared", metavar="DIR", help="the shared directory (env APPLIANCE_SHARED, default /mnt/share)")
+    p.add_argument("-o", "--output", metavar="PNG", help="write the picture here (default JOB_DIR/report.png)")
+    p.set_defaults(func=_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", allow_abbrev=False,
                                      description="Multi-host PyTorch training with a Horovod-compatible runtime.")
@@ -335,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_primary(sub)
     _add_status(sub)
     _add_leave(sub)
+    _add_report(sub)
     return parser
 
 

@@ -31,6 +31,8 @@ TYPE_NAMES = {
     "_port": "TCP port",
     "parse_launcher": "auto, ssh, srun or local",
     "_bind": "none or core",
+    "_view_mode": "auto, live, lines or off",
+    "_opt_port": "TCP port (empty: none)",
 }
 
 HEADER = """\

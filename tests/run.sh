@@ -34,6 +34,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v mpiexec.hydra >/dev/null || need+=(mpich)
   command -v ip >/dev/null || need+=(iproute2)
   command -v iptables >/dev/null || need+=(iptables)  # the SSH tier firewalls a simulated host (bastion test)
+  command -v tmux >/dev/null || need+=(tmux)  # a real terminal for the launcher's view (tests/launcher/*observe*)
   command -v cmake >/dev/null || need+=(cmake)
   command -v g++ >/dev/null || need+=(g++)
   [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)  # the C++ unit tests (tests/cpp)

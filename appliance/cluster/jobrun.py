@@ -10,8 +10,9 @@ port, shared dir, network, ``secondary_wait_s``), its ``hosts/<host>.json`` (per
 them) and ``exit.json`` (``returncode``, ``ended``), and the ``LaunchConfig`` the job runs with
 (``job_config()``): the user's flags, ``-p`` the job's SSH port and ``--output-filename
 JOB_DIR/logs`` unless given, the shared directory, the command prefixed by ``rankexec`` (which
-records each rank's start and pid in ``ranks/``), and ``RemoteConfig.host_wait_s`` =
-``secondary_wait_s``. ``appliance primary`` (on the host) writes ``job.json`` and starts this as
+records each rank's start and pid in ``ranks/``), ``RemoteConfig.host_wait_s`` =
+``secondary_wait_s``, and APPLIANCE_RECORD_DIR = the job directory (the launcher's record of the
+job: metrics.jsonl, TensorBoard events, report.png, live.json). ``appliance primary`` (on the host) writes ``job.json`` and starts this as
 the primary container's main process. Without a host side (compose), ``jobrun new [-p PORT]
 [launch flags] -- COMMAND`` makes the cluster keys (idempotent) and the job directory under
 APPLIANCE_SHARED itself, then goes on the same way.
@@ -122,6 +123,10 @@ def job_config(job: dict, job_dir: str, **extra: Any) -> LaunchConfig:
     flags = with_defaults(given, ssh_port=int(job["ssh_port"]),
                           output_filename=os.path.join(job_dir, "logs"), shared=job["shared"])
     wrapped = [sys.executable, "-m", "appliance.cluster.rankexec", job_dir, "--", *job["command"]]
+    environ = extra.get("environ")
+    environ = dict(os.environ if environ is None else environ)
+    environ.setdefault("APPLIANCE_RECORD_DIR", job_dir)  # the job's record (observe/) goes into its job directory
+    extra["environ"] = environ
     config = flags.launch_config(wrapped, host_wait_s=float(job.get("secondary_wait_s", 20.0)), **extra)
     # -p/-i the user gave (the cluster's own port is not one: no "unused" line for a one-host job)
     return dataclasses.replace(config, ssh_flags=tuple(

@@ -5,9 +5,12 @@ What it owns: ``list_containers()`` (every container labelled ``appliance.manage
 not, as ``ContainerInfo`` rows), ``list_secondaries()`` (the registrations under
 ``SHARED/secondaries/``, read through ``mount.registry``, as ``SecondaryInfo`` rows: name, slots,
 SSH port, container, heartbeat age, live or stale by ``APPLIANCE_SECONDARY_STALE`` as the elastic
-primary's discovery counts them) and ``render()`` (rich tables: the containers' name, role, state,
+primary's discovery counts them), ``list_jobs()`` (the jobs running on each share: their record's
+``SHARED/jobs/<id>/live.json``, written by the launcher's observer while the job runs, as
+``JobInfo`` rows: id, hosts, ranks, step, steps/s, age; a job whose file has not changed for
+``JOB_STALE_S`` is not running) and ``render()`` (rich tables: the containers' name, role, state,
 health, network and address, SSH port, shared directory, job, image, age; then each share's
-secondaries). Containers of other tools are never listed. Env vars: none read here (the CLI passes
+secondaries and running jobs). Containers of other tools are never listed. Env vars: none read here (the CLI passes
 the share and the stale threshold). Failure modes: ``ClusterError`` when Docker is unreachable;
 a share that is not a directory has no secondaries (a record that cannot be read is skipped by
 the registry).
@@ -22,7 +25,10 @@ from typing import IO, Any, Iterable, Optional
 
 from . import docker
 from ..mount import Layout
+from ..mount import read_json
 from ..mount.registry import is_live, registrations
+
+JOB_STALE_S = 30.0  # a running job's live.json is rewritten every few seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +59,43 @@ class SecondaryInfo:
     container: str
     heartbeat_age_s: float
     live: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    shared: str
+    job: str
+    hosts: tuple
+    ranks: int
+    reporting: int
+    step: Optional[float]
+    total_steps: Optional[int]
+    steps_per_s: Optional[float]
+    age_s: float
+
+
+def list_jobs(shares: Iterable[str], now: Optional[float] = None, stale_after_s: float = JOB_STALE_S) -> list[JobInfo]:
+    """The jobs running on each share (see the module docstring), oldest first."""
+    now = time.time() if now is None else now
+    rows = []
+    for shared in dict.fromkeys(shares):
+        jobs = Layout(shared).jobs
+        try:
+            names = sorted(os.listdir(jobs))
+        except OSError:
+            continue
+        for name in names:
+            live = read_json(os.path.join(jobs, name, "live.json"))
+            if not isinstance(live, dict) or live.get("ended") is not None:
+                continue
+            updated = float(live.get("updated") or 0)
+            if now - updated > stale_after_s:
+                continue
+            rows.append(JobInfo(shared=shared, job=name, hosts=tuple(live.get("hosts") or ()),
+                                ranks=int(live.get("ranks") or 0), reporting=int(live.get("reporting") or 0),
+                                step=live.get("step"), total_steps=live.get("total_steps"),
+                                steps_per_s=live.get("steps_per_s"), age_s=max(0.0, now - float(live.get("started") or now))))
+    return sorted(rows, key=lambda r: -r.age_s)
 
 
 def _age(created: str) -> str:
@@ -112,9 +155,9 @@ def shares_of(rows: Iterable[ContainerInfo], default: str) -> list[str]:
 
 
 def render(rows: Optional[list[ContainerInfo]], out: IO[str], secondaries: Optional[list[SecondaryInfo]] = None,
-           shares: Iterable[str] = ()) -> None:
+           shares: Iterable[str] = (), jobs: Optional[list[JobInfo]] = None) -> None:
     """The containers' table (none when ``rows`` is None: Docker did not answer), then each share's
-    secondaries."""
+    secondaries, then the jobs running on it."""
     from rich.console import Console
     from rich.table import Table
 
@@ -126,6 +169,31 @@ def render(rows: Optional[list[ContainerInfo]], out: IO[str], secondaries: Optio
         console.print(_containers_table(rows, Table))
     if secondaries is not None:
         _render_secondaries(console, secondaries, shares)
+    if jobs is not None:
+        _render_jobs(console, jobs, shares)
+
+
+def _hosts_text(hosts: tuple) -> str:
+    return ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:3])} +{len(hosts) - 3}"
+
+
+def _render_jobs(console: Any, rows: list[JobInfo], shares: Iterable[str]) -> None:
+    from rich.table import Table
+
+    for shared in dict.fromkeys(shares):
+        mine = [r for r in rows if r.shared == shared]
+        if not mine:
+            console.print(f"no job running on {shared}")
+            continue
+        table = Table(title=f"jobs running on {shared}", title_justify="left", show_lines=False)
+        for col in ("job", "hosts", "ranks", "step", "steps/s", "age"):
+            table.add_column(col)
+        for r in mine:
+            step = "-" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps}" if r.total_steps else "")
+            ranks = str(r.ranks) if r.reporting in (0, r.ranks) else f"{r.reporting}/{r.ranks}"
+            sps = "-" if r.steps_per_s is None else f"{r.steps_per_s:.2f}"
+            table.add_row(r.job, _hosts_text(r.hosts), ranks, step, sps, _beat_age(r.age_s).removesuffix(" ago"))
+        console.print(table)
 
 
 def _containers_table(rows: list[ContainerInfo], Table: Any) -> Any:

@@ -117,6 +117,22 @@ def _hierarchy(s: str) -> str:
     raise ValueError(f"expected 1 (on), 0 (off) or auto, got {s!r}")
 
 
+VIEW_MODES = ("auto", "live", "lines", "off")
+
+
+def _view_mode(s: str) -> str:
+    v = s.strip().lower() or "auto"
+    if v in ("0", "false", "no"):
+        v = "off"
+    if v not in VIEW_MODES:
+        raise ValueError(f"expected one of {', '.join(VIEW_MODES)}, got {s!r}")
+    return v
+
+
+def _opt_port(s: str):
+    return None if not s.strip() else _port(s)
+
+
 def _rank_int(s: str) -> int:
     n = int(s)
     if n < 0:
@@ -183,6 +199,12 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("SLURM_JOB_ID", str, None, "set by Slurm in an allocation: with it and neither -H nor --hostfile, launch starts the ranks with srun; `appliance secret` makes that job's secret file"),
     Knob("APPLIANCE_BIND", _bind, "none", "CPU binding of ranks: none (the kernel places them) or core (the ranks of a host split its CPUs into disjoint slices by local rank, as mpirun --bind-to core)"),
     Knob("APPLIANCE_LAUNCHER", parse_launcher, "auto", "how launch starts ranks: auto (srun inside a Slurm allocation without -H/--hostfile, else ssh), ssh, srun or local (launch: --launcher)"),
+    # Seeing the job (docs/observing.md).
+    Knob("APPLIANCE_VIEW", _view_mode, "auto", "the launcher's view of the job: auto (a live table when stdout and stderr are terminals, else summary lines), live, lines or off (launch: --no-view)"),
+    Knob("APPLIANCE_VIEW_INTERVAL", _pos_float, 30.0, "seconds between the view's summary lines when it is not on a terminal"),
+    Knob("APPLIANCE_VIEW_RANKS", _bool, False, "the live view starts with a row per rank instead of per host (key r toggles)"),
+    Knob("APPLIANCE_RECORD_DIR", str, "", "directory of the job's record (metrics.jsonl, TensorBoard events, report.png); default SHARED/jobs/JOB_ID when the shared directory exists; off: none"),
+    Knob("APPLIANCE_METRICS_PORT", _opt_port, None, "serve the job's metrics for Prometheus on this port of the launcher (launch: --metrics-port)"),
     # Elastic jobs (launch: --min-np, --max-np, --host-discovery-script; docs/elastic.md).
     Knob("HOROVOD_ELASTIC_TIMEOUT", _pos_float, 600.0, "seconds an elastic job waits for at least --min-np slots (and for the members of a new round) before it fails (launch: --elastic-timeout)"),
     Knob("APPLIANCE_DISCOVERY_INTERVAL", _pos_float, 1.0, "seconds between two runs of the host discovery script of an elastic job"),

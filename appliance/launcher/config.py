@@ -241,6 +241,8 @@ class LaunchConfig:
     default_slots: int = 1  # slots of a hostfile line that gives none
     kubernetes: Kubernetes | None = None  # the launcher pod of the MPI Operator / Kubeflow Trainer
     notice: str = ""  # the line said at start about where the hosts and key came from
+    view: bool = True                     # --no-view: False (observe/session.py reads APPLIANCE_VIEW too)
+    metrics_port: int | None = None       # --metrics-port: serve Prometheus' text format there
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
@@ -251,7 +253,7 @@ class LaunchConfig:
                min_np: int | None = None, max_np: int | None = None, host_discovery_script: str | None = None,
                slots_per_host: int | None = None, elastic_timeout: float | None = None,
                reset_limit: int | None = None, blacklist_cooldown_range: Sequence[float] | None = None,
-               **remote: Any) -> "LaunchConfig":
+               no_view: bool = False, metrics_port: int | None = None, **remote: Any) -> "LaunchConfig":
         """``remote``: the keyword arguments of ``RemoteConfig.create`` (port, key, user, shared,
         remote_python, network_interface, host_wait_s). ``launcher``: --launcher (else
         APPLIANCE_LAUNCHER). The elastic arguments (Horovod's flags) make an elastic job as soon
@@ -327,6 +329,8 @@ class LaunchConfig:
             elastic=elastic,
             default_slots=default_slots,
             kubernetes=k8s,
+            view=not no_view,
+            metrics_port=_metrics_port(fallback("metrics_port", metrics_port, merged)),
         )._on_kubernetes()
 
     def _on_kubernetes(self) -> "LaunchConfig":
@@ -343,6 +347,12 @@ class LaunchConfig:
         notice = k8s.line(hosts_from=self.hostfile, discovery=e.discovery_script if e else None, key=remote.key,
                           cooldown=e.cooldown_range if e else None)
         return dataclasses.replace(self, remote=remote, notice=notice)
+
+
+def _metrics_port(port: Any) -> int | None:
+    if port is not None and not 0 <= int(port) < 65536:
+        raise ConfigError(f"--metrics-port {port}: expected a TCP port (1-65535, or 0 for any free one)")
+    return None if port is None else int(port)
 
 
 def _launcher_flag(value: str) -> str:

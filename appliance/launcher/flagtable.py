@@ -88,6 +88,10 @@ FLAGS: tuple[Flag, ...] = (
          str, "IF", knob="HOROVOD_GLOO_IFACE", horovod=("network_interface",)),
     Flag("shared", ("--shared",), "the shared directory to verify", str, "DIR", knob="APPLIANCE_SHARED",
          horovod=(), check_help="the shared directory (default /mnt/share)"),
+    Flag("no_view", ("--no-view",), "no live view of the job on a terminal and no summary lines elsewhere (the "
+         "record and --metrics-port stay; env APPLIANCE_VIEW=off)", None, check=False),
+    Flag("metrics_port", ("--metrics-port",), "serve the job's metrics in Prometheus' text format on PORT of this "
+         "machine (labels job, host, rank)", int, "PORT", knob="APPLIANCE_METRICS_PORT", check=False),
     Flag("min_np", ("--min-np", "--min-num-proc"), "fewest ranks to train with; below it the job waits for hosts "
          "(default: -np)", int, "N", group="elastic", check=False, horovod=("min_num_proc", "min_np")),
     Flag("max_np", ("--max-np", "--max-num-proc"), "most ranks to run, however many slots appear (default: "

@@ -3,7 +3,7 @@
 What it owns:
 - ``OutputSink``: where worker output goes. Every line becomes ``[rank]<stdout>:text`` or
   ``[rank]<stderr>:text`` on the launcher's stdout/stderr (one lock per stream, flushed per
-  line, so lines never interleave), optionally the raw bytes in ``DIR/rank.N/{stdout,stderr}``
+  line, so lines never interleave; ``divert()`` hands them to the live view instead), optionally the raw bytes in ``DIR/rank.N/{stdout,stderr}``
   (``--output-filename``; N zero-padded to the width of the largest rank, as horovodrun) and
   optionally a captured list of ``(rank, stream, text)`` for the Python API. ``message()`` is a
   line of the launcher's own.
@@ -48,6 +48,7 @@ class OutputSink:
         self._output_dir = output_dir
         self._files: dict[tuple[int, str], IO[bytes]] = {}
         self._files_lock = threading.Lock()
+        self._divert: Callable[[str, str], None] | None = None
         if output_dir is not None:
             os.makedirs(output_dir, exist_ok=True)
 
@@ -80,9 +81,18 @@ class OutputSink:
         """A line of the launcher's own (summary, --verbose) on its stderr."""
         self._write("stderr", text if text.endswith("\n") else text + "\n")
 
+    def divert(self, write: Callable[[str, str], None] | None) -> None:
+        """Hand every echoed line to ``write(stream, text)`` instead of the streams (the live view
+        prints them above itself), or, with None, write to the streams again."""
+        with self._locks["stdout"], self._locks["stderr"]:
+            self._divert = write
+
     def _write(self, stream: str, text: str) -> None:
         target = self._targets[stream]
         with self._locks[stream]:
+            if self._divert is not None:
+                self._divert(stream, text)
+                return
             try:
                 buf = getattr(target, "buffer", None)
                 if isinstance(buf, io.BufferedIOBase):

@@ -90,7 +90,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
     with JobSetup(config, ranks, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout,
                   stderr=stderr) as job:
         plan = ranks.prepare(slots)
-        sink = job.begin(plan.fault_dir, config.np)
+        sink = job.begin(plan.fault_dir, config.np, plan.job_id, plan.secret)
         for line in [f"appliance launch: {m}" for m in merges] + mechanism.notes(ranks, config):
             sink.message(line)
         if config.verbose:
@@ -98,7 +98,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
                 sink.message(line)
         outcome = None
         try:
-            ranks.start([mechanism.RankSpec(s, s.rank) for s in slots], plan, sink, job.reaper,
+            ranks.start([mechanism.RankSpec(s, s.rank, job.rank_env(s.host)) for s in slots], plan, sink, job.reaper,
                         cancelled=lambda: bool(job.trap.received))
         except SpawnError as e:
             outcome = Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")

@@ -6,7 +6,9 @@ that starts ranks (``mechanism.choose``: its hosts are released on exit), and in
 launcher pod one line on stderr saying where the hosts and key came from (``LaunchConfig.notice``). ``begin(fault_dir,
 width)`` then opens the output sink (``output.OutputSink``), the reaper (``reaper.Reaper``: local
 ranks die with a killed launcher, ``fault_dir`` removed with it) and the job-scoped observers
-(``_observers``: the one place where something that watches the whole job is entered), and makes
+(``_observers``: the one place where something that watches the whole job is entered: the view,
+record and metrics endpoint of ``observe/``; ``rank_env(host)`` is what they add to a rank's
+environment), and makes
 sure every rank is stopped before the reaper is told the job ended normally. ``finish(outcome)``
 stops what still runs and returns the job's summary line (printed when the job failed).
 
@@ -38,6 +40,7 @@ class JobSetup:
         self.trap: SignalTrap | None = None
         self.sink: OutputSink | None = None
         self.reaper: Reaper | None = None
+        self.observer: Any = None
 
     def __enter__(self) -> "JobSetup":
         try:
@@ -67,9 +70,10 @@ class JobSetup:
         for line in lines:
             print(f"appliance launch: {line}", file=out, flush=True)
 
-    def begin(self, fault_dir: str, width: int) -> OutputSink:
+    def begin(self, fault_dir: str, width: int, job_id: str = "", secret: str | None = None) -> OutputSink:
         """Open the sink (``width``: how many output prefixes to expect), the reaper and the
-        observers; from here on every rank is stopped before the reaper closes."""
+        observers (of job ``job_id``, whose ranks prove they belong to it with ``secret``); from
+        here on every rank is stopped before the reaper closes."""
         c = self.config
         self.sink = self.stack.enter_context(OutputSink(width, echo=self.echo, capture=self.capture,
                                                         output_dir=c.output_dir, stdout=self.stdout,
@@ -77,18 +81,34 @@ class JobSetup:
         self.reaper = self.stack.enter_context(Reaper(c.stop_grace_s, cleanup=[fault_dir] if fault_dir else []))
         if self.reaper.error:
             self.sink.message(f"appliance launch: warning: {self.reaper.error}")
-        self._observers()
+        self._observers(job_id, secret, width)
         self.stack.callback(self.mech.close)  # before the reaper is told the job ended normally
         return self.sink
 
-    def _observers(self) -> None:
+    def _observers(self, job_id: str, secret: str | None, width: int) -> None:
         """Job-scoped observers enter here (``self.stack.enter_context(...)``): they see the sink,
-        the mechanism and the config, and are closed after every rank has been stopped."""
+        the mechanism and the config, and are closed after every rank has been stopped. The
+        job's view, record and metrics endpoint (``observe.Observer``): ranks get its address
+        from ``rank_env``."""
+        from .observe import Observer
+
+        c = self.config
+        self.observer = self.stack.enter_context(Observer(
+            job_id, secret, width, say=self.sink.message if self.echo else (lambda text: None),
+            sink=self.sink if self.echo else None,
+            out=self.stdout or sys.stdout, err=self.stderr or sys.stderr, environ={**c.environ, **c.env},
+            view=c.view and self.echo, metrics_port=c.metrics_port, shared=c.remote.shared_dir))
+
+    def rank_env(self, host: str) -> dict[str, str]:
+        """What the observers add to the environment of a rank on ``host``."""
+        return self.observer.env_for(self.mech.hosts.launcher_address(host)) if self.observer is not None else {}
 
     def finish(self, outcome: Any, *, elastic: bool = False) -> str:
         """Stop what still runs; the job's summary line (printed when it failed)."""
         others = len(running(self.mech))
         self.mech.close()
+        if self.observer is not None:
+            self.observer.ended(outcome.returncode)
         summary = outcome.reason
         if outcome.returncode != 0 and others:
             other = " other" if not elastic and outcome.rank is not None else ""

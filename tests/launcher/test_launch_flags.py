@@ -37,8 +37,8 @@ def test_cli_and_cluster_jobrun_build_the_same_launch_config(flags, tmp_path):
     job = json.loads((job_dir / "job.json").read_text())
     jobrun_config = job_config(job, str(job_dir), environ=ENV)
 
-    # What the job runner adds on purpose: rankexec before the command, the wait for secondaries, and
-    # -p / --output-filename / --shared where the user gave none.
+    # What the job runner adds on purpose: rankexec before the command, the wait for secondaries,
+    # -p / --output-filename / --shared where the user gave none, and APPLIANCE_RECORD_DIR.
     assert jobrun_config.command[-len(COMMAND):] == tuple(COMMAND)
     assert jobrun_config.command[1:5] == ("-m", "appliance.cluster.rankexec", str(job_dir), "--")
     assert jobrun_config.remote.host_wait_s == 4.0 and cli_config.remote.host_wait_s == 0.0
@@ -46,9 +46,11 @@ def test_cli_and_cluster_jobrun_build_the_same_launch_config(flags, tmp_path):
     assert jobrun_config.remote.port == (given.ssh_port or 12345)
     assert jobrun_config.output_dir == (given.output_filename or str(job_dir / "logs"))
     assert jobrun_config.remote.shared_dir == "/share" and jobrun_config.remote.shared_explicit
+    # and the job's record (the launcher's observer) in the job directory
+    assert jobrun_config.environ == {**ENV, "APPLIANCE_RECORD_DIR": str(job_dir)}
     # Everything else is the same configuration.
     same_as_cli = dataclasses.replace(
-        jobrun_config, command=cli_config.command, output_dir=cli_config.output_dir,
+        jobrun_config, command=cli_config.command, output_dir=cli_config.output_dir, environ=cli_config.environ,
         remote=dataclasses.replace(jobrun_config.remote, host_wait_s=0.0, port=cli_config.remote.port,
                                    shared_dir=cli_config.remote.shared_dir,
                                    shared_explicit=cli_config.remote.shared_explicit))

@@ -56,12 +56,14 @@ class ElasticDriver:
     """One elastic job (see the module docstring); ``run()`` returns its ``Outcome``."""
 
     def __init__(self, config: LaunchConfig, mech: Any, sink: OutputSink, reaper: Reaper | None,
-                 trap: SignalTrap, deadline: float | None, fault_dir: str, clock: Callable[[], float] = time.monotonic):
+                 trap: SignalTrap, deadline: float | None, fault_dir: str, clock: Callable[[], float] = time.monotonic,
+                 job: tuple[str, str] | None = None, observer: Any = None):
         assert config.elastic is not None
         self.config, self.e = config, config.elastic
         self.mech, self.sink, self.reaper, self.trap = mech, sink, reaper, trap
         self.deadline, self.fault_dir, self.clock = deadline, fault_dir, clock
-        self.job_id, self.secret = envmod.new_job_id(), envmod.new_secret()
+        self.job_id, self.secret = job or (envmod.new_job_id(), envmod.new_secret())
+        self.observer = observer  # observe.Observer: told every line said and every round formed
         self.machine = Machine(Settings(config.np, self.e.min_np, self.e.max_np, self.e.timeout_s, self.e.reset_limit,
                                         self.e.cooldown_range, config.stop_grace_s, bool(config.verbose), SILENT_S,
                                         self.e.discovery_interval_s, self.e.kubernetes))
@@ -87,6 +89,8 @@ class ElasticDriver:
 
     def say(self, text: str) -> None:
         self.sink.message(f"appliance launch: elastic: {text}")
+        if self.observer is not None:
+            self.observer.event(f"elastic: {text}")
 
     # -- the rendezvous handler (server threads) ------------------------------------------------
     def join(self, worker: int, message: dict) -> Ticket:
@@ -258,7 +262,8 @@ class ElasticDriver:
         spec = mech_mod.RankSpec(a.slot, a.wid, {
             "HOROVOD_ELASTIC": "1", "APPLIANCE_ELASTIC_ADDR": f"{self.mech.hosts.launcher_address(a.host)}:{self.server.port}",
             "APPLIANCE_ELASTIC_WORKER": str(a.wid), "HOROVOD_ELASTIC_TIMEOUT": repr(float(self.e.timeout_s)),
-            **({"APPLIANCE_ELASTIC_LEAVE_ON_TERM": "1"} if self.leave_on_term else {})})
+            **({"APPLIANCE_ELASTIC_LEAVE_ON_TERM": "1"} if self.leave_on_term else {}),
+            **(self.observer.env_for(self.mech.hosts.launcher_address(a.host)) if self.observer is not None else {})})
         addrs = self.mech.hosts.addresses(list(a.hosts))
         plan = envmod.JobPlan(job_id=self.job_id, secret=self.secret, store_addr="",
                               master_addr=addrs.get(a.first_host, ""), master_port=0, data_addrs=addrs,
@@ -273,6 +278,8 @@ class ElasticDriver:
         return None
 
     def _release(self, a: Release) -> None:
+        if self.observer is not None:
+            self.observer.new_round(a.round_id, len(a.members))
         addrs = self.mech.hosts.addresses(list(dict.fromkeys(m.host for m in a.members)))
         rank0 = a.members[0]
         store = f"{addrs.get(rank0.host) or str(rank0.join.get('addr', ''))}:{int(rank0.join.get('port') or 0)}"

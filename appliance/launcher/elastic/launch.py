@@ -31,8 +31,10 @@ def run_elastic(config: LaunchConfig, *, echo: bool = True, capture: bool = Fals
     with JobSetup(config, mech, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout,
                   stderr=stderr) as job:
         fault_dir = mech.prepare(None).fault_dir
-        sink = job.begin(fault_dir, config.elastic.max_np or config.np)
-        driver = ElasticDriver(config, mech, sink, job.reaper, job.trap, deadline, fault_dir)
+        job_id, secret = envmod.new_job_id(), envmod.new_secret()
+        sink = job.begin(fault_dir, config.elastic.max_np or config.np, job_id, secret)
+        driver = ElasticDriver(config, mech, sink, job.reaper, job.trap, deadline, fault_dir,
+                               job=(job_id, secret), observer=job.observer)
         outcome = driver.run()
         summary = job.finish(outcome, elastic=True)
         lines = sink.captured()

@@ -490,7 +490,9 @@ class SrunStatic(_SrunBase):
 
     def start(self, specs, plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
               cancelled=lambda: False) -> None:
-        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper)
+        # one environment for every task: the first rank's additions (the observers' address)
+        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper,
+                             extra_env=dict(specs[0].env) if specs else {})
         if not cancelled():
             self.step.start()
 

@@ -1,0 +1,232 @@
+"""``report.png``: a job's record drawn as one picture, and its closing summary.
+
+What it owns: ``series(record)`` (each rank's rates between consecutive rows of ``metrics.jsonl``:
+steps/s, communication share, lateness per step, on the launcher's time axis from the job's
+start), ``summarize(record)`` (the closing line's numbers), and ``draw(job_dir)``: three panels,
+steps/s per host over time, communication share per host over time, and a rank x time heatmap
+of lateness (ms the others waited per step for that rank), elastic rounds marked as vertical
+lines on each; the summary as its title. Matplotlib (Agg, no display needed). ``appliance report
+JOB_ID`` calls ``draw`` on a finished or running job's directory.
+
+Env vars: none. Failure modes: ``FileNotFoundError`` when the directory has no record;
+``ValueError`` when the record has no samples to draw; ``ImportError`` (with the package to
+install named) without matplotlib.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import statistics
+from typing import Any, Optional
+
+from .record import read_record
+
+REPORT = "report.png"
+BIN_S = 5.0  # seconds per time bin (the record has a row per rank every 2 s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    t: float            # seconds since the job started (middle of the interval)
+    rank: int
+    host: str
+    steps_per_s: float
+    comm_share: Optional[float]
+    late_ms: Optional[float]
+
+
+def series(record: dict) -> list[Point]:
+    rows = record["ranks"]
+    t0 = start_of(record)
+    last: dict[int, dict] = {}
+    out = []
+    for r in rows:
+        rank = int(r.get("rank", -1))
+        prev = last.get(rank)
+        last[rank] = r
+        if prev is None:
+            continue
+        dt = float(r["t"]) - float(prev["t"])
+        dstep = float(r["step"]) - float(prev["step"])
+        if dt <= 0 or dstep < 0:
+            continue  # a restarted process: counters began again
+        dwall = float(r.get("wall_s", 0)) - float(prev.get("wall_s", 0))
+        dbusy = float(r.get("busy_s", 0)) - float(prev.get("busy_s", 0))
+        dlate = float(r.get("late_s", 0)) - float(prev.get("late_s", 0))
+        out.append(Point(t=(float(r["t"]) + float(prev["t"])) / 2 - t0, rank=rank, host=str(r.get("host", "?")),
+                         steps_per_s=dstep / dt, comm_share=dbusy / dwall if dwall > 0 else None,
+                         late_ms=dlate / dstep * 1e3 if dstep > 0 else None))
+    return out
+
+
+def summarize(record: dict) -> dict:
+    """Steps, elapsed seconds, mean steps/s, mean communication share, the top straggler."""
+    rows = record["ranks"]
+    if not rows:
+        return {}
+    t0 = start_of(record)
+    newest: dict[int, dict] = {}
+    for r in rows:
+        newest[int(r["rank"])] = r
+    end_t = (record.get("end") or {}).get("t") or max(r["t"] for r in rows)
+    steps = min(float(r["step"]) for r in newest.values())
+    shares = [float(r["busy_s"]) / float(r["wall_s"]) for r in newest.values() if float(r.get("wall_s", 0)) > 0]
+    top = max(newest.values(), key=lambda r: float(r.get("late_s", 0)))
+    return {"steps": steps, "elapsed_s": end_t - t0, "steps_per_s": steps / (end_t - t0) if end_t > t0 else None,
+            "comm_share": statistics.mean(shares) if shares else None,
+            "top": (int(top["rank"]), str(top.get("host", "?")), float(top.get("late_s", 0))),
+            "ranks": len(newest), "hosts": len({r.get("host") for r in newest.values()})}
+
+
+def start_of(record: dict) -> float:
+    """The time axis' zero: the first sample (the ranks' clocks), else the record's start."""
+    return min((float(r["t"]) for r in record["ranks"]), default=(record.get("job") or {}).get("t") or 0.0)
+
+
+def _round_times(record: dict) -> list[tuple[float, int]]:
+    t0 = start_of(record)
+    return [(float(r["t"]) - t0, int(r["round"])) for r in record["rounds"]]
+
+
+def warm() -> None:
+    """Import matplotlib now (the observer's ticker does, while the job runs), so the drawing at
+    the job's end does not wait for the import."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:
+        pass
+
+
+def draw(job_dir: str, path: Optional[str] = None) -> str:
+    """Draw ``job_dir``'s record into ``path`` (default ``job_dir/report.png``); returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(job_dir)
+    path = path or os.path.join(job_dir, REPORT)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def figure(job_dir: str) -> Any:
+    """The report of ``job_dir``'s record as a matplotlib figure (its first three axes: the panels)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(f"the report needs matplotlib (pip install 'appliance[view]'): {e}") from None
+    import numpy as np
+
+    record = read_record(job_dir)
+    points = series(record)
+    if not points:
+        raise ValueError(f"{job_dir}: the record has no two samples of any rank to draw")
+    hosts = list(dict.fromkeys(p.host for p in points))
+    ranks = sorted({p.rank for p in points})
+    span = max(p.t for p in points)
+    nbins = max(1, min(150, int(span / BIN_S) + 1))  # a few record rows per bin: no gaps, no aliasing
+    width = (span + 1e-9) / nbins
+
+    def binned(select, combine) -> dict:
+        acc: dict = collections.defaultdict(lambda: collections.defaultdict(list))
+        for p in points:
+            v = select(p)
+            if v is not None:
+                acc[p.host][min(nbins - 1, int(p.t / width))].append(v)
+        return {h: sorted((b * width + width / 2, combine(vs)) for b, vs in bins.items()) for h, bins in acc.items()}
+
+    speed = binned(lambda p: p.steps_per_s, statistics.mean)
+    comm = binned(lambda p: p.comm_share, statistics.mean)
+    heat = np.full((len(ranks), nbins), np.nan)
+    cells: dict = collections.defaultdict(list)
+    for p in points:
+        if p.late_ms is not None:
+            cells[(ranks.index(p.rank), min(nbins - 1, int(p.t / width)))].append(p.late_ms)
+    for (i, b), vs in cells.items():
+        heat[i, b] = statistics.mean(vs)
+    for i in range(len(ranks)):  # a bin without a row of this rank: its previous value
+        for b in range(1, nbins):
+            if np.isnan(heat[i, b]):
+                heat[i, b] = heat[i, b - 1]
+
+    fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True,
+                             gridspec_kw={"height_ratios": [1, 1, max(1.0, min(2.5, len(ranks) / 16))]})
+    for h in hosts:
+        xs, ys = zip(*speed.get(h, [(0, 0)]))
+        axes[0].plot(xs, ys, label=h, linewidth=1.2)
+        if h in comm:
+            xs, ys = zip(*comm[h])
+            axes[1].plot(xs, [y * 100 for y in ys], label=h, linewidth=1.2)
+    axes[0].set_ylabel("steps/s")
+    axes[0].set_ylim(0, max((y for h in speed.values() for _, y in h), default=1.0) * 1.15 or 1.0)
+    axes[0].set_title("steps/s per host")
+    axes[1].set_ylabel("% of wall time")
+    axes[1].set_title("communication share per host (time blocked in collectives)")
+    axes[1].set_ylim(0, 100)
+    if len(hosts) <= 16:
+        axes[0].legend(loc="lower left", fontsize="small", ncol=min(4, len(hosts)))
+    im = axes[2].imshow(heat, aspect="auto", origin="lower", interpolation="nearest", cmap="magma",
+                        extent=(0, nbins * width, -0.5, len(ranks) - 0.5))
+    axes[2].set_ylabel("rank")
+    axes[2].set_xlabel("seconds since the job started")
+    axes[2].set_title("lateness: ms the others waited per step for each rank")
+    fig.colorbar(im, ax=axes[2], orientation="horizontal", fraction=0.05, pad=0.12, label="ms per step")
+    for t, rnd in _round_times(record):
+        for ax in axes:
+            ax.axvline(t, color="tab:red", linestyle="--", linewidth=0.9)
+        axes[0].annotate(f"round {rnd}", (t, 1.0), xycoords=("data", "axes fraction"), fontsize="small",
+                         color="tab:red", va="top", ha="left", rotation=90)
+    s = summarize(record)
+    job = (record.get("job") or {}).get("job", os.path.basename(job_dir.rstrip("/")))
+    title = f"job {job}: {s['ranks']} ranks on {s['hosts']} hosts, {s['steps']:.0f} steps in {s['elapsed_s']:.0f} s"
+    if s.get("comm_share") is not None:
+        title += f", communication {s['comm_share'] * 100:.0f}%"
+    top = s.get("top")
+    if top and top[2] > 0:
+        title += f"\ntop straggler: rank {top[0]} on {top[1]} (the others waited {top[2]:.1f} s for it)"
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def job_dir_of(job: str, shared: str) -> str:
+    """``appliance report JOB``: JOB is a job id under ``SHARED/jobs`` or a job directory."""
+    from ...mount import Layout
+
+    if os.sep in job or job in (".", ".."):
+        path = job
+    else:
+        try:
+            path = Layout(shared).job_dir(job)
+        except ValueError as e:
+            raise FileNotFoundError(str(e)) from None
+    if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
+        where = path if os.sep in job else f"{Layout(shared).jobs} (--shared or APPLIANCE_SHARED to look elsewhere)"
+        raise FileNotFoundError(f"no record of job {job} in {where}")
+    return path
+
+
+def summary_text(job_dir: str) -> str:
+    """One line: the record's summary, as the launcher said it at the end."""
+    record = read_record(job_dir)
+    end = record.get("end") or {}
+    if end.get("summary"):
+        return str(end["summary"])
+    s = summarize(record)
+    if not s:
+        return "summary: no samples in the record"
+    text = f"summary: {s['steps']:.0f} steps in {s['elapsed_s']:.0f} s"
+    if s.get("comm_share") is not None:
+        text += f", communication {s['comm_share'] * 100:.0f}% of step time"
+    if s["top"][2] > 0:
+        text += f", top straggler rank {s['top'][0]} on {s['top'][1]} (the others waited {s['top'][2]:.1f} s for it)"
+    return text + ("" if record.get("end") else " (the job is running or was killed: the record has no end)")
+
+
+__all__ = ["Point", "REPORT", "draw", "figure", "warm", "job_dir_of", "series", "summarize", "summary_text"]
