@@ -109,7 +109,8 @@ class ElasticDriver:
     def run(self) -> Outcome:
         self.server = RendezvousServer(self, bytes.fromhex(self.secret), self.job_id)
         try:
-            threading.Thread(target=self._poll_discovery, name="elastic-discovery", daemon=True).start()
+            threading.Thread(target=poll_discovery, args=(self.discovery, self.events, self._stop, self.e.discovery_interval_s),
+                             name="elastic-discovery", daemon=True).start()
             while self.outcome is None:
                 self._step()
             return self.outcome
@@ -118,23 +119,6 @@ class ElasticDriver:
             self.discovery.close()
             self._end_all()
             self.server.close()
-
-    def _poll_discovery(self) -> None:
-        first = True
-        while not self._stop.is_set():
-            try:
-                event: Any = Discovered(self.discovery.find())
-            except DiscoveryError as e:
-                event = DiscoveryFailed(str(e), first)
-            except Exception as e:  # noqa: BLE001 - the poller must never die silently
-                event = DiscoveryFailed(f"{self.discovery.describe()}: {type(e).__name__}: {e}", first)
-            if self._stop.is_set():
-                return
-            self.events.put((event, None))
-            if first and isinstance(event, DiscoveryFailed):
-                return
-            first = False
-            self._stop.wait(self.e.discovery_interval_s)
 
     def _step(self) -> None:
         now = self.clock()
@@ -281,15 +265,9 @@ class ElasticDriver:
         if self.observer is not None:
             self.observer.new_round(a.round_id, len(a.members))
         addrs = self.mech.hosts.addresses(list(dict.fromkeys(m.host for m in a.members)))
-        rank0 = a.members[0]
-        store = f"{addrs.get(rank0.host) or str(rank0.join.get('addr', ''))}:{int(rank0.join.get('port') or 0)}"
-        for m in a.members:
-            s = m.slot
-            answer = {"round": a.round_id, "job_id": f"{self.job_id}.{a.round_id}", "rank": s.rank, "size": s.size,
-                      "local_rank": s.local_rank, "local_size": s.local_size, "cross_rank": s.cross_rank,
-                      "cross_size": s.cross_size, "host": m.host,
-                      "data_addr": addrs.get(m.host) or str(m.join.get("addr", "")), "store": store, "sync": a.sync}
-            ticket = self.tickets.pop(m.wid, None)
+        store, answers = round_answers(a, addrs, self.job_id)
+        for wid, answer in answers:
+            ticket = self.tickets.pop(wid, None)
             if ticket is not None:
                 ticket.set({"round": answer})
         if self.config.verbose:
@@ -309,6 +287,42 @@ class ElasticDriver:
         end = self.clock() + self.config.failure_grace_s
         while mech_mod.running(self.mech) and self.clock() < end and not self.trap.received:
             self.mech.wait(POLL_S)
+
+
+def poll_discovery(discovery: Any, events: queue.Queue, stop: threading.Event, interval_s: float) -> None:
+    """The discovery thread: one ``Discovered`` or ``DiscoveryFailed`` event per run, every
+    ``interval_s``, until ``stop``; a failed first run is the last (the job cannot start)."""
+    first = True
+    while not stop.is_set():
+        try:
+            event: Any = Discovered(discovery.find())
+        except DiscoveryError as e:
+            event = DiscoveryFailed(str(e), first)
+        except Exception as e:  # noqa: BLE001 - the poller must never die silently
+            event = DiscoveryFailed(f"{discovery.describe()}: {type(e).__name__}: {e}", first)
+        if stop.is_set():
+            return
+        events.put((event, None))
+        if first and isinstance(event, DiscoveryFailed):
+            return
+        first = False
+        stop.wait(interval_s)
+
+
+def round_answers(a: Release, addrs: dict, job_id: str) -> tuple[str, list[tuple[int, dict]]]:
+    """A released round's store address and each member's answer: its layout, where its data
+    and the round's store are, and whether state is synced."""
+    rank0 = a.members[0]
+    store = f"{addrs.get(rank0.host) or str(rank0.join.get('addr', ''))}:{int(rank0.join.get('port') or 0)}"
+    answers = []
+    for m in a.members:
+        s = m.slot
+        answers.append((m.wid, {"round": a.round_id, "job_id": f"{job_id}.{a.round_id}", "rank": s.rank,
+                                "size": s.size, "local_rank": s.local_rank, "local_size": s.local_size,
+                                "cross_rank": s.cross_rank, "cross_size": s.cross_size, "host": m.host,
+                                "data_addr": addrs.get(m.host) or str(m.join.get("addr", "")), "store": store,
+                                "sync": a.sync}))
+    return store, answers
 
 
 __all__ = ["ElasticDriver"]
