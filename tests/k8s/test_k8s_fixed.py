@@ -1,0 +1,43 @@
+"""The shipped fixed-size MPIJobs run as written (deploy/kubernetes/, re-enacted with Docker by
+tests/fixtures/k8s.py: pods as containers with the operator's names, files, modes, env and uid).
+
+Effects asserted for each: the launcher's exit code, the training record rank 0 left on the shared
+volume (every epoch of the job, none lost), no rank program left on a worker, no container left.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures import ROOT
+from fixtures.k8s import MPIJob
+
+pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.timeout(420, func_only=True)]
+
+DEPLOY = ROOT / "deploy" / "kubernetes"
+
+
+def epochs_recorded(job) -> list[int]:
+    metrics = json.loads((job.volumes["share"] / "models" / "digits" / "metrics.json").read_text())
+    return [e["epoch"] for e in metrics["epochs"]]
+
+
+def run_fixed(k8s_jobs, manifest: str, **kw):
+    job = k8s_jobs(MPIJob, DEPLOY / manifest, **kw)
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    assert epochs_recorded(job) == list(range(1, 9)), out[-3000:]
+    for pod in job.workers.values():
+        assert job.job_processes(pod) == [], pod.name
+    job.close()
+    assert job.leftovers() == []
+    return out
+
+
+def test_mpirun_mpijob_trains_as_written(k8s_jobs):
+    out = run_fixed(k8s_jobs, "mpijob-mpirun.yaml")
+    hosts = [ln for ln in out.splitlines() if ln.startswith("devices: ")]
+    assert hosts and "appliance-mpirun-worker-0" in hosts[0] and "appliance-mpirun-worker-1" in hosts[0], out[-3000:]
+
