@@ -6,12 +6,13 @@ volume (every epoch of the job, none lost), no rank program left on a worker, no
 """
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 
 from fixtures import ROOT
-from fixtures.k8s import MPIJob
+from fixtures.k8s import MPIJob, one_of_kind
 
 pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.timeout(420, func_only=True)]
 
@@ -41,3 +42,28 @@ def test_mpirun_mpijob_trains_as_written(k8s_jobs):
     hosts = [ln for ln in out.splitlines() if ln.startswith("devices: ")]
     assert hosts and "appliance-mpirun-worker-0" in hosts[0] and "appliance-mpirun-worker-1" in hosts[0], out[-3000:]
 
+
+
+def as_root(manifest: dict) -> dict:
+    """The operator's defaults instead of mpiuser: no runAsUser, the Secret at /root/.ssh (mode 0600),
+    and workers without a command (the operator gives them `/usr/sbin/sshd -De`)."""
+    manifest = copy.deepcopy(manifest)
+    manifest["spec"].pop("sshAuthMountPath", None)
+    for role in ("Launcher", "Worker"):
+        c = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+        c.pop("securityContext", None)
+        if role == "Worker":
+            c.pop("command", None)
+            c.pop("args", None)
+    return manifest
+
+
+def test_mpirun_mpijob_as_root_with_the_operators_defaults(k8s_jobs):
+    job = k8s_jobs(MPIJob, as_root(one_of_kind(DEPLOY / "mpijob-mpirun.yaml", "MPIJob")))
+    assert job.secret_modes()["id_rsa"] == 0o600
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    assert epochs_recorded(job) == list(range(1, 9)), out[-3000:]
+    job.close()
+    assert job.leftovers() == []
