@@ -117,7 +117,25 @@ def test_scale_down_the_removed_worker_leaves_gracefully(k8s_jobs):
     wait_for("a step at size 2", first, job)
     print(f"\n[k8s] scale-down: replicas lowered -> survivors' first step at size 2: {first.first - lowered:.2f} s")
     stopper.join(60)
+    log = job.logs(job.launcher)
     done = finish(job, 120)
     assert done[0]["sizes"][-1] == 2
-    assert "blacklist" not in job.logs(job.launcher).lower() or "cool" in job.logs(job.launcher).lower()
 
+
+def test_workers_started_after_the_launcher_are_waited_for(k8s_jobs):
+    job = elastic_job(k8s_jobs, steps=60)
+    job.start(workers=False)  # launcherCreationPolicy AtStartup: the launcher may come first
+    time.sleep(5)
+    for i in range(2):
+        job.start_worker(i)
+    done = finish(job, 60)
+    assert set(done[0]["sizes"]) == {2}
+
+
+def test_the_launchers_dns_name_missing_does_not_matter(k8s_jobs):
+    job = elastic_job(k8s_jobs, steps=60, launcher_dns=False)
+    started(job)
+    probe = job.workers[0].container_obj.exec_run(["getent", "hosts", job.host_name(job.launcher_pod_name())])
+    assert probe.exit_code != 0, probe.output  # the workers cannot resolve the launcher
+    done = finish(job, 60)
+    assert set(done[0]["sizes"]) == {2}
