@@ -67,3 +67,25 @@ def test_mpirun_mpijob_as_root_with_the_operators_defaults(k8s_jobs):
     assert epochs_recorded(job) == list(range(1, 9)), out[-3000:]
     job.close()
     assert job.leftovers() == []
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["mpiuser", "root"])
+def test_the_images_environment_reaches_ssh_sessions(k8s_jobs, root):
+    """A non-interactive SSH session on a worker (how mpirun's orted and the launcher's ranks start)
+    sees the image's ENV: mpiuser's sshd through SetEnv, root's through PAM's /etc/environment."""
+    manifest = one_of_kind(DEPLOY / "mpijob-mpirun.yaml", "MPIJob")
+    worker = "appliance-mpirun-worker-1.appliance-mpirun.default.svc"
+    script = "id -un; env; python -c 'import appliance.runtime._core, torch; print(\"imports ok\")'"
+    job = k8s_jobs(MPIJob, as_root(manifest) if root else manifest, launcher_command=["ssh"],
+                   launcher_args=[worker, script])
+    job.start()
+    rc, out = job.wait_launcher(120)
+    assert rc == 0, job.all_logs()
+    lines = out.splitlines()
+    assert lines[0] == ("root" if root else "mpiuser"), out
+    env = dict(ln.split("=", 1) for ln in lines[1:] if "=" in ln)
+    assert env["PATH"].split(":")[0] == "/opt/venv/bin", out
+    assert env["PYTHONUNBUFFERED"] == "1" and env["LANG"] == "C.UTF-8"
+    assert env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    assert "APPLIANCE_SSH_PORT" not in env  # the appliance's port, not Kubernetes' (2222 from ssh_config)
+    assert "imports ok" in out
