@@ -59,12 +59,15 @@ def as_root(manifest: dict) -> dict:
 
 
 def test_mpirun_mpijob_as_root_with_the_operators_defaults(k8s_jobs):
-    job = k8s_jobs(MPIJob, as_root(one_of_kind(DEPLOY / "mpijob-mpirun.yaml", "MPIJob")))
+    manifest = as_root(one_of_kind(DEPLOY / "mpijob-mpirun.yaml", "MPIJob"))
+    args = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--epochs") + 1] = "2"  # the run as written is the mpiuser test's: keep the tier short
+    job = k8s_jobs(MPIJob, manifest)
     assert job.secret_modes()["id_rsa"] == 0o600
     job.start()
     rc, out = job.wait_launcher(300)
     assert rc == 0, job.all_logs()
-    assert epochs_recorded(job) == list(range(1, 9)), out[-3000:]
+    assert epochs_recorded(job) == [1, 2], out[-3000:]
     job.close()
     assert job.leftovers() == []
 
