@@ -20,7 +20,7 @@ import pytest
 from fixtures import RANKS, ROOT
 from fixtures.k8s import MPIJob
 
-pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.timeout(300, func_only=True)]
+pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
 MANIFEST = ROOT / "deploy" / "kubernetes" / "mpijob-elastic.yaml"
 STEP_S = 0.1

@@ -14,7 +14,7 @@ import pytest
 from fixtures import ROOT
 from fixtures.k8s import MPIJob, one_of_kind
 
-pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.timeout(420, func_only=True)]
+pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420, func_only=True)]
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 
