@@ -78,7 +78,10 @@ def test_secret_modes_follow_the_mount_path_and_trainer_uses_0640_with_fsgroup()
     assert set(mpijob().secret_modes().values()) == {0o644}  # /home/mpiuser/.ssh in the manifest
     tj = TrainJob(None, "img", DEPLOY / "trainjob.yaml", DEPLOY / "trainer-runtime.yaml")
     assert tj.secret_modes() == {"id_rsa": 0o640, "id_rsa.pub": 0o644, "authorized_keys": 0o644}
-    assert tj.fs_group() == 1000
+    assert tj.fs_group() == 1000 and tj.volume_modes() == tj.secret_modes()
+    root = mpijob(sshAuthMountPath="/root/.ssh")
+    root.manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["securityContext"] = {"fsGroup": 1000}
+    assert root.volume_modes()["id_rsa"] == 0o640  # kubelet's fsGroup adds group read to a 0600 key
     assert "K_MPI_JOB_ROLE" not in tj.launcher_env() and not tj.has_discovery()
 
 
