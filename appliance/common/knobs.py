@@ -186,6 +186,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_ELASTIC", _bool, False, "set by the launcher for the workers of an elastic job: init() asks the driver for its round"),
     Knob("APPLIANCE_ELASTIC_ADDR", str, "", "set by the launcher for the workers of an elastic job: host:port of its driver's rendezvous"),
     Knob("APPLIANCE_ELASTIC_WORKER", _rank_int, None, "set by the launcher for the workers of an elastic job: this worker's number (unique for the job's life)"),
+    # Kubernetes (the MPI Operator's and Kubeflow Trainer's launcher pod; docs/kubernetes.md).
+    Knob("APPLIANCE_MPI_CONFIG_DIR", str, "/etc/mpi", "where the MPI Operator mounts hostfile and discover_hosts.sh in the launcher pod (the operators' own variables, K_MPI_JOB_ROLE, OMPI_MCA_orte_default_hostfile..., are read as they set them)"),
     # Appliance plane (Docker: appliance secondary|primary|status).
     Knob("APPLIANCE_IMAGE", str, "appliance:latest", "image of the secondary and primary containers (--image)"),
     Knob("APPLIANCE_NETWORK", str, "host", "Docker network of the containers: host, or a user-defined network (--network)"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import signal
 import sys
 
 MARKER = "@@appliance-horovod-run-result@@"
@@ -59,8 +60,6 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
             raise NotImplementedError(f"horovod.run({name}=...): mpirun is not used by this launcher")
     if np is not None:
         num_proc = np
-    min_num_proc = min_num_proc if min_num_proc is not None else min_np
-    max_num_proc = max_num_proc if max_num_proc is not None else max_np
     iface = network_interface
     if network_interfaces:
         names = [network_interfaces] if isinstance(network_interfaces, str) else list(network_interfaces)
@@ -71,15 +70,21 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"horovod.run: the pickled function and arguments take {len(payload)} bytes; at most "
                          f"{MAX_PAYLOAD} fit on a command line (pass large data through files)")
-    from appliance.launcher import launch
+    from appliance.launcher import LaunchConfig
+    from appliance.launcher.flagtable import api_kwargs
+    from appliance.launcher.run import run as run_job
+    # Horovod's keywords -> the launch flags (flagtable.FLAGS' ``horovod`` names); the first name wins
+    given = api_kwargs(dict(min_num_proc=min_num_proc, min_np=min_np, max_num_proc=max_num_proc, max_np=max_np,
+                            slots=slots, reset_limit=reset_limit, cooldown_range=cooldown_range, hosts=hosts,
+                            hostfile=hostfile, host_discovery_script=host_discovery_script,
+                            start_timeout=start_timeout, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
+                            output_filename=output_filename, verbose=verbose, network_interface=iface,
+                            executable=executable, elastic_timeout=elastic_timeout), horovod=True)
     python = executable or sys.executable
-    result = launch([python, "-m", "appliance.hvdcompat.runfn", payload], int(num_proc), hosts=hosts,
-                    hostfile=hostfile, start_timeout=start_timeout, ssh_port=ssh_port, ssh_key=ssh_identity_file,
-                    output=output_filename, verbose=verbose, network_interface=iface,
-                    remote_python=executable, echo=bool(verbose), min_np=min_num_proc, max_np=max_num_proc,
-                    host_discovery_script=host_discovery_script, slots_per_host=slots,
-                    elastic_timeout=elastic_timeout, reset_limit=reset_limit,
-                    blacklist_cooldown_range=cooldown_range)
+    config = LaunchConfig.create([python, "-m", "appliance.hvdcompat.runfn", payload], int(num_proc), **given)
+    result = run_job(config, echo=bool(verbose), capture=True)
+    if result.interrupted == signal.SIGINT:
+        raise KeyboardInterrupt(result.reason)
     if result.returncode != 0:
         raise RuntimeError(f"horovod.run: rank {result.failed_rank} on {result.failed_host} failed "
                            f"(exit {result.returncode}): {result.reason}")
@@ -88,7 +93,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         if stream == "stdout" and text.startswith(MARKER):
             rank, _, value = text[len(MARKER):].strip().partition(" ")
             found[int(rank)] = loads(value)
-    elastic = min_num_proc is not None or max_num_proc is not None or host_discovery_script is not None
+    elastic = config.elastic is not None
     size = (max(found) + 1 if found else 0) if elastic else int(num_proc)
     missing = [r for r in range(size) if r not in found]
     if missing or not found:

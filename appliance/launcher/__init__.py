@@ -9,9 +9,10 @@ through the same function::
     assert result.returncode == 0, result.reason
     print(result.output(rank=0))              # captured stdout of rank 0
 
-``launch(command, np, hosts=None, env=None, timeout=None, output=None, *, hostfile=None,
-forward=(), start_timeout=None, verbose=None, echo=False, capture=True, cwd=None, launcher=None,
-min_np=None, max_np=None, host_discovery_script=None, ...) -> LaunchResult``
+``launch(command, np, hosts=None, env=None, timeout=None, output=None, *, echo=False,
+capture=True, cwd=None, **flags) -> LaunchResult``: ``flags`` are the launch flags by the Python
+names of their rows in ``flagtable.FLAGS`` (``hostfile``, ``forward``, ``start_timeout``,
+``verbose``, ``launcher``, ``min_np``...; an unknown name is a ``TypeError``)
 
 - ``command``: argv list (never a shell string). ``np``: number of ranks.
 - ``hosts``: ``-H`` syntax (``"localhost:2"``); default ``localhost:np``. ``hostfile``: path.
@@ -104,25 +105,14 @@ __all__ = [
 
 
 def launch(command: Sequence[str], np: int, hosts: str | None = None, env: Mapping[str, str] | None = None,
-           timeout: float | None = None, output: str | os.PathLike | None = None, *,
-           hostfile: str | os.PathLike | None = None, forward: Sequence[str] = (),
-           start_timeout: float | None = None, verbose: bool | None = None, echo: bool = False,
-           capture: bool = True, cwd: str | os.PathLike | None = None, ssh_port: int | None = None,
-           ssh_key: str | os.PathLike | None = None, remote_python: str | None = None,
-           network_interface: str | None = None, shared: str | os.PathLike | None = None,
-           launcher: str | None = None, min_np: int | None = None, max_np: int | None = None,
-           host_discovery_script: str | None = None, slots_per_host: int | None = None,
-           elastic_timeout: float | None = None, reset_limit: int | None = None,
-           blacklist_cooldown_range: Sequence[float] | None = None) -> LaunchResult:
-    """Start ``np`` ranks of ``command`` and wait for them; see the module docstring."""
+           timeout: float | None = None, output: str | os.PathLike | None = None, *, echo: bool = False,
+           capture: bool = True, cwd: str | os.PathLike | None = None, **flags: Any) -> LaunchResult:
+    """Start ``np`` ranks of ``command`` and wait for them; see the module docstring. ``flags``:
+    the launch flags by their ``api`` keyword in ``flagtable.FLAGS`` (``hostfile``, ``ssh_key``...)."""
+    from .flagtable import api_kwargs
     from .run import run
-    config = LaunchConfig.create(command, np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
-                                 output_dir=output, verbose=verbose, timeout=timeout, forward=forward,
-                                 env=env, cwd=cwd, port=ssh_port, key=ssh_key, remote_python=remote_python,
-                                 network_interface=network_interface, shared=shared, launcher=launcher,
-                                 min_np=min_np, max_np=max_np, host_discovery_script=host_discovery_script,
-                                 slots_per_host=slots_per_host, elastic_timeout=elastic_timeout,
-                                 reset_limit=reset_limit, blacklist_cooldown_range=blacklist_cooldown_range)
+    given = api_kwargs({"hosts": hosts, "output": output, **flags})
+    config = LaunchConfig.create(command, np, timeout=timeout, env=env, cwd=cwd, **given)
     result = run(config, echo=echo, capture=capture)
     if result.interrupted == signal.SIGINT:
         raise KeyboardInterrupt(result.reason)

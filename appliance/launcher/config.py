@@ -19,6 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from appliance.common.knobs import ConfigError, parse_launcher, read
 from appliance.common.slurm import SlurmAllocation
+from appliance.launcher.flagtable import fallback
+from appliance.launcher.kubernetes import COOLDOWN_S, Kubernetes, detect, uniform_slots
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -60,6 +62,8 @@ class RemoteConfig:
     min_shm: int = 64 << 20
     ssh_timeout_s: float = 5.0          # silence on a remote rank's channel -> its host is unreachable
     host_wait_s: float = 0.0            # how long the preflight waits for a host's SSH port to accept TCP
+    wait_dns: bool = False              # ... and for its name to resolve (a pod whose DNS record is not there yet)
+    record_hosts: bool = True           # write new host keys to ~/.ssh/known_hosts (not on a read-only mount)
 
     @classmethod
     def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
@@ -74,18 +78,18 @@ class RemoteConfig:
             raise ConfigError(f"-p {port}: expected a TCP port (1-65535)")
         if not host_wait_s >= 0:
             raise ConfigError(f"host_wait_s must not be negative, got {host_wait_s!r}")
-        python = remote_python or read("APPLIANCE_REMOTE_PYTHON", env) or None
+        python = fallback("remote_python", remote_python or None, env) or None
         if python is not None and not os.path.isabs(python):
             raise ConfigError(f"--remote-python {python!r}: must be an absolute path (SSH sessions do not see "
                               "the PATH of a login shell or of Docker's ENV)")
-        iface = network_interface or read("HOROVOD_GLOO_IFACE", env) or None
+        iface = fallback("network_interface", network_interface or None, env) or None
         if iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:@\-]{1,15}", iface):
             raise ConfigError(f"--network-interface {iface!r} is not an interface name")
         return cls(
-            port=int(port) if port is not None else read("APPLIANCE_SSH_PORT", env),
-            key=os.fspath(key) if key else (read("APPLIANCE_SSH_KEY", env) or None),
+            port=int(port) if port is not None else fallback("ssh_port", None, env),
+            key=os.fspath(key) if key else (fallback("ssh_identity_file", None, env) or None),
             user=user or read("APPLIANCE_SSH_USER", env) or None,
-            shared_dir=os.fspath(shared) if shared else read("APPLIANCE_SHARED", env),
+            shared_dir=os.fspath(shared) if shared else fallback("shared", None, env),
             shared_explicit=bool(shared),
             remote_python=python,
             network_interface=iface,
@@ -118,8 +122,8 @@ class CheckConfig:
         if start_timeout is not None and not start_timeout > 0:
             raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
         return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
-                   start_timeout_s=read("HOROVOD_START_TIMEOUT", env) if start_timeout is None else float(start_timeout),
-                   verbose=read("APPLIANCE_VERBOSE", env) if verbose is None else bool(verbose),
+                   start_timeout_s=float(fallback("start_timeout", start_timeout, env)),
+                   verbose=bool(fallback("verbose", verbose, env)),
                    remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
 
 
@@ -146,6 +150,7 @@ class ElasticConfig:
     timeout_s: float = 600.0
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] | None = None
+    kubernetes: bool = False            # hosts not answering yet are pending; a SIGTERM-ed rank leaves gracefully
     discovery_interval_s: float = 1.0
     discovery_timeout_s: float = 10.0
 
@@ -154,7 +159,7 @@ class ElasticConfig:
                discovery_script: str | None = None, slots_per_host: int | None = None,
                elastic_timeout: float | None = None, reset_limit: int | None = None,
                cooldown_range: Sequence[float] | None = None, fixed_hosts: bool = False,
-               environ: Mapping[str, str] | None = None) -> "ElasticConfig":
+               kubernetes: bool = False, environ: Mapping[str, str] | None = None) -> "ElasticConfig":
         """``fixed_hosts``: -H or --hostfile was given (they exclude a discovery script)."""
         env = os.environ if environ is None else environ
         if discovery_script is not None and fixed_hosts:
@@ -174,7 +179,7 @@ class ElasticConfig:
             raise ConfigError(f"expected --min-np <= -np <= --max-np, got {lo} <= {np} <= "
                               f"{'(unbounded)' if hi is None else hi}")
         if elastic_timeout is None:
-            timeout = read("HOROVOD_ELASTIC_TIMEOUT", env)  # refused there, naming the variable
+            timeout = fallback("elastic_timeout", None, env)  # its knob: refused there, naming the variable
         else:
             timeout = float(elastic_timeout)
             if not (math.isfinite(timeout) and timeout > 0):
@@ -194,6 +199,7 @@ class ElasticConfig:
         return cls(min_np=lo, max_np=hi, discovery_script=None if discovery_script is None else str(discovery_script),
                    slots_per_host=slots_per_host, timeout_s=timeout,
                    reset_limit=None if reset_limit is None else int(reset_limit), cooldown_range=cooldown,
+                   kubernetes=kubernetes,
                    discovery_interval_s=read("APPLIANCE_DISCOVERY_INTERVAL", env),
                    discovery_timeout_s=read("APPLIANCE_DISCOVERY_TIMEOUT", env))
 
@@ -225,6 +231,9 @@ class LaunchConfig:
     ssh_flags: tuple[str, ...] = ()  # "-p"/"-i" when given as flags (not through the environment)
     launcher: str = "auto"  # auto, ssh, srun, local (slurm/step.py decides what auto means)
     elastic: ElasticConfig | None = None  # an elastic job (--min-np, --max-np or a discovery script)
+    default_slots: int = 1  # slots of a hostfile line that gives none
+    kubernetes: Kubernetes | None = None  # the launcher pod of the MPI Operator / Kubeflow Trainer
+    notice: str = ""  # the line said at start about where the hosts and key came from
 
     @classmethod
     def create(cls, command: Sequence[str], np: int, *, hosts: str | None = None, hostfile: str | None = None,
@@ -262,11 +271,26 @@ class LaunchConfig:
         explicit.update(parse_forwards(forward, environ))
         merged = {**environ, **explicit}
         elastic = None
-        if min_np is not None or max_np is not None or host_discovery_script is not None:
+        wants_elastic = min_np is not None or max_np is not None or host_discovery_script is not None
+        k8s = detect(environ)
+        default_slots = 1
+        if k8s is not None:
+            default_slots = k8s.slots or 1
+            if hosts is None and hostfile is None and host_discovery_script is None:
+                if wants_elastic and k8s.discovery:
+                    host_discovery_script = k8s.discovery
+                else:
+                    hostfile = k8s.hostfile
+            if host_discovery_script is not None and slots_per_host is None:
+                slots_per_host = k8s.slots or uniform_slots(k8s.hostfile, default_slots)
+            if wants_elastic and blacklist_cooldown_range is None:
+                blacklist_cooldown_range = COOLDOWN_S
+        if wants_elastic:
             elastic = ElasticConfig.create(np, min_np=min_np, max_np=max_np, discovery_script=host_discovery_script,
                                            slots_per_host=slots_per_host, elastic_timeout=elastic_timeout,
                                            reset_limit=reset_limit, cooldown_range=blacklist_cooldown_range,
-                                           fixed_hosts=hosts is not None or hostfile is not None, environ=merged)
+                                           fixed_hosts=hosts is not None or hostfile is not None,
+                                           kubernetes=k8s is not None, environ=merged)
         else:
             given = [flag for flag, value in (("--slots-per-host", slots_per_host),
                                               ("--elastic-timeout", elastic_timeout), ("--reset-limit", reset_limit),
@@ -280,9 +304,9 @@ class LaunchConfig:
             np=np,
             hosts=hosts,
             hostfile=None if hostfile is None else os.fspath(hostfile),
-            start_timeout_s=read("HOROVOD_START_TIMEOUT", merged) if start_timeout is None else float(start_timeout),
+            start_timeout_s=float(fallback("start_timeout", start_timeout, merged)),
             output_dir=None if output_dir is None else os.fspath(output_dir),
-            verbose=read("APPLIANCE_VERBOSE", merged) if verbose is None else bool(verbose),
+            verbose=bool(fallback("verbose", verbose, merged)),
             timeout_s=None if timeout is None else float(timeout),
             stop_grace_s=read("APPLIANCE_STOP_GRACE", merged),
             failure_grace_s=read("APPLIANCE_FAILURE_GRACE", merged),
@@ -292,9 +316,24 @@ class LaunchConfig:
             remote=RemoteConfig.create(environ=merged, **remote),
             slurm=SlurmAllocation.from_env(environ),
             ssh_flags=tuple(f for f, k in (("-p", "port"), ("-i", "key")) if remote.get(k) is not None),
-            launcher=read("APPLIANCE_LAUNCHER", merged) if launcher is None else _launcher_flag(launcher),
+            launcher=fallback("launcher", None, merged) if launcher is None else _launcher_flag(launcher),
             elastic=elastic,
-        )
+            default_slots=default_slots,
+            kubernetes=k8s,
+        )._on_kubernetes()
+
+    def _on_kubernetes(self) -> "LaunchConfig":
+        """In a launcher pod: the mounted key (unless -i/APPLIANCE_SSH_KEY), no known_hosts written,
+        hosts and their names waited for; and the line that says so."""
+        k8s = self.kubernetes
+        if k8s is None:
+            return self
+        remote = dataclasses.replace(self.remote, key=self.remote.key or k8s.key, record_hosts=False, wait_dns=True,
+                                     host_wait_s=max(self.remote.host_wait_s, self.start_timeout_s))
+        e = self.elastic
+        notice = k8s.line(hosts_from=self.hostfile, discovery=e.discovery_script if e else None, key=remote.key,
+                          cooldown=e.cooldown_range if e else None)
+        return dataclasses.replace(self, remote=remote, notice=notice)
 
 
 def _launcher_flag(value: str) -> str:

@@ -5,14 +5,7 @@ on and its interface, free ports there, the base environment of its workers, sta
 closing), the ``LocalExecutor`` for this machine, the ``SSHExecutor`` for any other host,
 ``is_local_host()``/``is_local()``, ``merge_same_machines()`` (one machine named twice, e.g.
 ``localhost`` and ``127.0.0.1``, is one host: merged, with a line saying so), and
-``open_executors()``/``job_addresses()``, the only places that decide local versus remote.
-``run.py`` talks to executors only.
-
-``open_executors()``: a job on this machine alone uses loopback and needs no checks. As soon as
-one host is remote, the preflight (``ssh/preflight.py``: reachability, SSH, remote Python and
-appliance, shared directory, /dev/shm, unique hostnames, addresses) runs for all hosts within
-``--start-timeout``; any failure raises ``LaunchError`` listing one line per failure, and the
-SSH connections it opened carry the remote ranks.
+and ``job_addresses()``; ``hostset.py`` decides local versus remote and runs the preflight.
 
 Base environment of a worker: on this machine the launcher's whole environment; on another host
 the launcher's environment as horovodrun forwards it (it exports every variable but BASH_FUNC_*,
@@ -31,14 +24,13 @@ failures and unusable hosts raise ``LaunchError`` naming every culprit; no free 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import socket
 import sys
 import time
-from typing import Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
@@ -250,52 +242,6 @@ class SSHExecutor:
 
     def close(self) -> None:
         self._conn.close()
-
-
-@contextlib.contextmanager
-def open_executors(hosts: Sequence[str], config: LaunchConfig, *,
-                   on_report: Callable | None = None) -> Iterator[dict[str, Executor]]:
-    """One executor per host that received ranks; all closed on exit. ``on_report``: called once
-    per host with its ``preflight.HostReport`` (for a job on this machine alone, where no
-    preflight runs, a report of a local host without checks)."""
-    executors: dict[str, Executor] = {}
-    local = {h for h in hosts if is_local(h)}
-    try:
-        if len(local) == len(hosts) and config.remote.network_interface is None:
-            for host in hosts:
-                executors[host] = LocalExecutor(host)
-            if on_report is not None:
-                from .ssh.preflight import HostReport
-
-                for host in hosts:
-                    try:
-                        on_report(HostReport(host, True, steps={"tcp": "local", "ssh": "local"}, done=True))
-                    except Exception as e:  # noqa: BLE001 - as in the preflight: a warning, not a failure
-                        print(f"appliance launch: {host}: the report hook failed: {type(e).__name__}: {e}",
-                              file=sys.stderr, flush=True)
-        else:
-            from .ssh.preflight import run_preflight
-
-            start = time.monotonic()
-            with run_preflight(hosts, local, config.remote, config.start_timeout_s, cwd=config.cwd,
-                               on_report=on_report) as pf:
-                for line in pf.warnings + (pf.notes if config.verbose else []):
-                    print(f"appliance launch: {line}", file=sys.stderr, flush=True)
-                if config.verbose and pf.ok:
-                    print(f"appliance launch: preflight: {len(hosts)} hosts ready in {time.monotonic() - start:.2f} s",
-                          file=sys.stderr, flush=True)
-                if not pf.ok:
-                    n = sum(1 for r in pf.reports.values() if r.failures)
-                    raise LaunchError(f"preflight failed ({n} host{'s' if n != 1 else ''}; `appliance check` "
-                                      "shows every check):\n  " + "\n  ".join(pf.failures)) from pf.error()
-                for host in hosts:
-                    r = pf.reports[host]
-                    executors[host] = (LocalExecutor(host, r.address, r.iface) if r.local else
-                                       SSHExecutor(host, pf.take(host), config, r.address, r.iface))
-        yield executors
-    finally:
-        for ex in executors.values():
-            ex.close()
 
 
 def job_addresses(executors: Mapping[str, Executor]) -> dict[str, str]:

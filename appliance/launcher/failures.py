@@ -1,6 +1,6 @@
 """How a running job ends: the first failure, the survivors' grace, and whom the summary blames.
 
-What it owns: ``wait_for_end()``, which watches a ``WorkerGroup`` until the job's fate is known,
+What it owns: ``wait_for_end()``, which watches a ``mechanism.Mechanism``'s ranks until the job's fate is known,
 and ``Outcome``, what ``run.py`` turns into the ``LaunchResult`` and the summary line.
 
 1. It waits for the first rank to exit non-zero or be killed, for a signal to the launcher
@@ -87,9 +87,13 @@ def blame(worker: Any, code: int, fault: dict | None, hosts: dict[int, str],
     return Outcome(exit_code(code), origin, host, reason)
 
 
+def _running(group: Any) -> bool:
+    return any(w.rank not in group.returncodes for w in group.workers)
+
+
 def wait_for_end(group: Any, trap: Any, deadline: float | None, timeout_s: float | None,
                  failure_grace_s: float) -> Outcome:
-    """Watch ``group`` (a ``WorkerGroup``) until the job's outcome is known (see the module docstring).
+    """Watch ``group`` (a ``mechanism.Mechanism``: ``wait``, ``workers``, ``returncodes``) until the job's outcome is known (see the module docstring).
 
     Returns with ranks possibly still running: the caller stops them."""
     while True:
@@ -98,10 +102,10 @@ def wait_for_end(group: Any, trap: Any, deadline: float | None, timeout_s: float
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             return Outcome(EXIT_TIMEOUT, reason=f"timed out after {timeout_s:g} s", timed_out=True)
-        event = group.next_exit(POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - now)))
+        event = group.wait(POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - now)))
         if event is not None and event[1] != 0:
             break
-        if not group.running():
+        if not _running(group):
             return Outcome(0)
     worker, code = event
     now = time.monotonic()
@@ -115,12 +119,12 @@ def wait_for_end(group: Any, trap: Any, deadline: float | None, timeout_s: float
             break
         if now >= grace_end or (deadline is not None and now >= deadline):
             break
-        if not group.running():
+        if not _running(group):
             if now >= report_end or getattr(worker, "fault", None) is not None:
                 break
             time.sleep(0.02)  # everyone is gone; the first failed rank's report may trail its exit
             continue
-        group.next_exit(min(POLL_S, grace_end - now))
+        group.wait(min(POLL_S, grace_end - now))
     finished = frozenset(r for r, c in group.returncodes.items() if c == 0)
     outcome = blame(worker, code, getattr(worker, "fault", None), {w.rank: w.host for w in group.workers}, finished)
     if cut_short is not None:

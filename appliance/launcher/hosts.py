@@ -1,7 +1,7 @@
 """Hosts, slots and the rank layout: pure functions, no I/O beyond reading a hostfile.
 
-What it owns: parsing ``-H host:slots,...`` and hostfiles (``host slots=N`` lines, ``#``
-comments), the job's hosts (``hosts_from``: -H, else the hostfile, else the Slurm allocation,
+What it owns: parsing ``-H host:slots,...`` and hostfiles (OpenMPI's ``host slots=N
+[max_slots=M]`` and MPICH/Intel's ``host:N`` lines, ``#`` comments), the job's hosts (``hosts_from``: -H, else the hostfile, else the Slurm allocation,
 else ``localhost``), and assigning ranks to slots the way horovodrun does: hosts in the order
 given, each host's slots filled before the next host's, ``local_rank`` counting within a host
 and ``cross_rank``/``cross_size`` as ``appliance.common.ranks.cross_of`` defines them. Each
@@ -127,8 +127,10 @@ def parse_hosts(spec: str) -> list[Host]:
     return _check_unique(hosts, f"-H {spec!r}")
 
 
-def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
-    """Hostfile text -> hosts. Lines: ``host`` (1 slot) or ``host slots=N``; ``#`` starts a comment."""
+def parse_hostfile(text: str, source: str = "hostfile", default_slots: int = 1) -> list[Host]:
+    """Hostfile text -> hosts. Lines in either dialect: OpenMPI's ``host [slots=N] [max_slots=M]``
+    or MPICH/Intel's ``host[:N]``; a line without slots gets ``default_slots``; names are kept as
+    given (fully qualified ones too); ``#`` starts a comment."""
     hosts = []
     for number, line in enumerate(text.splitlines(), start=1):
         where = f"{source}:{number}"
@@ -136,7 +138,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         if not body:
             continue
         try:
-            hosts.append(_hostfile_line(body, line, where))
+            hosts.append(_hostfile_line(body, line, where, default_slots))
         except HostsError as e:
             if shown(line.strip()) in str(e):
                 raise
@@ -146,17 +148,29 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
     return _check_unique(hosts, source)
 
 
-def _hostfile_line(body: str, line: str, where: str) -> Host:
+def _hostfile_line(body: str, line: str, where: str, default_slots: int = 1) -> Host:
     fields = body.split()
-    name = check_host_name(fields[0], where)
-    slots = 1
+    expected = f"{where}: expected 'host slots=N' or 'host:N', got {shown(line.strip())}"
+    first = fields[0]
+    slots = default_slots
+    if first.count(":") == 1 and not first.startswith("["):  # host:N (one colon: not an IPv6 address)
+        first, _, count = first.partition(":")
+        if not count or len(fields) > 1:
+            raise HostsError(expected)
+        slots = parse_slots(count, where)
+    elif first.startswith("[") and "]:" in first:  # [v6]:N
+        first, _, count = first[1:].partition("]:")
+        slots = parse_slots(count, where)
+    name = check_host_name(first, where)
+    seen = set()
     for field in fields[1:]:
         key, eq, value = field.partition("=")
-        if key != "slots" or not eq:
-            raise HostsError(f"{where}: expected 'host slots=N', got {shown(line.strip())}")
-        slots = parse_slots(value, where)
-    if len(fields) > 2:
-        raise HostsError(f"{where}: expected 'host slots=N', got {shown(line.strip())}")
+        if key not in ("slots", "max_slots") or not eq or key in seen:
+            raise HostsError(expected)
+        seen.add(key)
+        n = parse_slots(value, where)
+        if key == "slots":
+            slots = n
     return Host(name, slots)
 
 
@@ -164,7 +178,7 @@ MAX_HOSTFILE = 16 << 20  # bytes
 PIPE_WAIT_S = 10.0
 
 
-def read_hostfile(path: str | os.PathLike) -> list[Host]:
+def read_hostfile(path: str | os.PathLike, default_slots: int = 1) -> list[Host]:
     """Read and parse a hostfile; a missing or unreadable file is a ``HostsError`` naming it, and
     so is anything but a regular file or a pipe (a pipe is read for at most ``PIPE_WAIT_S``; a FIFO
     with no writer is empty) or one over ``MAX_HOSTFILE``."""
@@ -200,7 +214,7 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise HostsError(f"hostfile {name!r}: not text ({e.reason})") from None
-    return parse_hostfile(text, name)
+    return parse_hostfile(text, name, default_slots)
 
 
 def allocation_hosts(allocation: SlurmAllocation) -> list[Host]:
@@ -214,13 +228,13 @@ def allocation_hosts(allocation: SlurmAllocation) -> list[Host]:
 
 
 def hosts_from(hosts: str | None, hostfile: str | None, slurm: SlurmAllocation | None,
-               np: int | None) -> list[Host]:
-    """The job's hosts: -H, else --hostfile, else the Slurm allocation (when ``slurm`` names
-    nodes), else ``localhost:np``."""
+               np: int | None, default_slots: int = 1) -> list[Host]:
+    """The job's hosts: -H, else --hostfile (``default_slots`` for its lines without slots), else
+    the Slurm allocation (when ``slurm`` names nodes), else ``localhost:np``."""
     if hosts is not None:
         return parse_hosts(hosts)
     if hostfile is not None:
-        return read_hostfile(hostfile)
+        return read_hostfile(hostfile, default_slots)
     if slurm is not None and slurm.nodelist:
         return allocation_hosts(slurm)
     return [Host("localhost", max(1, np or 1))]

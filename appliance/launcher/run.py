@@ -17,11 +17,10 @@ rank's fault report, if any), a one-line reason, and the captured lines.
 
 Env vars: none read directly (``LaunchConfig`` carries them). Failure modes: bad hosts or
 arguments raise ``HostsError``/``ConfigError`` before anything starts; an unusable host raises
-``LaunchError``; once workers exist, every path ends with all of them stopped (``Mechanism.stop``).
+``LaunchError``; once workers exist, every path ends with all of them stopped (``Mechanism.close``).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
@@ -31,9 +30,7 @@ from . import mechanism
 from .executors import is_local
 from .failures import Outcome, wait_for_end
 from .hosts import Host, HostsError, assign_ranks, hosts_from
-from .reaper import Reaper
-from .signals import SignalTrap
-from .output import OutputSink
+from .setup import JobSetup
 from .workers import SpawnError
 
 
@@ -61,7 +58,8 @@ class LaunchResult:
 def hosts_of(config: LaunchConfig, launcher: str = "ssh") -> list[Host]:
     """-H, then --hostfile, then a Slurm allocation (not for ``--launcher local``), else ``localhost``
     with -np slots (horovodrun's default)."""
-    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np)
+    hosts = hosts_from(config.hosts, config.hostfile, None if launcher == "local" else config.slurm, config.np,
+                       config.default_slots)
     if launcher == "local":
         other = [h.name for h in hosts if not is_local(h.name)]
         if other:
@@ -74,7 +72,7 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
         handle_signals: bool = True, stdout=None, stderr=None, on_host_report=None) -> LaunchResult:
     """Run one job to the end; see the module docstring for exit codes. Never leaves workers behind.
     ``on_host_report(report)``: called once per host with its ``preflight.HostReport`` when the
-    host checks are decided, before any rank starts (``executors.open_executors``)."""
+    host checks are decided, before any rank starts (``hostset.ExecutorHosts.open``)."""
     start = time.monotonic()
     deadline = None if config.timeout_s is None else start + config.timeout_s
     if config.elastic is not None:
@@ -87,38 +85,26 @@ def run(config: LaunchConfig, *, echo: bool = True, capture: bool = False,
                             interrupted=outcome.interrupted, job_id=job_id, elapsed_s=time.monotonic() - start)
     envmod.check_explicit(config.env)
     ranks = mechanism.choose(config, on_host_report=on_host_report)
-    hosts, merges = ranks.arrange(hosts_of(config, ranks.name))
+    hosts, merges = ranks.hosts.merge(hosts_of(config, ranks.name))
     slots = assign_ranks(hosts, config.np)
-    with contextlib.ExitStack() as stack:
-        trap = stack.enter_context(SignalTrap(handle_signals))
-        stack.enter_context(ranks)
-        plan = ranks.open(slots)
-        sink = stack.enter_context(OutputSink(config.np, echo=echo, capture=capture, output_dir=config.output_dir,
-                                              stdout=stdout, stderr=stderr))
-        for line in [f"appliance launch: {m}" for m in merges] + ranks.notes():
+    with JobSetup(config, ranks, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout,
+                  stderr=stderr) as job:
+        plan = ranks.prepare(slots)
+        sink = job.begin(plan.fault_dir, config.np)
+        for line in [f"appliance launch: {m}" for m in merges] + mechanism.notes(ranks, config):
             sink.message(line)
         if config.verbose:
-            for line in ranks.describe(slots, plan):
+            for line in mechanism.describe(ranks, slots, plan):
                 sink.message(line)
-        reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[plan.fault_dir]))
-        if reaper.error:
-            sink.message(f"appliance launch: warning: {reaper.error}")
-        stack.callback(ranks.stop)  # before the reaper is told the job ended normally
         outcome = None
         try:
-            ranks.start([mechanism.RankSpec(s, s.rank) for s in slots], plan, sink, reaper,
-                        cancelled=lambda: bool(trap.received))
+            ranks.start([mechanism.RankSpec(s, s.rank) for s in slots], plan, sink, job.reaper,
+                        cancelled=lambda: bool(job.trap.received))
         except SpawnError as e:
             outcome = Outcome(e.returncode, e.rank, e.host, f"rank {e.rank} (host {e.host}) could not start: {e}")
         if outcome is None:
-            outcome = wait_for_end(ranks, trap, deadline, config.timeout_s, config.failure_grace_s)
-        others = len(ranks.running())
-        ranks.stop()
-        summary = outcome.reason
-        if outcome.returncode != 0 and others:
-            summary += f"; stopped {others}{' other' if outcome.rank is not None else ''} rank{'s' if others != 1 else ''}"
-        if outcome.returncode != 0 and echo:
-            sink.message(f"appliance launch: {summary}")
+            outcome = wait_for_end(ranks, job.trap, deadline, config.timeout_s, config.failure_grace_s)
+        summary = job.finish(outcome)
         lines = sink.captured()
     return LaunchResult(returncode=outcome.returncode, failed_rank=outcome.rank, failed_host=outcome.host,
                         reason=summary, lines=lines, timed_out=outcome.timed_out,

@@ -34,13 +34,25 @@ def test_parse_hostfile_comments_blank_lines_and_defaults():
     assert parse_hostfile(text) == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
 
 
+def test_parse_hostfile_reads_both_dialects_and_keeps_names_as_given():
+    # the MPI Operator's OpenMPI and Intel/MPICH hostfiles, and Trainer's short names
+    text = ("pi-worker-0.pi.default.svc slots=2 max_slots=4\npi-worker-1.pi.default.svc:3\n"
+            "job-node-0-0.job\n[fe80::1]:2\nfe80::2 slots=1\n")
+    assert parse_hostfile(text, default_slots=5) == [
+        Host("pi-worker-0.pi.default.svc", 2), Host("pi-worker-1.pi.default.svc", 3), Host("job-node-0-0.job", 5),
+        Host("fe80::1", 2), Host("fe80::2", 1)]
+
+
 @pytest.mark.parametrize("text, line, words", [
     ("a slots=2\nb slots=two\n", 2, ["whole number", "'two'"]),
     ("a slots=2\n# c\nb cores=2\n", 3, ["expected 'host slots=N'", "b cores=2"]),
     ("a slots=2 slots=3\n", 1, ["expected 'host slots=N'"]),
     ("a slots\n", 1, ["expected 'host slots=N'"]),
     ("a slots=0\n", 1, ["at least 1"]),
-    ("a:2\n", 1, ["not a host name"]),
+    ("a:two\n", 1, ["whole number", "'two'"]),
+    ("a:2 slots=3\n", 1, ["expected 'host slots=N' or 'host:N'"]),
+    ("a:\n", 1, ["expected 'host slots=N' or 'host:N'"]),
+    ("a slots=2 max_slots=x\n", 1, ["whole number"]),
 ])
 def test_parse_hostfile_bad_line_names_file_and_line(text, line, words):
     with pytest.raises(HostsError) as e:

@@ -66,7 +66,8 @@ class ElasticDriver:
                           if self.e.discovery_script is not None else
                           FixedDiscovery({h.name: h.slots for h in hosts_from(config.hosts, config.hostfile,
                                                                                None if mech.name == "local"
-                                                                               else config.slurm, config.np)}))
+                                                                               else config.slurm, config.np,
+                                                                               config.default_slots)}))
         self.events: queue.Queue = queue.Queue()
         self.handles: dict[int, Any] = {}
         self.tickets: dict[int, Ticket] = {}
@@ -131,10 +132,10 @@ class ElasticDriver:
             self.outcome = Outcome(EXIT_TIMEOUT, reason=f"timed out after {self.config.timeout_s:g} s", timed_out=True)
             return
         if self._started:
-            exit_ = self.mech.next_exit(POLL_S)
+            exit_ = self.mech.wait(POLL_S)
             while exit_ is not None and self.outcome is None:
                 self._exited(exit_[0], exit_[1])
-                exit_ = self.mech.next_exit(0)
+                exit_ = self.mech.wait(0)
         else:
             try:
                 self._event(*self.events.get(timeout=POLL_S))
@@ -201,13 +202,13 @@ class ElasticDriver:
                 if ticket is not None:
                     ticket.set({"removed": a.why})
             elif a.wid in self.handles:
-                self.mech.remove([self.handles[a.wid]])
+                self.mech.signal([self.handles[a.wid]], signal.SIGTERM)
         elif isinstance(a, Kill):
             h = self.handles.get(a.wid)
             if h is not None and a.term:
-                self.mech.remove([h])
+                self.mech.signal([h], signal.SIGTERM)
             elif h is not None:
-                h.signal(signal.SIGKILL)
+                self.mech.signal([h], signal.SIGKILL)
         elif isinstance(a, Answer):
             ticket = self.tickets.pop(a.wid, None)
             if ticket is not None:
@@ -226,7 +227,7 @@ class ElasticDriver:
         elif isinstance(a, OpenHosts):
             threading.Thread(target=self._check, args=(list(a.hosts),), name="elastic-open", daemon=True).start()
         elif isinstance(a, CloseHosts):
-            self.mech.close_hosts(list(a.hosts))
+            self.mech.hosts.close(list(a.hosts))
         elif isinstance(a, Say):
             self.say(a.text)
         elif isinstance(a, End):
@@ -235,7 +236,7 @@ class ElasticDriver:
 
     def _check(self, hosts: list[str]) -> None:
         try:
-            result = self.mech.open_hosts(hosts)
+            result = self.mech.hosts.open(hosts)
         except Exception as e:  # noqa: BLE001 - reported as that host's failure
             result = {h: f"{h}: {type(e).__name__}: {e}" for h in hosts}
         for host in hosts:
@@ -243,26 +244,23 @@ class ElasticDriver:
 
     def _spawn(self, a: Spawn) -> Any:
         spec = mech_mod.RankSpec(a.slot, a.wid, {
-            "HOROVOD_ELASTIC": "1", "APPLIANCE_ELASTIC_ADDR": f"{self.mech.launcher_address(a.host)}:{self.server.port}",
+            "HOROVOD_ELASTIC": "1", "APPLIANCE_ELASTIC_ADDR": f"{self.mech.hosts.launcher_address(a.host)}:{self.server.port}",
             "APPLIANCE_ELASTIC_WORKER": str(a.wid), "HOROVOD_ELASTIC_TIMEOUT": repr(float(self.e.timeout_s))})
-        addrs = self.mech.round_addresses(list(a.hosts))
+        addrs = self.mech.hosts.addresses(list(a.hosts))
         plan = envmod.JobPlan(job_id=self.job_id, secret=self.secret, store_addr="",
                               master_addr=addrs.get(a.first_host, ""), master_port=0, data_addrs=addrs,
                               start_timeout_s=self.config.start_timeout_s, verbose=self.config.verbose,
                               fault_dir=self.fault_dir)
         try:
-            if not self._started:
-                self._started = True
-                self.mech.start([spec], plan, self.sink, self.reaper)
-            else:
-                self.mech.add(a.host, [spec], plan)
+            self._started = True
+            self.mech.start([spec], plan, self.sink, self.reaper)
         except SpawnError as e:
             return SpawnFailed(a.wid, e.returncode, str(e))
         self.handles[a.wid] = self.mech.workers[-1]
         return None
 
     def _release(self, a: Release) -> None:
-        addrs = self.mech.round_addresses(list(dict.fromkeys(m.host for m in a.members)))
+        addrs = self.mech.hosts.addresses(list(dict.fromkeys(m.host for m in a.members)))
         rank0 = a.members[0]
         store = f"{addrs.get(rank0.host) or str(rank0.join.get('addr', ''))}:{int(rank0.join.get('port') or 0)}"
         for m in a.members:
@@ -289,8 +287,8 @@ class ElasticDriver:
         if self.outcome is None or self.outcome.returncode == 0 or self.outcome.interrupted or self.outcome.timed_out:
             return
         end = self.clock() + self.config.failure_grace_s
-        while self.mech.running() and self.clock() < end and not self.trap.received:
-            self.mech.next_exit(POLL_S)
+        while mech_mod.running(self.mech) and self.clock() < end and not self.trap.received:
+            self.mech.wait(POLL_S)
 
 
 __all__ = ["ElasticDriver"]

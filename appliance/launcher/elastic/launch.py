@@ -1,8 +1,8 @@
 """``run_elastic(config)``: what ``launcher.run`` does for an elastic job.
 
 What it owns: the setup around one ``driver.ElasticDriver``: the mechanism that starts ranks
-(``mechanism.choose``), the signal trap, the output sink, the reaper, and stopping whatever still
-runs when the driver returns; the summary line of the job. The driver decides everything else.
+(``mechanism.choose``) inside the set-up every job shares (``setup.JobSetup``: signal trap, output
+sink, reaper, observers, stopping whatever still runs when the driver returns, the summary line). The driver decides everything else.
 
 Env vars: none read here (``LaunchConfig``). Failure modes: ``ConfigError`` when ``-x``/env names
 a variable the driver sets for every worker; otherwise the driver's (``LaunchError`` before any
@@ -10,15 +10,11 @@ rank starts, an ``Outcome`` after).
 """
 from __future__ import annotations
 
-import contextlib
-
 from appliance.common.knobs import ConfigError
 from appliance.launcher.config import LaunchConfig
 from .. import env as envmod
 from .. import mechanism as mech_mod
-from ..output import OutputSink
-from ..reaper import Reaper
-from ..signals import SignalTrap
+from ..setup import JobSetup
 from .driver import ElasticDriver
 
 
@@ -32,25 +28,13 @@ def run_elastic(config: LaunchConfig, *, echo: bool = True, capture: bool = Fals
         if name in config.env:
             raise ConfigError(f"-x/env {name}: the elastic driver sets {name} for every worker")
     mech = mech_mod.choose(config, on_host_report=on_host_report)
-    with contextlib.ExitStack() as stack:
-        trap = stack.enter_context(SignalTrap(handle_signals))
-        stack.enter_context(mech)
-        fault_dir = mech.open_elastic()
-        sink = stack.enter_context(OutputSink(config.elastic.max_np or config.np, echo=echo, capture=capture,
-                                              output_dir=config.output_dir, stdout=stdout, stderr=stderr))
-        reaper = stack.enter_context(Reaper(config.stop_grace_s, cleanup=[fault_dir]))
-        if reaper.error:
-            sink.message(f"appliance launch: warning: {reaper.error}")
-        stack.callback(mech.stop)
-        driver = ElasticDriver(config, mech, sink, reaper, trap, deadline, fault_dir)
+    with JobSetup(config, mech, echo=echo, capture=capture, handle_signals=handle_signals, stdout=stdout,
+                  stderr=stderr) as job:
+        fault_dir = mech.prepare(None).fault_dir
+        sink = job.begin(fault_dir, config.elastic.max_np or config.np)
+        driver = ElasticDriver(config, mech, sink, job.reaper, job.trap, deadline, fault_dir)
         outcome = driver.run()
-        others = len(mech.running())
-        mech.stop()
-        summary = outcome.reason
-        if outcome.returncode != 0 and others:
-            summary += f"; stopped {others} rank{'s' if others != 1 else ''}"
-        if outcome.returncode != 0 and echo:
-            sink.message(f"appliance launch: {summary}")
+        summary = job.finish(outcome, elastic=True)
         lines = sink.captured()
     return outcome, summary, lines, driver.job_id
 

@@ -29,6 +29,9 @@ What it owns:
   ends srun, so the launcher ends too (slurmstepd's ``*** STEP ... CANCELLED ***`` line is taken
   out of rank 0's output and the summary says "Slurm cancelled the step (scancel)", or the
   reason Slurm gives, e.g. time limit); the reaper signals srun if the launcher is killed.
+- The two srun mechanisms (``mechanism.Mechanism``): ``SrunStatic`` (one step for every rank)
+  and ``SrunElastic`` (one step per rank, started as the elastic driver asks), sharing
+  ``_SrunBase``; their host set is ``SlurmNodes`` (the allocation's nodes: nothing to open).
 
 Env vars: none read directly (``LaunchConfig`` carries APPLIANCE_LAUNCHER, SLURM_JOB_ID and the
 allocation). Failure modes: ``ConfigError`` for a launcher choice that cannot work; ``LaunchError``
@@ -393,78 +396,29 @@ class SrunStep:
         self.stop()
 
 
-class Srun:
-    """The srun mechanism (``mechanism.Mechanism``): the ranks as tasks of ``srun`` steps. A static
-    job is one step for every rank (``--kill-on-bad-exit``: a failed rank ends them all); an elastic
-    job runs each rank as a step of its own on its node (a lost node's ranks end alone, and new
-    ranks start as new steps in the allocation), with ``--overlap`` so that a node's ranks run side
-    by side as a static step's do."""
+class SlurmNodes:
+    """The host set of the srun mechanisms: the allocation's nodes, where slurmd runs (nothing to
+    open or close; each task's wrapper picks its node's address)."""
 
-    name = "srun"
+    executors: dict = {}
 
-    def __init__(self, config: LaunchConfig):
-        self.config = config
-        self.step: SrunStep | None = None   # the static job's one step
-        self.steps: list[SrunStep] = []     # an elastic job's steps, one per rank
-        self._stack = contextlib.ExitStack()
-        self._dir = ""
-        self._exits: queue.Queue = queue.Queue()
-        self._sink: OutputSink | None = None
-        self._reaper: Reaper | None = None
+    def __init__(self) -> None:
         self._toward: dict[str, str] = {}
 
-    def arrange(self, hosts):
+    def merge(self, hosts):
         return list(hosts), []  # Slurm node names are distinct nodes: no merging, no preflight
 
-    def open(self, slots: Sequence[Slot]) -> envmod.JobPlan:
-        job_id = envmod.new_job_id()
-        d = self._stack.enter_context(step_dir(self.config, job_id))
-        return plan_step(self.config, d, job_id)
+    def open(self, hosts) -> dict[str, str | None]:
+        return {h: None for h in hosts}
 
-    def notes(self) -> list[str]:
-        if self.config.ssh_flags:
-            return [f"appliance launch: {' and '.join(self.config.ssh_flags)} unused: ranks start with srun"]
-        return []
+    def close(self, hosts) -> None:
+        pass
 
-    def describe(self, slots: Sequence[Slot], plan: envmod.JobPlan) -> list[str]:
-        hosts = used_hosts(slots)
-        lines = [f"appliance launch: job {plan.job_id}: {len(slots)} ranks on {len(hosts)} Slurm node(s) "
-                 f"with srun; store at rank 0's node ({hosts[0]})"]
-        for s in slots:
-            lines.append(f"  rank {s.rank}: node {s.host} local_rank {s.local_rank}/{s.local_size} "
-                         f"cross_rank {s.cross_rank}/{s.cross_size}")
-        return lines
-
-    def start(self, specs, plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
-              cancelled=lambda: False) -> None:
-        if self._dir:  # elastic
-            self._sink, self._reaper = sink, reaper
-            for spec in specs:
-                if cancelled():
-                    return
-                self.add(spec.slot.host, [spec], plan)
-            return
-        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper)
-        if not cancelled():
-            self.step.start()
-
-    # -- elastic ------------------------------------------------------------------------------
-    def open_elastic(self) -> str:
-        job_id = envmod.new_job_id()
-        self._dir = self._stack.enter_context(step_dir(self.config, job_id))
-        return self._dir
-
-    def open_hosts(self, hosts) -> dict[str, str | None]:
-        return {h: None for h in hosts}  # the allocation's nodes: slurmd runs there
-
-    def close_hosts(self, hosts) -> None:
-        pass  # nothing is held per node
-
-    def round_addresses(self, hosts) -> dict[str, str]:
-        return {h: "" for h in hosts}  # each task's wrapper picks its node's address
+    def addresses(self, hosts) -> dict[str, str]:
+        return {h: "" for h in hosts}
 
     def launcher_address(self, host: str) -> str:
-        """This machine's source address towards the node (cached)."""
+        """This machine's source address towards the node (cached): an address, never a name."""
         if host not in self._toward:
             from ..ssh.probe import route_get
 
@@ -476,64 +430,120 @@ class Srun:
             self._toward[host] = src or socket.gethostbyname(socket.gethostname())
         return self._toward[host]
 
-    def add(self, host: str, specs, plan: envmod.JobPlan) -> None:
-        """One more step on ``host`` for ``specs`` (an elastic job's ranks; their worker numbers
-        and places go to the tasks in ``elastic.json`` of the step's own directory)."""
-        if not self._dir or self._sink is None:
-            raise LaunchError("the srun launcher adds ranks to an elastic job only, after start()")
-        sub = os.path.join(self._dir, f"step{len(self.steps)}")
-        os.mkdir(sub, 0o700)
-        write_json(os.path.join(sub, "elastic.json"),
-                   {str(i): {"wid": spec.wid, "slot": dataclasses.asdict(spec.slot)} for i, spec in enumerate(specs)})
-        extra = {k: v for k, v in specs[0].env.items() if k != "APPLIANCE_ELASTIC_WORKER"}
-        step = SrunStep(self.config, [spec.slot for spec in specs], dataclasses.replace(plan, fault_dir=sub),
-                        self._sink, self._reaper, wids=[spec.wid for spec in specs], extra_env=extra,
-                        exits=self._exits, grace_s=0.0, overlap=True)
-        self.steps.append(step)
-        step.start()
 
-    def remove(self, workers) -> None:
+class _SrunBase:
+    """What both srun mechanisms (``mechanism.Mechanism``) share: the job's step directory, the
+    exits, stopping."""
+
+    name = "srun"
+
+    def __init__(self, config: LaunchConfig):
+        self.config = config
+        self.hosts = SlurmNodes()
+        self._stack = contextlib.ExitStack()
+
+    def _steps(self) -> list[SrunStep]:
+        raise NotImplementedError
+
+    def _job_dir(self) -> tuple[str, str]:
+        job_id = envmod.new_job_id()
+        return job_id, self._stack.enter_context(step_dir(self.config, job_id))
+
+    def signal(self, workers, sig: int) -> None:
         for w in workers:
-            w.signal(signal.SIGTERM)
-
-    # -- the WorkerGroup side -------------------------------------------------------------------
-    def _all(self) -> list[SrunStep]:
-        return [self.step] if self.step is not None else list(self.steps)
+            w.signal(sig)
 
     @property
     def workers(self) -> list:
-        return [w for st in self._all() for w in st.workers]
+        return [w for st in self._steps() for w in st.workers]
 
     @property
     def returncodes(self) -> dict:
-        return {k: v for st in self._all() for k, v in st.returncodes.items()}
+        return {k: v for st in self._steps() for k, v in st.returncodes.items()}
 
-    def next_exit(self, timeout: float):
-        if self.step is not None:
-            return self.step.next_exit(timeout)
+    def close(self) -> None:
+        threads = [threading.Thread(target=st.stop, name="srun-stop", daemon=True) for st in self._steps()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.config.stop_grace_s + KILL_WAIT_S + 5.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        finally:
+            self._stack.close()
+
+class SrunStatic(_SrunBase):
+    """A static job: one step for every rank (``--kill-on-bad-exit``: a failed rank ends them all)."""
+
+    def __init__(self, config: LaunchConfig):
+        super().__init__(config)
+        self.step: SrunStep | None = None
+
+    def prepare(self, slots: Sequence[Slot] | None) -> envmod.JobPlan:
+        job_id, d = self._job_dir()
+        return plan_step(self.config, d, job_id)
+
+    def start(self, specs, plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
+              cancelled=lambda: False) -> None:
+        self.step = SrunStep(self.config, [s.slot for s in specs], plan, sink, reaper)
+        if not cancelled():
+            self.step.start()
+
+    def _steps(self) -> list[SrunStep]:
+        return [self.step] if self.step is not None else []
+
+    def wait(self, timeout: float):
+        if self.step is None:
+            return None
+        return self.step.next_exit(timeout)
+
+
+class SrunElastic(_SrunBase):
+    """An elastic job: each rank a step of its own on its node (a lost node's ranks end alone, and
+    new ranks start as new steps in the allocation), with ``--overlap`` so that a node's ranks run
+    side by side as a static step's do."""
+
+    def __init__(self, config: LaunchConfig):
+        super().__init__(config)
+        self.steps: list[SrunStep] = []
+        self._dir = ""
+        self._exits: queue.Queue = queue.Queue()
+
+    def prepare(self, slots: Sequence[Slot] | None) -> envmod.JobPlan:
+        job_id, self._dir = self._job_dir()
+        return plan_step(self.config, self._dir, job_id)
+
+    def start(self, specs, plan: envmod.JobPlan, sink: OutputSink, reaper: Reaper | None,
+              cancelled=lambda: False) -> None:
+        """One more step per rank (their worker numbers and places go to the tasks in
+        ``elastic.json`` of the step's own directory)."""
+        if not self._dir:
+            raise LaunchError("the srun launcher starts an elastic job's ranks after prepare()")
+        for spec in specs:
+            if cancelled():
+                return
+            sub = os.path.join(self._dir, f"step{len(self.steps)}")
+            os.mkdir(sub, 0o700)
+            write_json(os.path.join(sub, "elastic.json"),
+                       {"0": {"wid": spec.wid, "slot": dataclasses.asdict(spec.slot)}})
+            extra = {k: v for k, v in spec.env.items() if k != "APPLIANCE_ELASTIC_WORKER"}
+            step = SrunStep(self.config, [spec.slot], dataclasses.replace(plan, fault_dir=sub), sink, reaper,
+                            wids=[spec.wid], extra_env=extra, exits=self._exits, grace_s=0.0, overlap=True)
+            self.steps.append(step)
+            step.start()
+
+    def _steps(self) -> list[SrunStep]:
+        return list(self.steps)
+
+    def wait(self, timeout: float):
         try:
             worker, code = self._exits.get(timeout=timeout)
         except queue.Empty:
             return None
         worker._step.record(worker, code)
         return worker, code
-
-    def running(self) -> list:
-        return [w for st in self._all() for w in st.running()]
-
-    def stop(self) -> None:
-        steps = self._all()
-        threads = [threading.Thread(target=st.stop, name="srun-stop", daemon=True) for st in steps]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(self.config.stop_grace_s + KILL_WAIT_S + 5.0)
-
-    def __enter__(self) -> "Srun":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.stop()
-        finally:
-            self._stack.close()

@@ -13,6 +13,10 @@ The policy, and why:
   is strict: a host must present a key listed there (or in ``~/.ssh/known_hosts``); anything
   else is refused. This is BatchMode without ``StrictHostKeyChecking=no``: no prompt, and no
   man in the middle, because the trust anchor lives on the share the user controls.
+- With ``record=False`` (a Kubernetes launcher pod: ``~/.ssh`` is the operator's read-only
+  Secret mount, and its images set ``StrictHostKeyChecking no`` with ``UserKnownHostsFile
+  /dev/null``), an unknown key is accepted and nothing is written; a key that differs from a
+  ``~/.ssh/known_hosts`` line is still refused.
 - Without it (hosts set up by hand), it is OpenSSH's ``accept-new``: a host already in
   ``~/.ssh/known_hosts`` must match; an unknown one is accepted, appended there, and a warning
   names it with its fingerprint. A *changed* key is always refused with the command that removes
@@ -118,8 +122,8 @@ class KnownHosts:
 class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Decides on every host key (the client has no keys loaded, so paramiko always asks)."""
 
-    def __init__(self, cluster_known_hosts: str, user_known_hosts: str | None = None):
-        self.cluster_path = cluster_known_hosts
+    def __init__(self, cluster_known_hosts: str, user_known_hosts: str | None = None, record: bool = True):
+        self.cluster_path, self.record = cluster_known_hosts, record
         self.user_path = user_known_hosts or os.path.expanduser("~/.ssh/known_hosts")
         self.warnings: list[str] = []
         self._lock = threading.Lock()
@@ -152,6 +156,8 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 f"{shown} presented a host key ({fp}) that is not in the cluster's {self.cluster_path}: start its "
                 f"sshd with the cluster host key (`sshd -h {os.path.join(os.path.dirname(self.cluster_path), 'ssh_host_ed25519_key')}`, "
                 f"as `appliance secondary` does), or add its key: `ssh-keyscan -p {port} {host} >> {self.cluster_path}`")
+        if not self.record:  # a read-only ~/.ssh (a Kubernetes Secret): trusted, nothing written
+            return
         self._record(names[0], key)
         with self._lock:
             self.warnings.append(f"warning: {shown} is a new host; trusted its key {fp} on first use and added it "

@@ -18,8 +18,9 @@ carrying those partial results. The fan-out itself is one thread per host rather
 gets its own probe parameters and connect deadline, and its connection is kept for the launch.
 
 Hooks: ``RemoteConfig.host_wait_s`` (default 0): how long a host's SSH port may refuse or not
-answer TCP before that host fails (a secondary container still starting); a name that does not
-resolve fails at once. ``on_report(report)``: called once per host, in the calling thread, with
+answer TCP before that host fails (a secondary container still starting), retried with a pause
+that doubles from 0.25 s to 2 s; a name that does not resolve fails at once, unless
+``RemoteConfig.wait_dns`` (a Kubernetes launcher pod: a new pod's DNS record lags) retries it too. ``on_report(report)``: called once per host, in the calling thread, with
 its ``HostReport`` once its checks are decided (the cross-host ones included, so after the last
 host); the cluster plane writes its startup view's host files from it. An exception raised by
 the hook becomes a warning line.
@@ -46,7 +47,8 @@ from . import network, probe
 from .hostkeys import HostKeyPolicy
 from .connection import Connection, SSHFailure, Target, connect, resolve
 
-HOST_WAIT_RETRY_S = 0.25  # between TCP attempts while a host may still be starting (host_wait_s)
+HOST_WAIT_RETRY_S = 0.25  # first pause between attempts while a host may still be starting (host_wait_s)
+HOST_WAIT_MAX_S = 2.0     # the pause doubles up to this
 
 
 @dataclasses.dataclass
@@ -186,21 +188,39 @@ def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, pytho
                     "give the container more (--shm-size=1g or --ipc=host) or remove stale files in /dev/shm")
 
 
+def _resolve_waiting(host: str, remote: RemoteConfig, until: float) -> Target:
+    """``resolve``, retrying with backoff until ``until`` while the name does not resolve."""
+    pause = HOST_WAIT_RETRY_S
+    while True:
+        try:
+            return resolve(host, remote)
+        except SSHFailure:
+            if time.monotonic() + pause >= until:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, HOST_WAIT_MAX_S)
+
+
 def _connect(target: Target, policy: HostKeyPolicy, deadline: float, wait_until: float) -> Connection:
-    """``connect``, retrying while TCP is refused or silent until ``wait_until`` (``host_wait_s``)."""
+    """``connect``, retrying with backoff while TCP is refused or silent until ``wait_until``
+    (``host_wait_s``), as OpenSSH's ``ConnectionAttempts``."""
+    pause = HOST_WAIT_RETRY_S
     while True:
         try:
             return connect(target, policy, deadline)
         except SSHFailure as e:
-            if e.step != "tcp" or time.monotonic() + HOST_WAIT_RETRY_S >= min(wait_until, deadline):
+            if e.step != "tcp" or time.monotonic() + pause >= min(wait_until, deadline):
                 raise
-        time.sleep(HOST_WAIT_RETRY_S)
+        time.sleep(pause)
+        pause = min(pause * 2, HOST_WAIT_MAX_S)
 
 
 def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy, python: str,
                 params: dict, deadline: float, abandoned: threading.Event, wait_until: float) -> None:
     try:
         assert report.target is not None
+        if report.target is None:
+            report.target = _resolve_waiting(report.host, remote, min(wait_until, deadline))
         report.step = "tcp"
         report.conn = _connect(report.target, policy, deadline, wait_until)
         report.steps.update(tcp="ok", ssh="ok")
@@ -210,7 +230,9 @@ def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy,
             params["targets"] = [report.conn.local_address]  # no peer: its route to the primary
         _probe_remote(report, remote, python, params, deadline)
     except SSHFailure as e:
-        if e.step == "tcp":
+        if e.step == "resolve":
+            report.steps["tcp"] = "unresolved"
+        elif e.step == "tcp":
             report.steps["tcp"] = _tcp_word(str(e))
         else:
             report.steps["tcp"] = "ok"
@@ -243,16 +265,20 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
     deadline = wait_until + timeout_s
     cwd = cwd or os.getcwd()
     python = remote.remote_python or sys.executable
-    policy = HostKeyPolicy(os.path.join(remote.shared_dir, "ssh", "known_hosts"))
+    policy = HostKeyPolicy(os.path.join(remote.shared_dir, "ssh", "known_hosts"), record=remote.record_hosts)
     reports = {h: HostReport(h, h in local) for h in hosts}
     warnings: list[str] = []
     notes: list[str] = []
     remotes = [h for h in hosts if h not in local]
 
+    unresolved: dict[str, SSHFailure] = {}
     for h in remotes:  # names first (fast, local): the routes need them
         try:
             reports[h].target = resolve(h, remote)
         except SSHFailure as e:
+            if remote.wait_dns and remote.host_wait_s > 0:
+                unresolved[h] = e  # its thread looks it up again until host_wait_s (a pod not in DNS yet)
+                continue
             reports[h].steps["tcp"] = "unresolved"
             reports[h].fail(str(e))
     connect_addr = {h: reports[h].target.address for h in remotes if reports[h].target is not None}
@@ -292,7 +318,7 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
     abandoned = threading.Event()
     threads = []
     for h in remotes:
-        if reports[h].target is None:
+        if reports[h].target is None and h not in unresolved:
             reports[h].done = True
             continue
         params = dict(base, targets=[targets[h]] if h in targets else [])

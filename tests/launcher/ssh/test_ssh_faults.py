@@ -85,7 +85,7 @@ sys.exit(1)
 def test_remote_fault_report_reaches_the_ssh_worker(ssh_cluster, job, monkeypatch):
     """The rank writes the fault file the stub gave it; the launcher's worker gets it as ``fault``."""
     from appliance.launcher.config import LaunchConfig
-    from appliance.launcher.executors import open_executors
+    from appliance.launcher.hostset import open_executors
     from appliance.launcher.output import OutputSink
 
     h1, _ = ssh_cluster.hosts
