@@ -39,7 +39,7 @@ def run_fixed(k8s_jobs, manifest: str, **kw):
 
 def test_mpirun_mpijob_trains_as_written(k8s_jobs):
     out = run_fixed(k8s_jobs, "mpijob-mpirun.yaml")
-    hosts = [ln for ln in out.splitlines() if ln.startswith("devices: ")]
+    hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
     assert hosts and "appliance-mpirun-worker-0" in hosts[0] and "appliance-mpirun-worker-1" in hosts[0], out[-3000:]
 
 
@@ -92,3 +92,28 @@ def test_the_images_environment_reaches_ssh_sessions(k8s_jobs, root):
     assert env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
     assert "APPLIANCE_SSH_PORT" not in env  # the appliance's port, not Kubernetes' (2222 from ssh_config)
     assert "imports ok" in out
+
+
+def test_horovodrun_mpijob_trains_as_written(k8s_jobs):
+    out = run_fixed(k8s_jobs, "mpijob-horovodrun.yaml")
+    hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
+    assert hosts and "appliance-horovodrun-worker-0" in hosts[0] and "appliance-horovodrun-worker-1" in hosts[0], out[-3000:]
+
+
+def test_horovodrun_mpijob_as_root_with_the_operators_defaults(k8s_jobs):
+    manifest = as_root(one_of_kind(DEPLOY / "mpijob-horovodrun.yaml", "MPIJob"))
+    args = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--epochs") + 1] = "2"
+    job = k8s_jobs(MPIJob, manifest)
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    assert epochs_recorded(job) == [1, 2], out[-3000:]
+    job.close()
+    assert job.leftovers() == []
+
+
+def test_launcher_as_worker_mpijob_trains_as_written(k8s_jobs):
+    out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml")
+    hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
+    assert hosts and all(f"appliance-launcher-worker-{p}" in hosts[0] for p in ("launcher", "worker-0", "worker-1")), out[-3000:]
