@@ -24,12 +24,17 @@ def epochs_recorded(job) -> list[int]:
     return [e["epoch"] for e in metrics["epochs"]]
 
 
-def run_fixed(k8s_jobs, manifest: str, **kw):
-    job = k8s_jobs(MPIJob, DEPLOY / manifest, **kw)
+def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, **kw):
+    """Run a shipped MPIJob (with ``epochs`` instead of the manifest's 8, when given less) to its end."""
+    m = one_of_kind(DEPLOY / manifest, "MPIJob")
+    args = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--epochs") + 1] == "8"
+    args[args.index("--epochs") + 1] = str(epochs)
+    job = k8s_jobs(MPIJob, m, **kw)
     job.start()
     rc, out = job.wait_launcher(300)
     assert rc == 0, job.all_logs()
-    assert epochs_recorded(job) == list(range(1, 9)), out[-3000:]
+    assert epochs_recorded(job) == list(range(1, epochs + 1)), out[-3000:]
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
@@ -58,16 +63,27 @@ def as_root(manifest: dict) -> dict:
     return manifest
 
 
-def test_mpirun_mpijob_as_root_with_the_operators_defaults(k8s_jobs):
-    manifest = as_root(one_of_kind(DEPLOY / "mpijob-mpirun.yaml", "MPIJob"))
-    args = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
-    args[args.index("--epochs") + 1] = "2"  # the run as written is the mpiuser test's: keep the tier short
-    job = k8s_jobs(MPIJob, manifest)
+ALLREDUCE = ("import numpy as np, appliance.runtime as rt; rt.init(); r = rt.allreduce(np.ones(2), op=rt.Sum, name='k8s'); "
+             "print(f'ALLREDUCE {rt.rank()} {rt.size()} {r.tolist()}', flush=True); rt.shutdown()")  # one write
+
+
+@pytest.mark.parametrize("manifest", ["mpijob-mpirun.yaml", "mpijob-horovodrun.yaml"])
+def test_mpijob_as_root_with_the_operators_defaults(k8s_jobs, manifest):
+    """The launcher's command as written, as root; the program a numpy allreduce (the training as
+    written is the mpiuser tests'), on 2 workers x 2 slots."""
+    m = as_root(one_of_kind(DEPLOY / manifest, "MPIJob"))
+    args = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"] = \
+        [*args[:args.index("python")], "python", "-c", ALLREDUCE]
+    job = k8s_jobs(MPIJob, m)
     assert job.secret_modes()["id_rsa"] == 0o600
     job.start()
     rc, out = job.wait_launcher(300)
     assert rc == 0, job.all_logs()
-    assert epochs_recorded(job) == [1, 2], out[-3000:]
+    lines = sorted(ln[ln.index("ALLREDUCE"):] for ln in out.splitlines() if "ALLREDUCE" in ln)
+    assert lines == [f"ALLREDUCE {r} 4 [4.0, 4.0]" for r in range(4)], out[-3000:]
+    for pod in job.workers.values():
+        assert job.job_processes(pod) == [], pod.name
     job.close()
     assert job.leftovers() == []
 
@@ -100,20 +116,7 @@ def test_horovodrun_mpijob_trains_as_written(k8s_jobs):
     assert hosts and "appliance-horovodrun-worker-0" in hosts[0] and "appliance-horovodrun-worker-1" in hosts[0], out[-3000:]
 
 
-def test_horovodrun_mpijob_as_root_with_the_operators_defaults(k8s_jobs):
-    manifest = as_root(one_of_kind(DEPLOY / "mpijob-horovodrun.yaml", "MPIJob"))
-    args = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
-    args[args.index("--epochs") + 1] = "2"
-    job = k8s_jobs(MPIJob, manifest)
-    job.start()
-    rc, out = job.wait_launcher(300)
-    assert rc == 0, job.all_logs()
-    assert epochs_recorded(job) == [1, 2], out[-3000:]
-    job.close()
-    assert job.leftovers() == []
-
-
 def test_launcher_as_worker_mpijob_trains_as_written(k8s_jobs):
-    out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml")
+    out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml", epochs=2)  # the launcher trains too
     hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
     assert hosts and all(f"appliance-launcher-worker-{p}" in hosts[0] for p in ("launcher", "worker-0", "worker-1")), out[-3000:]

@@ -23,6 +23,8 @@ DEPLOY = ROOT / "deploy" / "kubernetes"
 
 def test_trainjob_trains_with_trainers_hostfile_and_key_modes(k8s_jobs):
     job = k8s_jobs(TrainJob, DEPLOY / "trainjob.yaml", DEPLOY / "trainer-runtime.yaml")
+    args = job.trainer["args"]
+    args[args.index("--epochs") + 1] = "2"  # as written but 2 epochs: the tier's time goes to the MPIJobs
     assert job.hostfile() == "".join(f"appliance-train-node-0-{i}.appliance-train slots=1\n" for i in range(2))
     job.start()
     rc, out = job.wait_launcher(300)
@@ -32,7 +34,7 @@ def test_trainjob_trains_with_trainers_hostfile_and_key_modes(k8s_jobs):
                          user="1000").output.decode()
     assert seen.split("\n")[:2] == ["640 0 1000 /home/mpiuser/.ssh/id_rsa", "644 0 1000 /home/mpiuser/.ssh/authorized_keys"]
     metrics = json.loads((job.volumes["share"] / "models" / "digits" / "metrics.json").read_text())
-    assert [e["epoch"] for e in metrics["epochs"]] == list(range(1, 9)), out[-3000:]
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2], out[-3000:]
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
