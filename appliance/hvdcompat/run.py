@@ -7,8 +7,9 @@ be importable by the workers: a module-level function of a module on their path)
 line, so it reaches other hosts over SSH too; at most ``MAX_PAYLOAD`` bytes) and returns the list of
 ``func``'s return values ordered by rank. ``func`` calls ``hvd.init()`` itself, as under Horovod.
 
-Horovod's arguments map onto the launcher's: ``hosts``/``hostfile``, ``start_timeout``,
-``ssh_port``, ``ssh_identity_file`` (-> ``ssh_key``), ``output_filename`` (-> ``output``),
+Horovod's arguments map onto the launch flags by the ``horovod`` names of their rows in
+``appliance.launcher.flagtable.FLAGS``: ``hosts``/``hostfile``, ``start_timeout``,
+``ssh_port``, ``ssh_identity_file`` (-> ``-i``), ``output_filename`` (-> ``--output-filename``),
 ``verbose``, ``network_interface(s)`` (one interface), ``executable`` (the workers' Python),
 ``np`` (deprecated alias of ``num_proc``); ``use_gloo`` and ``disable_cache`` are accepted (this
 runtime is the only controller; there is no cache). The elastic arguments (``min_num_proc``/

@@ -56,12 +56,15 @@ Other entry points (the CLI, the cluster plane) build a ``LaunchConfig`` from th
 with ``flags`` (one parser for everyone) and call ``run(config, ..., on_host_report=None)``;
 ``on_host_report`` gets each host's preflight report once, before any rank starts.
 
-Modules: ``config`` (``LaunchConfig``, ``CheckConfig``, ``RemoteConfig``), ``flags`` (the launch
-flags -> those configs), ``hosts`` (parsing, the allocation's hosts, rank layout), ``env`` (the
+Modules: ``config`` (``LaunchConfig``, ``CheckConfig``, ``RemoteConfig``), ``flagtable`` (every
+launch flag declared once), ``flags`` (the launch flags -> those configs), ``kubernetes`` (what a
+launcher pod of the MPI Operator or Kubeflow Trainer is given), ``hosts`` (parsing, the
+allocation's hosts, rank layout), ``env`` (the
 worker environment contract), ``output`` (where rank output goes, the one line relay),
 ``workers`` (processes, ``WorkerGroup``), ``reaper`` (local ranks die with a killed launcher;
 process-group liveness), ``mechanism`` (one interface over the ways ranks start: the executors
-or the srun step), ``executors`` (local and SSH hosts, one machine named twice), ``ports``
+or the srun step), ``executors`` (local and SSH hosts, one machine named twice), ``hostset`` (the
+executors' hosts, opened one way), ``setup`` (``JobSetup``, what every job enters), ``ports``
 (free ports), ``binding`` (CPU binding), ``signals`` (the signal trap), ``failures`` (first
 failure, survivors' grace, blame), ``run`` (orchestration), ``check`` (``appliance check``).
 Rooms: ``ssh/`` (connections, host keys, ``appliance keys``, preflight and probe, address

@@ -49,7 +49,8 @@ def _table(pf: Preflight, hosts: list[str], port: str, out: IO[str]) -> None:
 
 def check(config: CheckConfig, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    hosts, merges = merge_same_machines(hosts_from(config.hosts, config.hostfile, config.slurm, config.np))
+    hosts, merges = merge_same_machines(hosts_from(config.hosts, config.hostfile, config.slurm, config.np,
+                                                   config.default_slots))
     for line in merges:
         print(f"appliance check: {line}", file=err)
     if config.np is not None:

@@ -111,6 +111,7 @@ class CheckConfig:
     verbose: bool = False
     remote: RemoteConfig = dataclasses.field(default_factory=RemoteConfig)
     slurm: SlurmAllocation = dataclasses.field(default_factory=SlurmAllocation)
+    default_slots: int = 1  # slots of a hostfile line that gives none
 
     @classmethod
     def create(cls, *, hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None,
@@ -121,10 +122,16 @@ class CheckConfig:
             raise ConfigError("give hosts either with -H/--hosts or with --hostfile, not both")
         if start_timeout is not None and not start_timeout > 0:
             raise ConfigError(f"--start-timeout must be positive, got {start_timeout!r}")
+        remote_config = RemoteConfig.create(environ=env, **remote)
+        k8s, default_slots = detect(env), 1
+        if k8s is not None:  # a Kubernetes launcher pod: its hostfile and key, as for launch
+            default_slots = k8s.slots or 1
+            hostfile = k8s.hostfile if hosts is None and hostfile is None else hostfile
+            remote_config = dataclasses.replace(remote_config, key=remote_config.key or k8s.key, record_hosts=False)
         return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
                    start_timeout_s=float(fallback("start_timeout", start_timeout, env)),
                    verbose=bool(fallback("verbose", verbose, env)),
-                   remote=RemoteConfig.create(environ=env, **remote), slurm=SlurmAllocation.from_env(env))
+                   remote=remote_config, slurm=SlurmAllocation.from_env(env), default_slots=default_slots)
 
 
 COOLDOWN_LIMITS_S = (1.0, 3600.0)  # Horovod's bounds of --blacklist-cooldown-range
@@ -324,12 +331,14 @@ class LaunchConfig:
 
     def _on_kubernetes(self) -> "LaunchConfig":
         """In a launcher pod: the mounted key (unless -i/APPLIANCE_SSH_KEY), no known_hosts written,
-        hosts and their names waited for; and the line that says so."""
+        a static job's hosts and their names waited for (up to --start-timeout; an elastic job's are
+        pending instead); and the line that says so."""
         k8s = self.kubernetes
         if k8s is None:
             return self
+        wait = self.remote.host_wait_s if self.elastic else max(self.remote.host_wait_s, self.start_timeout_s)
         remote = dataclasses.replace(self.remote, key=self.remote.key or k8s.key, record_hosts=False, wait_dns=True,
-                                     host_wait_s=max(self.remote.host_wait_s, self.start_timeout_s))
+                                     host_wait_s=wait)  # elastic: a host not answering is pending instead
         e = self.elastic
         notice = k8s.line(hosts_from=self.hostfile, discovery=e.discovery_script if e else None, key=remote.key,
                           cooldown=e.cooldown_range if e else None)

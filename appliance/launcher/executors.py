@@ -29,7 +29,6 @@ import os
 import re
 import socket
 import sys
-import time
 from typing import Mapping, Protocol, Sequence
 
 from appliance.common.knobs import ConfigError

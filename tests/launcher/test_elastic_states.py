@@ -102,6 +102,79 @@ def test_a_host_failing_its_check_is_blacklisted_and_the_job_goes_on_without_it(
     assert [s.host for s in job.of(Spawn)] == ["a"] and "host b cannot run ranks, blacklisted for good" in job.said()
 
 
+# -- Kubernetes: pending hosts, SIGTERM, the default cool-down ------------------------------------
+def test_kubernetes_a_listed_host_not_answering_is_pending_retried_and_said_once_a_minute():
+    job = Job(np=1, min_np=1, max_np=4, kubernetes=True)
+    job.feed(Discovered({"a": 1, "b": 1}))
+    job.feed(HostOpened("a", None))
+    job.feed(HostOpened("b", "b does not resolve (Name or service not known)"))
+    assert [s.host for s in job.of(Spawn)] == ["a"] and "blacklist" not in job.said()
+    assert job.said().count("host b is listed but does not answer yet; pending") == 1
+    assert not job.m.membership.is_blacklisted("b", job.now)
+    job.feed(Joined(0, {"reason": "start", "addr": "10.0.0.1", "port": 1000}))
+    assert job.phase is Phase.RUNNING  # the job runs on what answers
+    opens = len(job.of(OpenHosts))
+    job.feed(Tick(), dt=0.5)
+    assert len(job.of(OpenHosts)) == opens  # not before its pause (1 s, doubling up to 10 s)
+    for _ in range(12):  # a name that never resolves: checked again and again, said once a minute
+        job.feed(Tick(), dt=10.0)
+        assert job.of(OpenHosts)[-1].hosts == ("b",)
+        job.feed(HostOpened("b", "b does not resolve (Name or service not known)"))
+    assert len(job.of(OpenHosts)) > opens + 10
+    assert job.said().count("host b is listed but does not answer yet") == 3  # at 0, 60.5 and 120.5 s: once a minute
+    job.feed(Tick(), dt=10.0)
+    job.feed(HostOpened("b", None))
+    assert "host b answers now" in job.said() and [s.host for s in job.of(Spawn)] == ["a", "b"]
+
+
+def test_kubernetes_a_pending_host_that_leaves_discovery_is_forgotten():
+    job = Job(np=1, min_np=1, max_np=4, kubernetes=True)
+    job.feed(Discovered({"a": 1, "b": 1}))
+    job.feed(HostOpened("a", None))
+    job.feed(HostOpened("b", "b:2222 refused the connection"))
+    job.feed(Discovered({"a": 1}), dt=1.0)
+    assert "b" not in job.m.pending.hosts
+
+
+def test_kubernetes_a_rank_ended_by_sigterm_leaves_without_blacklist_and_the_job_goes_on():
+    job = Job(np=3, min_np=1, max_np=3, kubernetes=True, cooldown_range=(10.0, 300.0))
+    job.start({"a": 1, "b": 1, "c": 1})
+    job.feed(Exited(2, -15))
+    assert "ended by SIGTERM: it leaves the job (not a failure)" in job.said() and job.phase is Phase.BREAKING
+    assert not job.m.membership.is_blacklisted("c", job.now) and job.m.membership.is_held("c", job.now)
+    job.commit_interrupt([0, 1])
+    release = job.of(Release)[-1]
+    assert [m.wid for m in release.members] == [0, 1] and job.m.outcome is None and job.phase is Phase.RUNNING
+    # the same pod name back after the hold: new workers start there again
+    job.feed(Discovered({"a": 1, "b": 1, "c": 1}), dt=11.0)
+    assert job.of(Spawn)[-1].host == "c"
+
+
+def test_kubernetes_a_crashed_pod_is_closed_and_the_re_created_pod_of_that_name_checked_afresh():
+    job = Job(np=2, min_np=1, max_np=2, kubernetes=True, cooldown_range=(10.0, 300.0))
+    job.start({"a": 1, "b": 1})
+    out = job.feed(Exited(1, -9))
+    assert "host b is blacklisted for 10 s" in job.said() and job.of(CloseHosts, out) == [CloseHosts(("b",))]
+    job.commit_interrupt([0], reason="error")
+    assert job.phase is Phase.RUNNING and [m.wid for m in job.of(Release)[-1].members] == [0]
+    opens = len(job.of(OpenHosts))
+    job.feed(Discovered({"a": 1, "b": 1}), dt=11.0)  # the same name, a new pod
+    assert job.of(OpenHosts)[opens:] == [OpenHosts(("b",))]
+    job.feed(HostOpened("b", None))
+    assert job.of(Spawn)[-1].host == "b"
+
+
+def test_sigterm_elsewhere_is_a_failure_and_a_crash_on_kubernetes_uses_the_cooldown():
+    job = Job(np=2, min_np=1, max_np=2)
+    job.start({"a": 1, "b": 1})
+    job.feed(Exited(1, -15))
+    assert "host b is blacklisted for good" in job.said()
+    job = Job(np=2, min_np=1, max_np=2, kubernetes=True, cooldown_range=(10.0, 300.0))
+    job.start({"a": 1, "b": 1})
+    job.feed(Exited(1, 1))
+    assert "host b is blacklisted for 10 s" in job.said()
+
+
 def test_max_np_unset_runs_every_listed_slot():
     """horovodrun -np 2 --min-np 2 -H a:2,b:2: 4 ranks, as Horovod's fault-tolerance test expects."""
     job = Job(np=2, min_np=2, max_np=None)

@@ -128,3 +128,13 @@ def test_horovodrun_in_a_launcher_pod_says_what_it_took_and_runs(pod, tmp_path):
                     f"{etc}/hostfile; 2 slots per host by default; SSH key {home}/.ssh/id_rsa"], r.stderr
     assert f"warning: the SSH key {home}/.ssh/id_rsa has mode 0640" in r.stderr
     assert sorted(r.stdout.split()) == ["[0]<stdout>:0", "[1]<stdout>:1"]
+
+
+def test_appliance_check_in_a_launcher_pod_checks_the_mounted_hostfile_with_the_mounted_key(pod):
+    from appliance.launcher.config import CheckConfig
+
+    etc, home, env = pod
+    c = CheckConfig.create(environ=env)
+    assert c.hostfile == str(etc / "hostfile") and c.default_slots == 2
+    assert c.remote.key == str(home / ".ssh" / "id_rsa") and not c.remote.record_hosts
+    assert CheckConfig.create(environ={"HOME": str(home)}).hostfile is None

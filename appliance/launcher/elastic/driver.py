@@ -60,7 +60,7 @@ class ElasticDriver:
         self.job_id, self.secret = envmod.new_job_id(), envmod.new_secret()
         self.machine = Machine(Settings(config.np, self.e.min_np, self.e.max_np, self.e.timeout_s, self.e.reset_limit,
                                         self.e.cooldown_range, config.stop_grace_s, bool(config.verbose), SILENT_S,
-                                        self.e.discovery_interval_s))
+                                        self.e.discovery_interval_s, self.e.kubernetes))
         self.discovery = (ScriptDiscovery(self.e.discovery_script, self.e.slots_per_host, self.e.discovery_timeout_s,
                                           config.environ, config.cwd)
                           if self.e.discovery_script is not None else

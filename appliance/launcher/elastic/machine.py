@@ -13,6 +13,9 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | phase | event / condition | transition | next phase |
 | --- | --- | --- | --- |
 | WAITING | discovery listed hosts not yet checked | ``open_hosts``: ``OpenHosts`` | WAITING |
+| any | a host's check failed (Kubernetes: its pod is listed before its sshd or DNS is up) | ``on_host_opened``: pending (``pending.py``), checked again after a doubling pause, one line a minute at most; never blacklisted | same |
+| any | a pending host's check passes | ``on_host_opened``: its slots count from now | same |
+| any | a host's check failed (elsewhere) | ``on_host_opened``: blacklisted (the cool-down, if any) | same |
 | WAITING, BREAKING | enough checked slots (``-np`` first, then ``--min-np``) | ``form``: ``Spawn`` new slots, lay out ranks (reset counted after the first release) | FORMING |
 | WAITING, BREAKING | too few slots for ``--elastic-timeout`` | ``form``: ``End`` "fewer than ... slots" | ENDED |
 | BREAKING | no worker of the last round left / reset limit used up | ``form``: ``End`` (Horovod's reset-limit sentence) | ENDED |
@@ -29,10 +32,11 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | any | a worker exits non-zero (or cannot start) | ``failure``: blacklist its host, ``Remove`` its other workers; a worker that never joined a round only holds new workers off its host | same / BREAKING |
 | FORMING, RUNNING, BREAKING | every member failed or lost its host | ``check_doomed`` | FAILING |
 | FAILING | the members still stopping have exited, or the stop grace passed | ``failing``: ``End`` naming every rank and its exit, with Horovod's phrase | ENDED |
+| any | Kubernetes: a worker ended by SIGTERM (pod deleted, ``replicas`` lowered) | ``leave_on_sigterm``: it leaves, no blacklist; new workers held off its host for the cool-down; a member's round breaks | same / BREAKING |
 | any | a worker exits 0 | ``on_exited``: ``Remove`` workers that never joined | FINISHING |
 | FINISHING | every worker exited / one failed | ``finishing``: ``End`` 0 / its code | ENDED |
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
-| any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
+| any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good (Kubernetes: or blacklisted or held at all: its pod is re-created) | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
 
 Env vars: none (``Settings`` carries what the launcher read). Failure modes: none raised; the
 job's end is the ``End`` action (also kept as ``Machine.outcome``).
@@ -41,15 +45,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from signal import SIGTERM
 from typing import Any, Callable
 
 from ..failures import describe_exit, exit_code
 from .events import (Action, Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill,
                      Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
+from .pending import PendingHosts
 from .records import Phase, Round, WorkerRec
+from .waiting import say_late, short_of_slots
 
-LATE_S = 10.0  # a round that has waited this long for members says which (once)
 LOST_GRACE_S = 10.0  # after a member was named lost, the others not back within this are taken as lost too
 HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
 
@@ -66,6 +72,7 @@ class Settings:
     verbose: bool = False
     silent_s: float = 2.5
     discovery_interval_s: float = 1.0
+    kubernetes: bool = False  # a listed host not answering is pending; a rank ended by SIGTERM leaves
 
 
 class Machine:
@@ -91,6 +98,7 @@ class Machine:
         self.outcome: End | None = None
         self.failing_since = 0.0
         self.clamped: set[str] = set()  # hosts whose slot count was said to be cut down
+        self.pending = PendingHosts()   # listed hosts that do not answer yet (Kubernetes)
         self._out: list[Action] = []
 
     def handle(self, event: Any, now: float) -> list[Action]:
@@ -126,9 +134,10 @@ class Machine:
 
     def target(self, now: float) -> list[tuple[str, int]]:
         """The slots that should run workers: discovery's target, less the free slots of hosts
-        where new workers are held off."""
+        where new workers are held off or that are pending (listed, not answering yet)."""
         held = {(w.host, w.index) for w in self.live()}
-        return [t for t in self.membership.target(now) if t in held or not self.membership.is_held(t[0], now)]
+        return [t for t in self.membership.target(now)
+                if t in held or not (self.membership.is_held(t[0], now) or t[0] in self.pending.hosts)]
 
     def hosts_line(self, now: float) -> str:
         out = ", ".join(f"{h}:{s}" for h, s in self.membership.available(now)) or "none"
@@ -185,6 +194,9 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
             break_round(m, f"{w.name()} left", now)
         check_doomed(m, now)
         return
+    if m.s.kubernetes and ev.code in (-SIGTERM, 128 + SIGTERM):
+        leave_on_sigterm(m, w, now)
+        return
     if ev.code == 0:
         m.phase = Phase.FINISHING
         if m.s.verbose:
@@ -208,6 +220,7 @@ def on_discovered(m: Machine, ev: Discovered, now: float) -> None:
         m.say("host discovery works again")
         m.discovery_error = ""
     m.membership.update(ev.hosts, now)
+    m.pending.keep_only(ev.hosts)
     m.discovered = True
     for host in set(m.membership.clamped) - m.clamped:
         m.clamped.add(host)
@@ -228,6 +241,14 @@ def on_host_opened(m: Machine, ev: HostOpened, now: float) -> None:
     m.opening.discard(ev.host)
     if ev.failure is None:
         m.opened.add(ev.host)
+        waited = m.pending.opened(ev.host, now)
+        if waited is not None:
+            m.say(f"host {ev.host} answers now, after {waited:.0f} s pending")
+        return
+    if m.s.kubernetes:  # listed (its pod is Running) but its sshd or DNS record is not up yet
+        if m.pending.failed(ev.host, now):
+            m.say(f"host {ev.host} is listed but does not answer yet; pending, checked again (this line at most "
+                  f"once a minute): {ev.failure}")
         return
     until = m.membership.blacklist(ev.host, now)
     m.say(f"host {ev.host} cannot run ranks, blacklisted {_when(until, now)}: {ev.failure}")
@@ -245,6 +266,19 @@ TRANSITIONS: dict[type, Callable[[Machine, Any, float], None]] = {
 
 
 # -- failures -----------------------------------------------------------------------------------
+def leave_on_sigterm(m: Machine, w: WorkerRec, now: float) -> None:
+    """Kubernetes: a rank ended by SIGTERM (its pod deleted, ``replicas`` lowered) leaves as a
+    removed host does: no blacklist, the round re-forms without it from the last commit; new
+    workers are held off its host for the cool-down (its pod is going away)."""
+    w.leaving, w.leaving_since = "it was sent SIGTERM (its pod is being deleted)", now
+    until = m.membership.hold(w.host, now)
+    m.say(f"{w.name()} on {w.host} ended by SIGTERM: it leaves the job (not a failure); no new worker starts "
+          f"there {_when(until, now)}")
+    if m.is_member(w) and m.phase in (Phase.FORMING, Phase.RUNNING):
+        break_round(m, f"{w.name()} left", now)
+    check_doomed(m, now)
+
+
 def failure(m: Machine, w: WorkerRec, why: str, now: float) -> None:
     """``w`` failed. A worker that never joined a round holds new workers off its host (the
     running ones stay); any other blacklists its host and stops the host's other workers."""
@@ -322,14 +356,17 @@ def reap(m: Machine, now: float) -> None:
 def advance(m: Machine, now: float) -> None:
     phases(m, now)
     if m.phase is not Phase.ENDED:
-        close_hosts(m)
+        close_hosts(m, now)
 
 
-def close_hosts(m: Machine) -> None:
+def close_hosts(m: Machine, now: float) -> None:
     """Close the connection of every checked host that no worker runs on any more and that is no
-    longer wanted (not listed, or blacklisted for good): a host listed again is checked again."""
+    longer wanted (not listed, or blacklisted for good; on Kubernetes also one in its cool-down or
+    hold: the pod of that name is re-created, so its old connection is dead): a host listed again
+    is checked again."""
     busy = {w.host for w in m.workers.values() if w.alive}
-    gone = tuple(h for h in sorted(m.opened) if h not in busy and not m.membership.wanted(h))
+    gone = tuple(h for h in sorted(m.opened) if h not in busy and (not m.membership.wanted(h) or (
+        m.s.kubernetes and (m.membership.is_blacklisted(h, now) or m.membership.is_held(h, now)))))
     if gone:
         m.opened -= set(gone)
         m.emit(CloseHosts(gone))
@@ -384,15 +421,6 @@ def forming(m: Machine, now: float) -> None:
         say_late(m, [w for w in members if not w.joined], "to join", cur.formed_at, now)
 
 
-def say_late(m: Machine, late: list[WorkerRec], what: str, since: float, now: float) -> None:
-    """Once per round, when it has waited ``LATE_S`` for members: name them and the deadline."""
-    cur = m.round
-    if late and not cur.late_said and now - since > min(LATE_S, m.s.timeout_s / 2):
-        cur.late_said = True
-        names = ", ".join(w.name() for w in late[:4]) + (f" and {len(late) - 4} more" if len(late) > 4 else "")
-        m.say(f"round {cur.id} waits for {names} {what} (at most {m.s.timeout_s:g} s, --elastic-timeout)")
-
-
 def running(m: Machine, now: float) -> None:
     if short_of_slots(m, m.s.min_np, "--min-np", now, keep=True):
         return
@@ -442,33 +470,15 @@ def breaking(m: Machine, now: float) -> None:
         say_late(m, back, "to come back for a new round", cur.broken_at, now)
 
 
-def short_of_slots(m: Machine, needed: int, flag: str, now: float, keep: bool) -> bool:
-    """Fewer than ``needed`` slots are listed: start (or check) the ``--elastic-timeout`` clock.
-    ``keep``: the round's workers keep training meanwhile (they alone hold the state)."""
-    have = min(m.membership.total_slots(now), math.inf if m.s.max_np is None else m.s.max_np)
-    if have >= needed:
-        if m.short_since is not None and keep:
-            m.say(f"{have} slots are listed again")
-        m.short_since = None
-        return False
-    if m.short_since is None:
-        m.short_since = now
-        m.say(f"waiting for {needed} slots ({have} available; at most {m.s.timeout_s:g} s)"
-              + ("; the ranks keep training meanwhile" if keep else ""))
-    elif now - m.short_since > m.s.timeout_s:
-        m.end(1, f"fewer than {flag} {needed} slots were available for {m.s.timeout_s:g} s (--elastic-timeout); "
-                 f"hosts: {m.hosts_line(now)}")
-    return True
-
-
-def open_hosts(m: Machine, target: list[tuple[str, int]]) -> bool:
-    """Check the target's hosts not checked yet; True while any target host is being checked."""
-    order = list(dict.fromkeys(h for h, _ in target))
-    new = tuple(h for h in order if h not in m.opened and h not in m.opening)
+def open_hosts(m: Machine, target: list[tuple[str, int]], now: float) -> bool:
+    """Check the target's hosts not checked yet (a pending one once its pause is over); True
+    while any target host is being checked."""
+    order = list(dict.fromkeys([h for h, _ in target] + [h for h in m.pending.hosts if m.membership.wanted(h)]))
+    new = tuple(h for h in order if h not in m.opened and h not in m.opening and not m.pending.waiting(h, now))
     if new:
         m.opening |= set(new)
         m.emit(OpenHosts(new))
-    return any(h in m.opening for h in order)
+    return any(h in m.opening and h not in m.pending.hosts for h in order)  # a pending host is not waited for
 
 
 def notify(m: Machine, now: float) -> None:
@@ -492,7 +502,7 @@ def grow(m: Machine, now: float) -> None:
     """Start workers for the target's free slots on checked hosts: they wait for the next round
     while the members train."""
     target = m.target(now)
-    open_hosts(m, target)
+    open_hosts(m, target, now)
     held = {(w.host, w.index) for w in m.live()}
     order = m.membership.order(now)
     wanted = set(target)
@@ -518,7 +528,7 @@ def form(m: Machine, now: float) -> None:
     first = not m.released_any
     needed = m.s.np if first else m.s.min_np
     target = m.target(now)
-    if open_hosts(m, target):
+    if open_hosts(m, target, now):
         return  # a host of the target is being checked: form once it answers
     wanted = set(target)
     have: dict[tuple[str, int], WorkerRec] = {}

@@ -5,8 +5,10 @@ What it owns:
   (so ``~/.ssh/config`` and ``/etc/ssh/ssh_config`` apply as OpenSSH applies them: ``HostName``,
   ``Port``, ``User``, ``IdentityFile``, ``ProxyJump``/``ProxyCommand``, ``IdentityAgent``), merged
   with the flags/knobs (which win over the config). Keys: ``-i``/``APPLIANCE_SSH_KEY`` (then
-  nothing else, as ``IdentitiesOnly``), else ``SHARED/ssh/id_ed25519`` when it exists, else the
-  config's ``IdentityFile``s, else ``~/.ssh/id_{ed25519,ecdsa,rsa}``; plus the agent's keys
+  nothing else, as ``IdentitiesOnly``; in a Kubernetes launcher pod the mounted ``~/.ssh/id_rsa``), else
+  ``SHARED/ssh/id_ed25519`` when it exists, else the config's ``IdentityFile``s, else
+  ``~/.ssh/id_{ed25519,ecdsa,rsa}``; the first is loaded explicitly whatever its type and name
+  (``load_key``); plus the agent's keys
   ($SSH_AUTH_SOCK) unless ``-i`` is given or ``IdentityAgent none``. Like ``ssh -o BatchMode=yes``:
   keys only, never a password or a prompt.
 - ``connect()``: TCP first (so "refused" and "timed out" are told apart; through a jump host,
@@ -175,11 +177,26 @@ def _tcp(target: Target, timeout: float) -> socket.socket:
         raise SSHFailure(host, "tcp", f"{host}:{port} ({target.address}): cannot connect: {e.strerror}") from None
 
 
+def load_key(path: str) -> paramiko.PKey | None:
+    """The private key at ``path``, whatever its type and file name (the operators' ECDSA P-521 key is
+    named ``id_rsa``, which paramiko's own loading reads as RSA only); None when it cannot be read
+    without a passphrase (paramiko then says why, through ``key_filename``)."""
+    try:
+        return paramiko.PKey.from_path(path)
+    except Exception:  # noqa: BLE001 - any failure: left to paramiko's own loading, which names it
+        return None
+
+
 def _connect_kwargs(keys: Sequence[str], allow_agent: bool, remaining: float) -> dict:
     kwargs = dict(look_for_keys=False, allow_agent=allow_agent, timeout=remaining, banner_timeout=remaining,
                   auth_timeout=remaining, channel_timeout=remaining)
-    if keys:
-        kwargs["key_filename"] = list(keys)
+    rest = list(keys)
+    if rest:
+        first = load_key(rest[0])  # loaded explicitly: a refused key is then a plain authentication failure
+        if first is not None:
+            kwargs["pkey"], rest = first, rest[1:]
+    if rest:
+        kwargs["key_filename"] = rest
     return kwargs
 
 
@@ -236,6 +253,8 @@ def _classify(e: BaseException, host: str, shown: str, port: int, keys: Sequence
             f"{host}:{port} accepted TCP but the SSH handshake did not finish in time (an overloaded sshd, "
             "MaxStartups, or not an SSH server)"))
     text = str(e) or type(e).__name__
+    if "expected" in text and "encountered" in text and keys:  # paramiko trying key classes on a refused key
+        return _classify(paramiko.AuthenticationException(text), host, shown, port, keys, allow_agent, user)
     if "no authentication methods" in text.lower():
         return SSHFailure(host, "auth", no_key)
     if "banner" in text.lower():

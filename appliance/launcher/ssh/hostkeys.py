@@ -13,6 +13,8 @@ The policy, and why:
   is strict: a host must present a key listed there (or in ``~/.ssh/known_hosts``); anything
   else is refused. This is BatchMode without ``StrictHostKeyChecking=no``: no prompt, and no
   man in the middle, because the trust anchor lives on the share the user controls.
+- With ``trusted_key`` (a Kubernetes launcher pod: the mounted ``id_rsa``), a host presenting that
+  key pair's public key is trusted: the MPI Operator's images use the job's key as sshd host key.
 - With ``record=False`` (a Kubernetes launcher pod: ``~/.ssh`` is the operator's read-only
   Secret mount, and its images set ``StrictHostKeyChecking no`` with ``UserKnownHostsFile
   /dev/null``), an unknown key is accepted and nothing is written; a key that differs from a
@@ -119,11 +121,26 @@ class KnownHosts:
         return listed or "unknown"
 
 
+def _public_blob(private_key: str) -> bytes | None:
+    """The public key of ``private_key`` (its ``.pub`` file, else the key itself, any type)."""
+    try:
+        with open(private_key + ".pub", encoding="ascii") as f:
+            return base64.b64decode(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return paramiko.PKey.from_path(private_key).asbytes()
+    except Exception:  # noqa: BLE001 - unreadable: nothing is trusted by it
+        return None
+
+
 class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Decides on every host key (the client has no keys loaded, so paramiko always asks)."""
 
-    def __init__(self, cluster_known_hosts: str, user_known_hosts: str | None = None, record: bool = True):
+    def __init__(self, cluster_known_hosts: str, user_known_hosts: str | None = None, record: bool = True,
+                 trusted_key: str | None = None):
         self.cluster_path, self.record = cluster_known_hosts, record
+        self.trusted = _public_blob(trusted_key) if trusted_key else None
         self.user_path = user_known_hosts or os.path.expanduser("~/.ssh/known_hosts")
         self.warnings: list[str] = []
         self._lock = threading.Lock()
@@ -133,6 +150,8 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         return os.path.isfile(self.cluster_path)
 
     def check(self, host: str, port: int, address: str | None, key: paramiko.PKey) -> None:
+        if self.trusted is not None and key.asbytes() == self.trusted:
+            return  # the job's own key pair presented as host key (the MPI Operator's images do so)
         names = lookup_names(host, port, address)
         shown = f"{host}:{port}"
         fp = f"{key.get_name()} {fingerprint(key)}"

@@ -218,8 +218,7 @@ def _connect(target: Target, policy: HostKeyPolicy, deadline: float, wait_until:
 def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy, python: str,
                 params: dict, deadline: float, abandoned: threading.Event, wait_until: float) -> None:
     try:
-        assert report.target is not None
-        if report.target is None:
+        if report.target is None:  # not resolved yet: looked up again until host_wait_s (wait_dns)
             report.target = _resolve_waiting(report.host, remote, min(wait_until, deadline))
         report.step = "tcp"
         report.conn = _connect(report.target, policy, deadline, wait_until)
@@ -234,6 +233,12 @@ def _check_host(report: HostReport, remote: RemoteConfig, policy: HostKeyPolicy,
             report.steps["tcp"] = "unresolved"
         elif e.step == "tcp":
             report.steps["tcp"] = _tcp_word(str(e))
+            if remote.wait_dns and report.steps["tcp"] == "refused" and report.target is not None:
+                port = report.target.port  # a Kubernetes pod: no `appliance secondary` to start there
+                e = SSHFailure(e.host, e.step, (
+                    f"{report.host}:{port} refused the connection for {remote.host_wait_s:g} s: no sshd listens on "
+                    f"port {port} in that pod (its container is not up, or its sshd uses another port: the operators' "
+                    "images use 2222, from ~/.ssh/config or /etc/ssh/ssh_config; -p overrides)"))
         else:
             report.steps["tcp"] = "ok"
             report.steps["ssh"] = {"auth": "denied", "hostkey": "host key", "ssh": "failed"}.get(e.step, "ok")
@@ -265,7 +270,8 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
     deadline = wait_until + timeout_s
     cwd = cwd or os.getcwd()
     python = remote.remote_python or sys.executable
-    policy = HostKeyPolicy(os.path.join(remote.shared_dir, "ssh", "known_hosts"), record=remote.record_hosts)
+    policy = HostKeyPolicy(os.path.join(remote.shared_dir, "ssh", "known_hosts"), record=remote.record_hosts,
+                           trusted_key=remote.key if not remote.record_hosts else None)
     reports = {h: HostReport(h, h in local) for h in hosts}
     warnings: list[str] = []
     notes: list[str] = []

@@ -1,0 +1,66 @@
+"""Hosts that discovery lists but that do not answer yet: pending, retried, never blacklisted.
+
+What it owns: ``PendingHosts``, the part of an elastic job's state (``machine.Machine.pending``)
+that a Kubernetes launcher pod needs (``ElasticConfig.kubernetes``): the MPI Operator's
+``discover_hosts.sh`` lists every worker pod in phase Running, which says nothing of its sshd (or
+of its DNS record) being up. A listed host whose check fails is pending: it is checked again
+after a pause that doubles from ``FIRST_PAUSE_S`` to ``MAX_PAUSE_S``, its slots are not used
+meanwhile, and one line says so at most every ``SAY_EVERY_S`` per host (a name that never
+resolves says it once a minute, never more). A host that discovery drops is forgotten.
+
+Env vars: none. Failure modes: none (pure bookkeeping; the clock is passed in).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable
+
+FIRST_PAUSE_S = 1.0
+MAX_PAUSE_S = 10.0
+SAY_EVERY_S = 60.0
+
+
+@dataclasses.dataclass
+class Pending:
+    retry_at: float
+    pause: float
+    said_at: float = -math.inf
+    since: float = 0.0
+
+
+class PendingHosts:
+    """Pending hosts and when each is checked again (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, Pending] = {}
+
+    def failed(self, host: str, now: float) -> bool:
+        """``host``'s check failed: pending until its next try. True when a line is due now."""
+        p = self.hosts.get(host)
+        if p is None:
+            p = self.hosts[host] = Pending(now, FIRST_PAUSE_S, since=now)
+        p.retry_at, p.pause = now + p.pause, min(p.pause * 2, MAX_PAUSE_S)
+        if now - p.said_at >= SAY_EVERY_S:
+            p.said_at = now
+            return True
+        return False
+
+    def opened(self, host: str, now: float) -> float | None:
+        """``host`` answers now; how long it was pending (None: it was not)."""
+        p = self.hosts.pop(host, None)
+        return None if p is None else now - p.since
+
+    def waiting(self, host: str, now: float) -> bool:
+        """Whether ``host`` must not be checked yet."""
+        p = self.hosts.get(host)
+        return p is not None and now < p.retry_at
+
+    def keep_only(self, listed: Iterable[str]) -> None:
+        """Forget the hosts discovery no longer lists."""
+        keep = set(listed)
+        for host in [h for h in self.hosts if h not in keep]:
+            del self.hosts[host]
+
+
+__all__ = ["PendingHosts", "FIRST_PAUSE_S", "MAX_PAUSE_S", "SAY_EVERY_S"]
