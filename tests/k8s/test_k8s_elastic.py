@@ -132,11 +132,10 @@ def test_scale_down_the_removed_worker_leaves_gracefully(k8s_jobs, stop_after):
     log = job.logs(job.launcher)
     done = finish(job, 120)
     assert done[0]["sizes"][-1] == 2
-    if stop_after:
-        # out of discovery before it stops: a graceful leave, no blacklist (it may come back when
-        # replicas grow). Stopped at once, its ranks die with its sshd (the pod's PID 1) before the
-        # launcher reads the new discover_hosts.sh: a lost host, blacklisted with the cool-down.
-        assert not [ln for ln in log.splitlines() if "worker-2" in ln and "blacklist" in ln], log[-3000:]
+    # a graceful leave, no blacklist (it may come back when replicas grow): out of discovery, and
+    # deleted with the manifest's preStop hook, which ends the pod's ranks with SIGTERM before
+    # Kubernetes stops sshd (the pod's PID 1, whose exit kills every process in it)
+    assert not [ln for ln in log.splitlines() if "worker-2" in ln and "blacklist" in ln], log[-3000:]
 
 
 def test_workers_started_after_the_launcher_are_waited_for(k8s_jobs):
