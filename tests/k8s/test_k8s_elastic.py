@@ -192,3 +192,21 @@ def test_a_listed_worker_whose_sshd_is_late_is_pending_then_joins(k8s_jobs):
     assert first.first - created >= 10  # it joined once its sshd listened, not before
     done = finish(job, stop_soon(job))
     assert done[0]["sizes"][-1] == 3
+
+
+def test_a_crashed_rank_in_a_running_pod_rejoins_after_the_cool_down(k8s_jobs):
+    """The pod stays Running (sshd lives), so discover_hosts.sh keeps listing it: Horovod's
+    permanent blacklist would strand it; the cool-down lets it back."""
+    job = elastic_job(k8s_jobs, steps=5000)  # ended by stop_soon once the host is back
+    started(job)
+    step = max(json.loads(f.read_text())["step"] for f in job.volumes["share"].glob("step.*"))
+    (job.volumes["share"] / "kill.1").write_text(str(step + 5))  # worker 1 SIGKILLs itself there
+    wait_for("a step at size 1", lambda: steps_at(job, 1), job)
+    crashed = time.time()
+    first = FirstStep(job, 2, after=crashed)
+    wait_for("a step at size 2 again", first, job, timeout=150)
+    print(f"\n[k8s] crashed rank, pod still listed: back at size 2 after {first.first - crashed:.2f} s (the cool-down)")
+    assert all(len(hosts) == 2 for _, hosts in job.discovery_log)  # never left discovery
+    done = finish(job, stop_soon(job))
+    sizes = done[0]["sizes"]
+    assert 1 in sizes and sizes[-1] == 2, sizes
