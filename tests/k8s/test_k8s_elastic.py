@@ -97,7 +97,7 @@ def finish(job, steps: int, timeout: float = 240) -> list[dict]:
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
-    assert job.leftovers() == []
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
     return done
 
 

@@ -38,7 +38,7 @@ def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, **kw):
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
-    assert job.leftovers() == []
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
     return out
 
 
@@ -85,7 +85,7 @@ def test_mpijob_as_root_with_the_operators_defaults(k8s_jobs, manifest):
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
-    assert job.leftovers() == []
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
 
 
 @pytest.mark.parametrize("root", [False, True], ids=["mpiuser", "root"])

@@ -38,4 +38,4 @@ def test_trainjob_trains_with_trainers_hostfile_and_key_modes(k8s_jobs):
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
-    assert job.leftovers() == []
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
