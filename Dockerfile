@@ -162,22 +162,39 @@ ENV PATH=/opt/venv/bin:${PATH} \
     OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     OMPI_MCA_btl_vader_single_copy_mechanism=none \
-    APPLIANCE_SHARED=/mnt/share \
-    APPLIANCE_SSH_PORT=12345
+    APPLIANCE_SHARED=/mnt/share
+# No APPLIANCE_SSH_PORT here: the launcher takes it as the other hosts' port, and in Kubernetes
+# that is /etc/ssh/ssh_config's 2222. The appliance's containers get it from their entrypoint
+# (default 12345) or `appliance secondary|primary`.
 
-COPY docker/sshd_config /etc/ssh/sshd_config
+# Two worlds, one image. The appliance: appliance-entrypoint runs sshd with sshd_config.appliance on
+# --ssh-port (12345), keys from the share. Kubernetes (MPI Operator, Kubeflow Trainer; no entrypoint
+# runs there): root's `/usr/sbin/sshd -De` reads /etc/ssh/sshd_config, mpiuser's (uid 1000, as the
+# operators' images) `sshd -De -f /home/mpiuser/.sshd_config`; both listen on 2222 with the mounted
+# id_rsa as host key, and /etc/ssh/ssh_config gives clients port 2222 and no known_hosts.
+COPY docker/sshd_config /etc/ssh/sshd_config.appliance
+COPY docker/sshd_config.operator /etc/ssh/sshd_config
+COPY docker/sshd_config.mpiuser /usr/local/lib/appliance/mpiuser-sshd_config
+COPY docker/ssh_config.operator /etc/ssh/ssh_config
 COPY docker/ssh_config /etc/ssh/ssh_config.d/appliance.conf
 COPY docker/entrypoint.sh /usr/local/bin/appliance-entrypoint
 COPY docker/healthcheck.sh /usr/local/bin/appliance-healthcheck
 # No host keys in the image (each container makes its own, or takes the cluster's from the share);
-# pam_loginuid cannot work in a container; env for SSH sessions (Docker ENV is not visible there).
+# pam_loginuid cannot work in a container; env for SSH sessions (Docker ENV is not visible there):
+# /etc/environment through PAM for root's sshd, mpiuser's .sshd_config SetEnv for the non-root one.
+# mpiuser's password field is '*' (no password, not "locked": sshd refuses key logins to a locked
+# account when it can read the shadow file).
 RUN set -eux; \
     chmod 0755 /usr/local/bin/appliance-entrypoint /usr/local/bin/appliance-healthcheck; \
-    chmod 0644 /etc/ssh/sshd_config /etc/ssh/ssh_config.d/appliance.conf; \
+    chmod 0644 /etc/ssh/sshd_config /etc/ssh/sshd_config.appliance /etc/ssh/ssh_config \
+        /etc/ssh/ssh_config.d/appliance.conf /usr/local/lib/appliance/mpiuser-sshd_config; \
     rm -f /etc/ssh/ssh_host_*; \
     mkdir -p /run/sshd /root/.ssh; chmod 0755 /run/sshd; chmod 0700 /root /root/.ssh; \
     sed -i 's/^session\s\+required\s\+pam_loginuid.so/session optional pam_loginuid.so/' /etc/pam.d/sshd; \
-    appliance-entrypoint write-env
+    useradd --create-home --uid 1000 --user-group --shell /bin/bash mpiuser; \
+    usermod -p '*' mpiuser; \
+    appliance-entrypoint write-env; \
+    test -s /home/mpiuser/.sshd_config
 
 # Our wheel last: only this layer changes with our sources.
 COPY --from=builder /dist/ /tmp/dist/
@@ -205,7 +222,7 @@ RUN set -eux; \
     /opt/venv/bin/python -c "import horovod, horovod.common.exceptions, horovod.common.util, horovod.runner.util.threads, horovod.torch.mpi_ops as m; assert horovod.__version__ == '0.28.1' and m.Compression"; \
     /opt/venv/bin/horovodrun --help >/dev/null
 
-EXPOSE 12345
+EXPOSE 12345 2222
 HEALTHCHECK --interval=5s --timeout=4s --start-period=15s --retries=3 \
     CMD ["/usr/local/bin/appliance-healthcheck"]
 ENTRYPOINT ["/usr/local/bin/appliance-entrypoint"]

@@ -8,7 +8,8 @@
 #                          (SHARED/secondaries/<host name>.json, N slots, default 1) and beats
 #                          while it runs: the hosts an elastic primary discovers
 #   primary CMD [ARG...]   run CMD (the launcher) in the foreground, as the container's main process
-#   write-env              only write the environment files SSH sessions read (used at build time)
+#   write-env              only write the environment files SSH sessions read (used at build time),
+#                          /home/mpiuser/.sshd_config's SetEnv line included
 #   anything else          run it as given, after the same preparation (e.g. `sshd -t`, `bash`)
 #
 # Preparation (every mode), from the shared mount $APPLIANCE_SHARED (default /mnt/share), dir ssh/:
@@ -24,7 +25,12 @@
 #                 container sees them (names that look like secrets are never written)
 #   ssh client    /etc/ssh/ssh_config.d/00-appliance-port.conf: Port $APPLIANCE_SSH_PORT, so plain
 #                 `ssh node2` and mpirun's daemons (OpenMPI's rsh agent is ssh) reach the cluster's
-#                 sshd with the cluster's key (docker/ssh_config) and no -p or plm_rsh_args
+#                 sshd with the cluster's key (docker/ssh_config) and no -p or plm_rsh_args; host
+#                 keys accepted once into ~/.ssh/known_hosts (these override /etc/ssh/ssh_config's
+#                 Kubernetes values: port 2222, no known_hosts)
+# The appliance's sshd reads /etc/ssh/sshd_config.appliance. The image's other modes need no
+# entrypoint (Kubernetes replaces it): `/usr/sbin/sshd -De` as root (/etc/ssh/sshd_config) or
+# `sshd -De -f /home/mpiuser/.sshd_config` as uid 1000, both on 2222 with the mounted id_rsa.
 #   health        /run/appliance/{mode,pid,ssh_port} for appliance-healthcheck
 #
 # Env: APPLIANCE_SHARED, APPLIANCE_SSH_PORT (secondary's port, default 12345).
@@ -36,6 +42,9 @@ set -euo pipefail
 SHARED="${APPLIANCE_SHARED:-/mnt/share}"
 KEYDIR="$SHARED/ssh"
 STATE=/run/appliance
+SSHD_CONFIG=/etc/ssh/sshd_config.appliance   # /etc/ssh/sshd_config is Kubernetes' root sshd (port 2222)
+MPIUSER_HOME=/home/mpiuser
+MPIUSER_SSHD_TEMPLATE=/usr/local/lib/appliance/mpiuser-sshd_config
 
 say() { echo "appliance-entrypoint: $*" >&2; }
 die() { say "ERROR: $*"; exit 2; }
@@ -61,6 +70,24 @@ write_env() {
     chmod 0644 "$tmp_env" "$tmp_prof"
     mv -f "$tmp_env" /etc/environment
     mv -f "$tmp_prof" /etc/profile.d/appliance.sh
+    write_mpiuser_sshd_config
+}
+
+# mpiuser's sshd (Kubernetes, non-root) has no PAM: the same environment as one SetEnv line (sshd
+# reads only the first SetEnv), after the static part of the config.
+write_mpiuser_sshd_config() {
+    local name value line="SetEnv" tmp
+    [[ -f "$MPIUSER_SSHD_TEMPLATE" && -d "$MPIUSER_HOME" ]] || return 0
+    for name in $(env_names); do
+        value="${!name}"
+        [[ "$value" == *$'\n'* || "$value" == *'"'* ]] && continue
+        line+=" \"$name=$value\""
+    done
+    tmp="$(mktemp "$MPIUSER_HOME/.sshd_config.XXXXXX")"
+    { cat "$MPIUSER_SSHD_TEMPLATE"; echo "# Written by appliance-entrypoint write-env: the image's environment."; echo "$line"; } >"$tmp"
+    chmod 0644 "$tmp"
+    chown "$(stat -c %u:%g "$MPIUSER_HOME")" "$tmp"
+    mv -f "$tmp" "$MPIUSER_HOME/.sshd_config"
 }
 
 # --- SSH keys ----------------------------------------------------------------------------------
@@ -109,6 +136,7 @@ install_client_key() {
 }
 
 prepare() {
+    export APPLIANCE_SSH_PORT="${APPLIANCE_SSH_PORT:-12345}"  # for SSH sessions too (write_env)
     mkdir -p /run/sshd "$STATE" /root/.ssh
     chmod 0755 /run/sshd
     chmod 0700 /root /root/.ssh
@@ -122,8 +150,12 @@ prepare() {
 write_ssh_port() {  # the cluster's sshd port for every ssh client in this container (mpirun's too)
     local port="${APPLIANCE_SSH_PORT:-12345}"
     valid_port "$port" || die "APPLIANCE_SSH_PORT '$port' is not a number in 1..65535"
-    printf '# Written by appliance-entrypoint: the cluster'"'"'s sshd port (APPLIANCE_SSH_PORT).\nPort %s\n' "$port" \
-        >/etc/ssh/ssh_config.d/00-appliance-port.conf
+    {
+        echo "# Written by appliance-entrypoint: the cluster's sshd port (APPLIANCE_SSH_PORT) and host-key policy."
+        echo "Port $port"
+        echo "StrictHostKeyChecking accept-new"
+        echo "UserKnownHostsFile ~/.ssh/known_hosts ~/.ssh/known_hosts2"
+    } >/etc/ssh/ssh_config.d/00-appliance-port.conf
     chmod 0644 /etc/ssh/ssh_config.d/00-appliance-port.conf
 }
 
@@ -169,7 +201,7 @@ case "$mode" in
         if [[ -d "$SHARED" && -x /opt/venv/bin/python ]]; then
             /opt/venv/bin/python -m appliance.cluster.heartbeat --port "$port" --slots "$slots" --shared "$SHARED" &
         fi
-        exec /usr/sbin/sshd -D -e -p "$port"
+        exec /usr/sbin/sshd -D -e -f "$SSHD_CONFIG" -p "$port"
         ;;
     primary)
         (($#)) || die "primary: no command given (usage: primary CMD [ARG...])"

@@ -41,7 +41,7 @@ docker image inspect "$IMAGE" >/dev/null 2>&1 || { echo "smoke: no image $IMAGE 
 check "import appliance.runtime._core, torch" \
     in_image /opt/venv/bin/python -c "import appliance.runtime._core, torch"
 check "mpirun is Open MPI 4" bash -c "docker run --rm '$IMAGE' mpirun --version | grep -q 'Open MPI) 4\.'"
-check "sshd -t" in_image /usr/sbin/sshd -t
+check "sshd -t (the appliance's config)" in_image /usr/sbin/sshd -t -f /etc/ssh/sshd_config.appliance
 check "no host keys in the image" bash -c \
     "! docker run --rm --entrypoint /bin/sh '$IMAGE' -c 'ls /etc/ssh/ssh_host_*' 2>/dev/null"
 check "no wheelhouse in the image" bash -c \

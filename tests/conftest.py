@@ -9,7 +9,7 @@ launch result. Time is bounded by ``timeout``; the launcher kills everything it 
 Prerequisite tools (sshd, mpirun, docker) are checked by ``require_tool``: a missing one skips
 the test locally but fails it under ``--strict-prereqs`` (CI), so a tier cannot silently vanish.
 
-The fixtures of the infrastructure tiers (pytest markers ``ssh``, ``docker``, ``slurm``, ``gpu``) and
+The fixtures of the infrastructure tiers (pytest markers ``ssh``, ``docker``, ``k8s``, ``slurm``, ``gpu``) and
 the stand-in device libraries are plugins in ``tests/fixtures``, loaded below for every folder.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ pytest_plugins = [
     "fixtures.jobs",     # job: launchers and python -c workers that leave evidence in files
     "fixtures.ssh",      # ssh_cluster: simulated hosts with real sshd (marker ssh)
     "fixtures.docker",   # engine, image, gpu_image, cluster, shared_cluster (marker docker)
+    "fixtures.k8s",      # k8s_jobs, MPIJob, TrainJob: manifests re-enacted with Docker (markers k8s, docker)
     "fixtures.slurm",    # slurm_cluster, slurm: a real two-node Slurm (marker slurm)
     "fixtures.devices",  # fake_libs: stand-in CUDA and NCCL libraries
     "fixtures.gpu",      # modules marked gpu are collected only where torch sees a GPU

@@ -3,7 +3,7 @@
 #
 #   bash tests/run.sh                     # everything
 #   bash tests/run.sh tests/launcher -x   # a part: tests/ mirrors the packages
-#   bash tests/run.sh -m "not docker"     # by tier: the markers ssh, docker, slurm, gpu
+#   bash tests/run.sh -m "not docker"     # by tier: the markers ssh, docker, k8s, slurm, gpu
 #
 # It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
 # project into it in editable mode with the test and bench extras (bench: matplotlib, and mpi4py,
@@ -17,7 +17,10 @@
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
 # skipping them. The Docker tier (marker docker) builds its CPU image (build.sh --cpu, first time
 # ~4 min) and its GPU image (build.sh, ~6 min) once per run, then cached;
-# APPLIANCE_TEST_IMAGE / APPLIANCE_TEST_GPU_IMAGE=NAME use given images. The device tests
+# APPLIANCE_TEST_IMAGE / APPLIANCE_TEST_GPU_IMAGE=NAME use given images. The Kubernetes tier
+# (marker k8s, also marked docker, so it runs wherever the Docker tier runs) re-enacts the
+# manifests in deploy/kubernetes with containers of that same CPU image (tests/fixtures/k8s.py:
+# no kubelet can run here). The device tests
 # (tests/runtime) compile stand-in CUDA/NCCL libraries with cc; the GPU tier (marker gpu) runs only
 # where torch sees a GPU. The tiers' fixtures are in tests/fixtures.
 set -euo pipefail

@@ -1,0 +1,122 @@
+"""The shipped fixed-size MPIJobs run as written (deploy/kubernetes/, re-enacted with Docker by
+tests/fixtures/k8s.py: pods as containers with the operator's names, files, modes, env and uid).
+
+Effects asserted for each: the launcher's exit code, the training record rank 0 left on the shared
+volume (every epoch of the job, none lost), no rank program left on a worker, no container left.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from fixtures import ROOT
+from fixtures.k8s import MPIJob, one_of_kind
+
+pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420, func_only=True)]
+
+DEPLOY = ROOT / "deploy" / "kubernetes"
+
+
+def epochs_recorded(job) -> list[int]:
+    metrics = json.loads((job.volumes["share"] / "models" / "digits" / "metrics.json").read_text())
+    return [e["epoch"] for e in metrics["epochs"]]
+
+
+def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, **kw):
+    """Run a shipped MPIJob (with ``epochs`` instead of the manifest's 8, when given less) to its end."""
+    m = one_of_kind(DEPLOY / manifest, "MPIJob")
+    args = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--epochs") + 1] == "8"
+    args[args.index("--epochs") + 1] = str(epochs)
+    job = k8s_jobs(MPIJob, m, **kw)
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    assert epochs_recorded(job) == list(range(1, epochs + 1)), out[-3000:]
+    for pod in job.workers.values():
+        assert job.job_processes(pod) == [], pod.name
+    job.close()
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
+    return out
+
+
+def test_mpirun_mpijob_trains_as_written(k8s_jobs):
+    out = run_fixed(k8s_jobs, "mpijob-mpirun.yaml")
+    hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
+    assert hosts and "appliance-mpirun-worker-0" in hosts[0] and "appliance-mpirun-worker-1" in hosts[0], out[-3000:]
+
+
+
+def as_root(manifest: dict) -> dict:
+    """The operator's defaults instead of mpiuser: no runAsUser, the Secret at /root/.ssh (mode 0600),
+    and workers without a command (the operator gives them `/usr/sbin/sshd -De`)."""
+    manifest = copy.deepcopy(manifest)
+    manifest["spec"].pop("sshAuthMountPath", None)
+    for role in ("Launcher", "Worker"):
+        c = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+        c.pop("securityContext", None)
+        if role == "Worker":
+            c.pop("command", None)
+            c.pop("args", None)
+    return manifest
+
+
+ALLREDUCE = ("import numpy as np, appliance.runtime as rt; rt.init(); r = rt.allreduce(np.ones(2), op=rt.Sum, name='k8s'); "
+             "print(f'ALLREDUCE {rt.rank()} {rt.size()} {r.tolist()}', flush=True); rt.shutdown()")  # one write
+
+
+@pytest.mark.parametrize("manifest", ["mpijob-mpirun.yaml", "mpijob-horovodrun.yaml"])
+def test_mpijob_as_root_with_the_operators_defaults(k8s_jobs, manifest):
+    """The launcher's command as written, as root; the program a numpy allreduce (the training as
+    written is the mpiuser tests'), on 2 workers x 2 slots."""
+    m = as_root(one_of_kind(DEPLOY / manifest, "MPIJob"))
+    args = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"] = \
+        [*args[:args.index("python")], "python", "-c", ALLREDUCE]
+    job = k8s_jobs(MPIJob, m)
+    assert job.secret_modes()["id_rsa"] == 0o600
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    lines = sorted(ln[ln.index("ALLREDUCE"):] for ln in out.splitlines() if "ALLREDUCE" in ln)
+    assert lines == [f"ALLREDUCE {r} 4 [4.0, 4.0]" for r in range(4)], out[-3000:]
+    for pod in job.workers.values():
+        assert job.job_processes(pod) == [], pod.name
+    job.close()
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["mpiuser", "root"])
+def test_the_images_environment_reaches_ssh_sessions(k8s_jobs, root):
+    """A non-interactive SSH session on a worker (how mpirun's orted and the launcher's ranks start)
+    sees the image's ENV: mpiuser's sshd through SetEnv, root's through PAM's /etc/environment."""
+    manifest = one_of_kind(DEPLOY / "mpijob-mpirun.yaml", "MPIJob")
+    worker = "appliance-mpirun-worker-1.appliance-mpirun.default.svc"
+    script = "id -un; env; python -c 'import appliance.runtime._core, torch; print(\"imports ok\")'"
+    job = k8s_jobs(MPIJob, as_root(manifest) if root else manifest, launcher_command=["ssh"],
+                   launcher_args=[worker, script])
+    job.start()
+    rc, out = job.wait_launcher(120)
+    assert rc == 0, job.all_logs()
+    lines = out.splitlines()
+    assert lines[0] == ("root" if root else "mpiuser"), out
+    env = dict(ln.split("=", 1) for ln in lines[1:] if "=" in ln)
+    assert env["PATH"].split(":")[0] == "/opt/venv/bin", out
+    assert env["PYTHONUNBUFFERED"] == "1" and env["LANG"] == "C.UTF-8"
+    assert env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    assert "APPLIANCE_SSH_PORT" not in env  # the appliance's port, not Kubernetes' (2222 from ssh_config)
+    assert "imports ok" in out
+
+
+def test_horovodrun_mpijob_trains_as_written(k8s_jobs):
+    out = run_fixed(k8s_jobs, "mpijob-horovodrun.yaml")
+    hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
+    assert hosts and "appliance-horovodrun-worker-0" in hosts[0] and "appliance-horovodrun-worker-1" in hosts[0], out[-3000:]
+
+
+def test_launcher_as_worker_mpijob_trains_as_written(k8s_jobs):
+    out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml", epochs=2)  # the launcher trains too
+    hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
+    assert hosts and all(f"appliance-launcher-worker-{p}" in hosts[0] for p in ("launcher", "worker-0", "worker-1")), out[-3000:]

@@ -1,0 +1,41 @@
+"""The shipped Kubeflow Trainer TrainJob (deploy/kubernetes/trainjob.yaml on the ClusterTrainingRuntime
+in trainer-runtime.yaml), re-enacted with Docker: nodes ``<job>-node-0-<i>`` running mpiuser's sshd,
+the launcher ``<job>-launcher-0-0`` started once they are ready (JobSet's dependsOn), its
+/etc/mpi/hostfile with Trainer's short names, the Secret's key at mode 0640 owned by root with the
+group fsGroup (1000), and no discover_hosts.sh or K_MPI_JOB_ROLE.
+
+Effects asserted: the launcher's exit code, the key layout the pods saw, every epoch on the shared
+volume, no rank program left, no container left.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures import ROOT
+from fixtures.k8s import TrainJob
+
+pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420, func_only=True)]
+
+DEPLOY = ROOT / "deploy" / "kubernetes"
+
+
+def test_trainjob_trains_with_trainers_hostfile_and_key_modes(k8s_jobs):
+    job = k8s_jobs(TrainJob, DEPLOY / "trainjob.yaml", DEPLOY / "trainer-runtime.yaml")
+    args = job.trainer["args"]
+    args[args.index("--epochs") + 1] = "2"  # as written but 2 epochs: the tier's time goes to the MPIJobs
+    assert job.hostfile() == "".join(f"appliance-train-node-0-{i}.appliance-train slots=1\n" for i in range(2))
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    node = job.workers[0].container_obj
+    seen = node.exec_run(["stat", "-L", "-c", "%a %u %g %n", "/home/mpiuser/.ssh/id_rsa", "/home/mpiuser/.ssh/authorized_keys"],
+                         user="1000").output.decode()
+    assert seen.split("\n")[:2] == ["640 0 1000 /home/mpiuser/.ssh/id_rsa", "644 0 1000 /home/mpiuser/.ssh/authorized_keys"]
+    metrics = json.loads((job.volumes["share"] / "models" / "digits" / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2], out[-3000:]
+    for pod in job.workers.values():
+        assert job.job_processes(pod) == [], pod.name
+    job.close()
+    assert job.leftovers() == [] and not job.tmp.exists()  # containers, network, host dirs gone
