@@ -180,13 +180,16 @@ class Publisher:
         except OSError as e:
             self._drop(e)
 
-    def _drop(self, e: BaseException) -> None:
+    def _close(self) -> None:
         if self._sock is not None:
             try:
                 self._sock.close()
             except OSError:
                 pass
             self._sock = None
+
+    def _drop(self, e: BaseException) -> None:
+        self._close()
         _warn(f"cannot send to APPLIANCE_METRICS_ADDR={self.addr[0]}:{self.addr[1]} ({e})")
 
     def _emit(self, obj: dict) -> None:
@@ -217,12 +220,7 @@ class Publisher:
                 pass
         if self._sock is not None:
             self._send(bye)
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-            self._sock = None
+        self._close()
 
 
 _publisher: Optional[Publisher] = None

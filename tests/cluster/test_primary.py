@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import os
 import signal
 import subprocess
@@ -60,6 +61,14 @@ def test_training_runs_across_two_containers(two_hosts):
     assert ranks[0]["hostname"] != node2
     assert json.load(open(os.path.join(job, "exit.json")))["returncode"] == 0
     assert os.path.getsize(os.path.join(job, "logs", "rank.1", "stderr")) >= 0
+    # The launcher's record of the job (docs/observing.md) is in its job directory on the share: both
+    # ranks' counters, the end, the picture; and the closing summary line is in the output.
+    record = [json.loads(line) for line in open(os.path.join(job, "metrics.jsonl"))]
+    assert record[0]["kind"] == "job" and record[0]["size"] == 2
+    assert {r["rank"] for r in record if r["kind"] == "rank"} == {0, 1}
+    assert record[-1]["kind"] == "end" and record[-1]["returncode"] == 0
+    assert os.path.getsize(os.path.join(job, "report.png")) > 0
+    assert any(re.search(r": summary: \d+(/\d+)? steps in ", line) for line in out), res.stdout[-2000:]
     # The checkpoint, written by rank 0 into the share atomically, under the run's job lock.
     model = os.path.join(c.shared, "models", "digits")
     ckpt = _torch_load(c, os.path.join(model, "checkpoint.pt"))

@@ -130,25 +130,27 @@ def grouped(hvd):
             for h in (h2, h1):
                 for o, want in zip(hvd.synchronize(h), wants):
                     check(o, want, f"grouped_allreduce async {case}", exact)
-    # A group whose member's name is in flight is refused, naming it (the short path enqueues
-    # the whole group in one core call); the op in flight and the runtime go on. The op must
-    # still be in flight on the rank that tries the group, so no rank lets it complete before
-    # every rank has tried: ranks 1.. hold "busy.0", which rank 0 submits only after the
-    # allreduce "tried" (which they join after their refusal); rank 0 holds "hold.0", which
-    # ranks 1.. submit only after "tried" (which rank 0 joins after its refusal).
-    x, ys = torch.ones(3), [torch.ones(2), torch.ones(4)]
-    mine, theirs = ("hold", "busy") if r == 0 else ("busy", "hold")
-    held = hvd.allreduce_async_(x, name=f"{mine}.0", op=hvd.Sum)
-    e = expect_raises(ValueError, lambda: hvd.grouped_allreduce_async_(ys, name=mine, op=hvd.Sum),
-                      "a group member named like an op in flight")
-    assert f"{mine}.0" in str(e) and "in flight" in str(e), e
-    hvd.allreduce(torch.ones(1), name="tried")
-    other = hvd.allreduce_async_(torch.ones(3), name=f"{theirs}.0", op=hvd.Sum)
-    check(hvd.synchronize(held), torch.full((3,), float(P)), "the op in flight after a refused group")
-    check(hvd.synchronize(other), torch.full((3,), float(P)), "the other rank's op in flight")
-    outs = hvd.grouped_allreduce_(ys, name="busy", op=hvd.Sum)
-    for o in outs:
-        check(o, torch.full(o.shape, float(P)), "the same group once the name is free")
+    # (At one rank nothing holds an op in flight: it may complete before the group is tried.)
+    if P > 1:
+        # A group whose member's name is in flight is refused, naming it (the short path enqueues
+        # the whole group in one core call); the op in flight and the runtime go on. The op must
+        # still be in flight on the rank that tries the group, so no rank lets it complete before
+        # every rank has tried: ranks 1.. hold "busy.0", which rank 0 submits only after the
+        # allreduce "tried" (which they join after their refusal); rank 0 holds "hold.0", which
+        # ranks 1.. submit only after "tried" (which rank 0 joins after its refusal).
+        x, ys = torch.ones(3), [torch.ones(2), torch.ones(4)]
+        mine, theirs = ("hold", "busy") if r == 0 else ("busy", "hold")
+        held = hvd.allreduce_async_(x, name=f"{mine}.0", op=hvd.Sum)
+        e = expect_raises(ValueError, lambda: hvd.grouped_allreduce_async_(ys, name=mine, op=hvd.Sum),
+                          "a group member named like an op in flight")
+        assert f"{mine}.0" in str(e) and "in flight" in str(e), e
+        hvd.allreduce(torch.ones(1), name="tried")
+        other = hvd.allreduce_async_(torch.ones(3), name=f"{theirs}.0", op=hvd.Sum)
+        check(hvd.synchronize(held), torch.full((3,), float(P)), "the op in flight after a refused group")
+        check(hvd.synchronize(other), torch.full((3,), float(P)), "the other rank's op in flight")
+        outs = hvd.grouped_allreduce_(ys, name="busy", op=hvd.Sum)
+        for o in outs:
+            check(o, torch.full(o.shape, float(P)), "the same group once the name is free")
     # grouped allgather / reducescatter
     for dt in DTYPES:
         xs = [[data(f"gag/{dt}/{i}", p, ([p, 1, 2 * p + 3][i], 2), dt) for p in range(P)] for i in range(3)]

@@ -158,18 +158,22 @@ class Observer:
             snap = self.state.snapshot()
             reported = any(r.last is not None for r in snap.ranks)
             summary = ""
+            # A failed job's last line stays the one naming the failure: its summary and where its
+            # record lies are in the record only (``appliance report`` prints them).
+            said = self.returncode == 0
             if reported:
                 summary = closing_line(snap)
-                self._say(f"{self.prefix}: {summary}")
+                if said:
+                    self._say(f"{self.prefix}: {summary}")
             if self.record is not None:
                 self.record.end(snap, self.returncode, summary)
                 self.record.close()
                 if reported:
-                    self._report()
+                    self._report(said)
         finally:
             self._stack.close()
 
-    def _report(self) -> None:
+    def _report(self, say_where: bool) -> None:
         from .report import draw
 
         files = []
@@ -183,7 +187,8 @@ class Observer:
         files.append("metrics.jsonl")
         if _has_events(self.record_dir):
             files.append("TensorBoard events")
-        self._say(f"{self.prefix}: record of job {self.job_id}: {self.record_dir} ({', '.join(files)})")
+        if say_where:
+            self._say(f"{self.prefix}: record of job {self.job_id}: {self.record_dir} ({', '.join(files)})")
 
 
 def _has_events(d: str) -> bool:

@@ -200,6 +200,17 @@ class SrunTask:
         self._step.signal(sig)
 
 
+
+def next_exit(exits: queue.Queue, timeout: float):
+    """The next ``(task, code)`` off a steps' exit queue (recorded by its step), or None."""
+    try:
+        worker, code = exits.get(timeout=timeout)
+    except queue.Empty:
+        return None
+    worker._step.record(worker, code)
+    return worker, code
+
+
 class SrunStep:
     """The ranks of one job under one srun step; ``with SrunStep(...) as step: step.start()``."""
 
@@ -334,12 +345,7 @@ class SrunStep:
 
     # --- the WorkerGroup side ---------------------------------------------------------------
     def next_exit(self, timeout: float):
-        try:
-            worker, code = self._exits.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        worker._step.record(worker, code)
-        return worker, code
+        return next_exit(self._exits, timeout)
 
     def record(self, worker: SrunTask, code: int) -> None:
         self.returncodes[worker.rank] = worker.returncode = code
@@ -543,9 +549,4 @@ class SrunElastic(_SrunBase):
         return list(self.steps)
 
     def wait(self, timeout: float):
-        try:
-            worker, code = self._exits.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        worker._step.record(worker, code)
-        return worker, code
+        return next_exit(self._exits, timeout)

@@ -235,6 +235,17 @@ def launcher_resources(n: int = 10) -> tuple[int, int]:
     return min(fds), min(threads)
 
 
+def _resources_said() -> str:
+    """This process's threads and open files, by name, for a message."""
+    fds = []
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/self/fd/{f}"))
+        except OSError:
+            pass
+    return f"threads {sorted(t.name for t in threading.enumerate())}, fds {sorted(fds)}"
+
+
 def test_a_host_that_leaves_discovery_keeps_no_session_there_and_works_again_when_listed_again(cluster, tmp_path):
     """This machine and host 1, then host 2 listed (2 -> 3 ranks), then host 2 taken out (3 -> 2):
     once its worker has left, nothing of the job is left on host 2 (no sshd session, no stub) and
@@ -251,8 +262,11 @@ def test_a_host_that_leaves_discovery_keeps_no_session_there_and_works_again_whe
         job.set_hosts(f"localhost:1,{h1.address}:1")
         job.wait_size(2, step_after=job.max_step())
         job.wait_for(lambda: h2.pids() == [], limit=10, what="nothing of the job left on host 2")
-        job.wait_for(lambda: launcher_resources() <= before, limit=10,
-                     what=f"the launcher back to {before} fds and threads (now {launcher_resources()})")
+        try:
+            job.wait_for(lambda: launcher_resources() <= before, limit=10,
+                         what=f"the launcher back to {before} fds and threads")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: now {launcher_resources()}: {_resources_said()}") from None
         job.set_hosts(f"localhost:1,{h1.address}:1,{h2.address}:1")
         job.wait_size(3, step_after=job.max_step())
         last = job.max_step() + 6
