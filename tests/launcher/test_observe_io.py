@@ -112,6 +112,26 @@ def test_collector_close_ends_its_connections():
         socket.create_connection(("127.0.0.1", col.port), timeout=2).close()
 
 
+def test_collector_closes_a_connection_silent_for_its_idle_bound():
+    """A rank on a cut host sends nothing and never closes its end: the collector closes the
+    connection after ``idle_s`` (it would hold a socket for the rest of the job), while a rank that
+    keeps sending stays connected."""
+    state = JobState("j1", 2)
+    with Collector(state, SECRET, idle_s=1.5) as col:
+        silent, talking = send(col.port, hello(0)), send(col.port, hello(1))
+        wait_for(lambda: 0 in state.ranks and 1 in state.ranks)
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            talking.sendall(json.dumps(sample(1, time.time(), 1)).encode() + b"\n")
+            time.sleep(0.3)
+        silent.settimeout(5)
+        assert silent.recv(1) == b""  # closed by the collector
+        talking.sendall(json.dumps(sample(1, time.time(), 2)).encode() + b"\n")
+        assert len(col._conns) == 1
+        silent.close()
+        talking.close()
+
+
 class Clock:
     def __init__(self):
         self.t = 1000.0

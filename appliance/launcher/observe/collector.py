@@ -8,7 +8,9 @@ message to ``JobState.message``. Authentication: when the job has a secret, the 
 must be the hex HMAC-SHA256 of ``b"appliance-metrics"`` keyed with the job secret (its bytes,
 decoded from hex; the hex text as bytes is accepted too); a connection that fails it, sends
 something else first, or sends a line over ``MAX_LINE`` bytes is closed and counted in
-``rejected``. A connection that ends without a ``bye`` marks its rank disconnected.
+``rejected``. A connection that ends without a ``bye``, or sends nothing for ``idle_s`` (a rank
+on a cut or frozen host, whose connection would otherwise hold its socket for good), is closed
+and marks its rank disconnected.
 
 Env vars: none. Failure modes: ``OSError`` from ``__enter__`` when no port can be bound; after
 that, nothing raised: a bad peer costs only its own connection.
@@ -21,6 +23,7 @@ import json
 import selectors
 import socket
 import threading
+import time
 from typing import Optional
 
 from .state import JobState
@@ -43,17 +46,20 @@ def auth_digests(secret: Optional[str]) -> set[str]:
 
 
 class _Conn:
-    __slots__ = ("sock", "buf", "rank", "hello")
+    __slots__ = ("sock", "buf", "rank", "hello", "seen")
 
     def __init__(self, sock: socket.socket):
         self.sock, self.buf, self.rank, self.hello = sock, b"", None, False
+        self.seen = time.monotonic()
 
 
 class Collector:
     """See the module docstring. ``port`` 0: any free port (``self.port`` once entered)."""
 
-    def __init__(self, state: JobState, secret: Optional[str], *, host: str = "", port: int = 0):
+    def __init__(self, state: JobState, secret: Optional[str], *, host: str = "", port: int = 0,
+                 idle_s: float = 30.0):
         self.state = state
+        self.idle_s = idle_s  # a connection silent this long is closed (a rank on a cut or frozen host)
         self._digests = auth_digests(secret)
         self._bind = (host, port)
         self.port = 0
@@ -113,6 +119,9 @@ class Collector:
                     return
                 else:
                     self._read(key.data)
+            now = time.monotonic()
+            for c in [c for c in self._conns.values() if now - c.seen > self.idle_s]:
+                self._drop(c)
 
     def _accept(self) -> None:
         while True:
@@ -141,6 +150,7 @@ class Collector:
         if not data:
             self._drop(c)
             return
+        c.seen = time.monotonic()
         c.buf += data
         while True:
             end = c.buf.find(b"\n")

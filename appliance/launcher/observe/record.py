@@ -54,9 +54,11 @@ class RecordWriter:
         self._write({"kind": "job", "job": self.job_id, "size": self.size, "t": self._started})
         return self
 
-    def _open_tensorboard(self) -> None:
-        """The event writer, made at the first numbers (by the ticker thread: importing it takes
-        a while, and the ranks must not wait for that)."""
+    def open_tensorboard(self) -> None:
+        """The event writer, made by the observer's ticker thread as the job starts (importing it
+        takes a while, and the ranks must not wait for that), or else at the first numbers."""
+        if not self._tb_wanted or self._broken:
+            return
         self._tb_wanted = False
         try:
             from tensorboardX import SummaryWriter
@@ -104,8 +106,7 @@ class RecordWriter:
     def _tensorboard(self, snap: Snapshot) -> None:
         if snap.step is None:
             return
-        if self._tb_wanted and not self._broken:
-            self._open_tensorboard()
+        self.open_tensorboard()
         if self._tb is None:
             return
         step = int(snap.step)

@@ -61,6 +61,8 @@ class Observer:
         mode = read("APPLIANCE_VIEW", env)
         self.mode = "off" if view is False else mode
         self.interval_s = read("APPLIANCE_VIEW_INTERVAL", env)
+        # a rank sends a sample every APPLIANCE_METRICS_INTERVAL: ten of them missed, it is gone
+        self.idle_s = max(10.0, 10 * read("APPLIANCE_METRICS_INTERVAL", env))
         self.ranks_view = read("APPLIANCE_VIEW_RANKS", env)
         self.record_dir = record_dir_of(job_id, env, shared)
         self.metrics_port = metrics_port
@@ -97,7 +99,7 @@ class Observer:
     # -- life --------------------------------------------------------------------------------
     def __enter__(self) -> "Observer":
         try:
-            self.collector = self._stack.enter_context(Collector(self.state, self.secret))
+            self.collector = self._stack.enter_context(Collector(self.state, self.secret, idle_s=self.idle_s))
             if self.metrics_port is not None:
                 from .prometheus import PrometheusEndpoint
 
@@ -134,6 +136,12 @@ class Observer:
 
     def _tick(self) -> None:
         warmed = False
+        if self.record is not None:  # the record's libraries, imported while the ranks start: the
+            self.record.open_tensorboard()  # job then holds the same threads and files to its end
+            from .report import warm
+
+            warm()
+            warmed = True
         while not self._stop.wait(TICK_S):
             snap = self.state.snapshot()
             if self.record is not None:
