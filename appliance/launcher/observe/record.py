@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -43,6 +44,7 @@ class RecordWriter:
         self._last = 0.0
         self._started = time.time()
         self._broken = False
+        self._tb_lock = threading.Lock()
 
     def __enter__(self) -> "RecordWriter":
         try:
@@ -54,9 +56,18 @@ class RecordWriter:
         self._write({"kind": "job", "job": self.job_id, "size": self.size, "t": self._started})
         return self
 
-    def open_tensorboard(self) -> None:
-        """The event writer, made by the observer's ticker thread as the job starts (importing it
-        takes a while, and the ranks must not wait for that), or else at the first numbers."""
+    def open_tensorboard(self, wait: bool = True) -> None:
+        """The event writer, made by the observer's warm-up thread as the job starts (importing it
+        takes a while: neither the ranks nor the ticker wait for that), or else at the first
+        numbers. ``wait=False``: do nothing while another thread is making it."""
+        if not self._tb_lock.acquire(blocking=wait):
+            return
+        try:
+            self._open_tensorboard()
+        finally:
+            self._tb_lock.release()
+
+    def _open_tensorboard(self) -> None:
         if not self._tb_wanted or self._broken:
             return
         self._tb_wanted = False
@@ -106,7 +117,7 @@ class RecordWriter:
     def _tensorboard(self, snap: Snapshot) -> None:
         if snap.step is None:
             return
-        self.open_tensorboard()
+        self.open_tensorboard(wait=False)
         if self._tb is None:
             return
         step = int(snap.step)

@@ -110,6 +110,8 @@ class Observer:
                 self.record = self._stack.enter_context(RecordWriter(
                     self.record_dir, self.job_id, self.size, warn=lambda s: self._say(f"{self.prefix}: warning: {s}")))
             self._start_display()
+            if self.record is not None:
+                threading.Thread(target=self._warm, name="observe-warm", daemon=True).start()
             self._ticker = threading.Thread(target=self._tick, name="observe-ticker", daemon=True)
             self._ticker.start()
         except BaseException:
@@ -134,23 +136,20 @@ class Observer:
         if ev.source != "launcher":  # the launcher's own events were said where they happened
             self._say(f"{self.prefix}: {ev.text}")
 
-    def _tick(self) -> None:
-        warmed = False
-        if self.record is not None:  # the record's libraries, imported while the ranks start: the
-            self.record.open_tensorboard()  # job then holds the same threads and files to its end
+    def _warm(self) -> None:
+        """The record's libraries, imported while the ranks start and off the ticker (which keeps
+        writing the record meanwhile): the job then holds the same threads and files to its end."""
+        if self.record is not None:
+            self.record.open_tensorboard()
             from .report import warm
 
             warm()
-            warmed = True
+
+    def _tick(self) -> None:
         while not self._stop.wait(TICK_S):
             snap = self.state.snapshot()
             if self.record is not None:
                 self.record.tick(snap)
-                if not warmed and snap.step is not None:  # a report will be drawn: import its library now
-                    from .report import warm
-
-                    warm()
-                    warmed = True
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
