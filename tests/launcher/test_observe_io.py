@@ -223,10 +223,28 @@ def test_tensorboard_events_carry_the_scalars(tmp_path):
     assert tags["job/steps_per_s"] == pytest.approx(8.0) and "host/node1/steps_per_s" in tags
 
 
+def test_a_job_that_reported_once_per_rank_has_a_report(tmp_path):
+    # A short job (or a slow launcher) records one row per rank: its counters began at zero
+    # ``wall_s`` before, so the picture has that interval and the summary counts from there.
+    job_dir = str(tmp_path)
+    with RecordWriter(job_dir, "j1", 2, every_s=0) as rec:
+        for rank, host in ((0, "node0"), (1, "node1")):
+            rec._write({"kind": "rank", "rank": rank, "host": host, "t": 1000.0, "step": 40, "wall_s": 4.0,
+                        "busy_s": 1.0, "late_s": 0.2 * rank})
+        rec._write({"kind": "end", "t": 1000.5, "returncode": 0, "summary": ""})
+    fig = figure(job_dir)
+    speed = fig.axes[0]
+    ys = [y for l in speed.get_lines() for y in l.get_ydata()]
+    assert ys and max(ys) == pytest.approx(10.0)                           # 40 steps in 4 s
+    s = summarize(read_record(job_dir))
+    assert s["elapsed_s"] == pytest.approx(4.5) and s["top"][0] == 1
+    assert os.path.getsize(draw(job_dir)) > 0
+
+
 def test_report_of_an_empty_record_says_so(tmp_path):
     with RecordWriter(str(tmp_path), "j1", 2):
         pass
-    with pytest.raises(ValueError, match="no two samples"):
+    with pytest.raises(ValueError, match="no sample of any rank"):
         draw(str(tmp_path))
 
 

@@ -45,12 +45,15 @@ def series(record: dict) -> list[Point]:
         rank = int(r.get("rank", -1))
         prev = last.get(rank)
         last[rank] = r
-        if prev is None:
-            continue
+        if prev is None or float(r["step"]) < float(prev["step"]) or float(r.get("wall_s", 0)) < float(
+                prev.get("wall_s", 0)):
+            prev = _origin(r)  # a rank's first row, or a restarted process: its counters began at zero
+            if prev is None:
+                continue
         dt = float(r["t"]) - float(prev["t"])
         dstep = float(r["step"]) - float(prev["step"])
         if dt <= 0 or dstep < 0:
-            continue  # a restarted process: counters began again
+            continue
         dwall = float(r.get("wall_s", 0)) - float(prev.get("wall_s", 0))
         dbusy = float(r.get("busy_s", 0)) - float(prev.get("busy_s", 0))
         dlate = float(r.get("late_s", 0)) - float(prev.get("late_s", 0))
@@ -58,6 +61,15 @@ def series(record: dict) -> list[Point]:
                          steps_per_s=dstep / dt, comm_share=dbusy / dwall if dwall > 0 else None,
                          late_ms=dlate / dstep * 1e3 if dstep > 0 else None))
     return out
+
+
+def _origin(r: dict) -> Optional[dict]:
+    """Where ``r``'s process began counting: ``wall_s`` before it, every counter at zero (so a job
+    that reported once per rank still has a first interval to draw)."""
+    wall = float(r.get("wall_s", 0) or 0)
+    if wall <= 0:
+        return None
+    return {"t": float(r["t"]) - wall, "step": 0.0, "wall_s": 0.0, "busy_s": 0.0, "late_s": 0.0}
 
 
 def summarize(record: dict) -> dict:
@@ -80,8 +92,9 @@ def summarize(record: dict) -> dict:
 
 
 def start_of(record: dict) -> float:
-    """The time axis' zero: the first sample (the ranks' clocks), else the record's start."""
-    return min((float(r["t"]) for r in record["ranks"]), default=(record.get("job") or {}).get("t") or 0.0)
+    """The time axis' zero: when the first rank began counting (the ranks' clocks), else the record's start."""
+    return min((float(r["t"]) - max(0.0, float(r.get("wall_s", 0) or 0)) for r in record["ranks"]),
+               default=(record.get("job") or {}).get("t") or 0.0)
 
 
 def _round_times(record: dict) -> list[tuple[float, int]]:
@@ -126,7 +139,7 @@ def figure(job_dir: str) -> Any:
     record = read_record(job_dir)
     points = series(record)
     if not points:
-        raise ValueError(f"{job_dir}: the record has no two samples of any rank to draw")
+        raise ValueError(f"{job_dir}: the record has no sample of any rank to draw")
     hosts = list(dict.fromkeys(p.host for p in points))
     ranks = sorted({p.rank for p in points})
     span = max(p.t for p in points)
