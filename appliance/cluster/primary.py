@@ -7,7 +7,9 @@ already parsed by the launcher's parser, ``launcher.flags``), creates ``SHARED/j
 with the flags every appliance container gets (``docker``), running ``appliance.cluster.jobrun``
 inside it (one launcher run, whose preflight checks every host), shows the per-host startup view
 (``view.StartupView``) until every rank has started (an elastic job that discovers its hosts,
-``--min-np`` without ``-H``: the secondaries registered on the share, has none), streams the job's output (stdout to stdout,
+``--min-np`` without ``-H``: the secondaries registered on the share, has none), then on a
+terminal the job's live table (``view.JobView``, from the record the launcher writes on the share;
+the container's launcher then prints no summary lines of its own), streams the job's output (stdout to stdout,
 stderr to stderr; every rank's lines are prefixed by the launcher), and returns the job's exit
 code. The container is removed whatever happens (``PrimaryContainer`` is a context manager); a
 network it had to create is removed when empty.
@@ -19,7 +21,8 @@ if the container is still running ``stop_timeout_s`` later, or on a second signa
 working directory of the ranks is the shared directory (``--workdir`` to change it), so a user's
 ``train.py`` there is what ``python -m train`` runs; without one, the image's default job runs.
 
-Env vars: none read here (``ClusterConfig``). Failure modes: ``ClusterError`` (one line, before
+Env vars: APPLIANCE_VIEW and APPLIANCE_VIEW_RANKS (the job view, as the launcher's; the rest
+through ``ClusterConfig``). Failure modes: ``ClusterError`` (one line, before
 anything starts) for Docker down, missing image, missing share; exit 2 for flags the launcher
 rejects; otherwise the launcher's exit code (1 with one line per host that is not up).
 """
@@ -44,7 +47,7 @@ from .secondary import ensure_cluster_keys
 from .locksweep import sweep_dead_container_locks
 from .say import say
 from ..mount import Layout, new_job_id
-from .view import StartupView
+from .view import JobView, StartupView
 from . import discover
 from ..mount.registry import registrations
 
@@ -128,6 +131,9 @@ class PrimaryJob:
         name = docker.prefixed(self.config.name) if self.config.name else f"appliance-primary-{self.job_id}"
         cmd = ["primary", "/opt/venv/bin/python", "-m", "appliance.cluster.jobrun", self.job_dir]
         env = {"APPLIANCE_JOB_DIR": os.path.join(self.job_dir, "remote")}
+        self.draw_job = self._draws_job()
+        if self.draw_job:  # the table is drawn here: the launcher in the container prints no summary lines
+            env["APPLIANCE_VIEW"] = "off"
         sweep_dead_container_locks(self.client, self.layout, self._say)
         t0 = time.monotonic()
         with SignalTrap() as trap, PrimaryContainer(self.client, self.config, name, cmd, self.workdir,
@@ -142,6 +148,20 @@ class PrimaryJob:
         verdict = "finished" if code == 0 else f"failed with exit code {code}{extra}"
         self._say(f"job {self.job_id} {verdict} after {elapsed:.1f} s; logs in {self.job_dir}/logs")
         return code
+
+    def _draws_job(self) -> bool:
+        """The running job's live table on this terminal (``APPLIANCE_VIEW``, ``--no-view``)."""
+        mode = read("APPLIANCE_VIEW")
+        if self.flags.no_view or mode in ("off", "lines"):
+            return False
+        if mode == "live":
+            return True
+        if self.live is not None:
+            return self.live
+        return _is_tty(self.out) and _is_tty(self.err)
+
+    def _job_view(self) -> JobView:
+        return JobView(self.job_dir, self.job_id, self.out, ranks=read("APPLIANCE_VIEW_RANKS"))
 
     def _where(self) -> str:
         if self.hosts is not None:
@@ -170,14 +190,18 @@ class PrimaryJob:
 
         container.start()
         threading.Thread(target=reader, name="primary output", daemon=True).start()
-        view = (StartupView(self.job_dir, self.hosts, self.np, live=self.live, out=self.out, err=self.err)
-                if self.hosts is not None else NoView())
+        view: Any = (StartupView(self.job_dir, self.hosts, self.np, live=self.live, out=self.out, err=self.err)
+                     if self.hosts is not None else NoView())
+        job_view_due = self.draw_job  # once every rank has started (at once: the hosts come and go)
         handled, kill_at, next_poll = 0, None, 0.0
         try:
             while True:
+                if job_view_due and view.done:
+                    view, job_view_due = self._job_view(), False
                 if len(trap.received) > handled:
                     sig = trap.received[handled]
                     handled += 1
+                    job_view_due = False
                     if handled == 1:
                         view.close()
                         self._say(f"{signal.Signals(sig).name}: stopping the job on every host "
@@ -247,6 +271,13 @@ class NoView:
 
     def write(self, stream: str, data: bytes) -> None:
         pass
+
+
+def _is_tty(f: Any) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def run_primary(config: ClusterConfig, flags: LaunchFlags, command: Sequence[str], **kw: Any) -> int:

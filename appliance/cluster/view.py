@@ -1,12 +1,17 @@
-"""The startup view of ``appliance primary``: per host, reachable / authenticated / ranks started.
+"""What ``appliance primary`` shows on the user's side: the start-up of the hosts, then the job.
 
 What it owns: ``StartupView``, which reads the job directory on the shared mount (the job runner's
 ``hosts/<host>.json``, each rank's ``ranks/<rank>.json``) and shows it while the cluster starts,
 instead of silence. On a terminal (stdout and stderr both TTYs) it is a live ``rich`` table and
 the job's output scrolls above it; otherwise it prints one ``appliance primary:`` line on stderr
 per change (host reachable, authenticated, its ranks started). It ends when every rank has
-started, or when the caller closes it (the job ended first). Env vars: none. Failure modes:
-none raised; unreadable or half-written files are simply read again at the next poll.
+started, or when the caller closes it (the job ended first). ``JobView`` follows: on a terminal,
+the launcher's live table of the running job (``launcher.observe``: a row per host, its step,
+speed, communication share, lateness, the straggler, the last events; key ``r`` for a row per
+rank), drawn here from the job's record on the share (``observe.follow``), since the launcher runs
+in the primary container without a terminal; the job's output scrolls above it. Env vars: none
+(``primary.py`` decides whether the job view is drawn). Failure modes: none raised; unreadable or
+half-written files are simply read again at the next poll.
 """
 from __future__ import annotations
 
@@ -138,3 +143,37 @@ class StartupView:
             self._live = None
         if complete:
             say(f"all {self.np} ranks started after {time.monotonic() - self.started:.1f} s", self.err)
+
+
+class JobView:
+    """The running job's live table on this terminal, from its record (module docstring)."""
+
+    done, active = True, True
+
+    def __init__(self, job_dir: str, job_id: str, out: IO[str], *, ranks: bool = False):
+        from ..launcher.observe.follow import RecordFollower
+        from ..launcher.observe.view import LiveDisplay
+
+        self.follower = RecordFollower(job_dir, job_id)
+        self._display = LiveDisplay(out, self.follower.snapshot, ranks=ranks).start()
+        self._partial = {"stdout": "", "stderr": ""}
+
+    def poll(self) -> bool:
+        return True
+
+    def write(self, stream: str, data: bytes) -> None:
+        """Job output: whole lines printed above the table, a line's start kept until its end."""
+        text = self._partial[stream] + data.decode("utf-8", errors="replace")
+        cut = text.rfind("\n") + 1
+        self._partial[stream] = text[cut:]
+        if cut:
+            self._display.write(stream, text[:cut])
+
+    def close(self, complete: bool = False) -> None:
+        if self._display is None:
+            return
+        for stream, rest in self._partial.items():
+            if rest:
+                self._display.write(stream, rest + "\n")
+        self._display.stop()
+        self._display = None

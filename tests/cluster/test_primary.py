@@ -10,12 +10,16 @@ import glob
 import json
 import re
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 from fixtures.waits import wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300, func_only=True)]
 
@@ -78,6 +82,37 @@ def test_training_runs_across_two_containers(two_hosts):
     # Nothing left behind: no worker on the secondary, no primary container.
     assert c.job_python("node2") == []
     assert [x.name for x in c.ours()] == [f"appliance-{node2}"]
+
+
+def test_a_terminal_shows_the_hosts_starting_then_the_jobs_table(two_hosts, require_tool):
+    # As a person sees it in a terminal: the start-up table, then the running job's table (drawn
+    # on this side from the record on the share: the launcher in the container has no terminal),
+    # the job's lines whole above it, its summary at the end and the terminal given back as it was.
+    require_tool("tmux", "a real terminal for the view")
+    from fixtures.tmux import Terminal
+
+    c = two_hosts
+    node2 = c.host("node2")
+    argv = [sys.executable, "-m", "appliance", "primary", "--network", c.network, "-np", "2",
+            "-H", f"localhost:1,{node2}:1", "--", "python", "-m", "train", "--epochs", "12"]
+    with Terminal(160, 50, env=c.env(), cwd=ROOT) as term:
+        term.type(shlex.join(argv) + "; echo EXIT=$?")
+        term.wait_for(lambda s: "starting 2 ranks on 2 hosts" in s, 60, "the start-up table")
+        header = re.compile(r"job \w+ · 2/2 ranks on 2 hosts · step \d+ · [\d.]+ steps/s")
+        screen = term.wait_for(lambda s: header.search(s) and re.search(rf"^{re.escape(node2)}\s+1\s+\d+", s, re.M),
+                               90, "the job's table with a row for each host")
+        assert re.search(r"^host\s+ranks\s+step\s+steps/s", screen, re.M), screen
+        term.type("r", enter=False)
+        term.wait_for(lambda s: re.search(r"^\s+rank\s+1\s+\d+", s, re.M), 10, "a row per rank after r")
+        screen = term.wait_for(lambda s: re.search(r"^EXIT=\d+", s, re.M), 120, "the job's end")
+        assert re.search(r"^EXIT=0$", screen, re.M), screen
+        history = term.history()
+        epochs = [l for l in history.splitlines() if l.startswith("[0]<stdout>:epoch ")]
+        assert [l.split(":")[1].split()[1] for l in epochs] == [f"{e}/12" for e in range(1, 13)], history[-4000:]
+        assert re.search(r"summary: \d+ steps in \d+s, [\d.]+ steps/s", history), history[-3000:]
+        assert "appliance primary: job " in history.rsplit("summary:", 1)[1]   # the verdict comes last
+        term.type("stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?icanon'")
+        term.wait_for(lambda s: re.search(r"^icanon$", s, re.M), 5, "the terminal back in canonical mode")
 
 
 def test_users_train_module_on_the_share_wins_and_horovod_names_work(two_hosts):

@@ -19,6 +19,7 @@ import pytest
 
 from appliance.common.knobs import ConfigError
 from appliance.launcher.observe.collector import Collector
+from appliance.launcher.observe.follow import RecordFollower
 from appliance.launcher.observe.prometheus import PrometheusEndpoint
 from appliance.launcher.observe.record import RecordWriter, read_record
 from appliance.launcher.observe.report import draw, figure, summarize
@@ -221,6 +222,48 @@ def test_tensorboard_events_carry_the_scalars(tmp_path):
     assert len(files) == 1
     tags = {v.tag: v.simple_value for e in read_events(str(tmp_path / files[0])) for v in e.summary.value}
     assert tags["job/steps_per_s"] == pytest.approx(8.0) and "host/node1/steps_per_s" in tags
+
+
+def test_a_follower_sees_the_job_the_record_holds(tmp_path):
+    # ``appliance primary`` draws its container's job on the user's terminal from the record on the
+    # share: the same hosts, steps, rates, round and straggler as the launcher's own state, each
+    # event once, and a line cut mid-write taken when it is whole.
+    clock = Clock()
+    job_dir = str(tmp_path)
+    follower = RecordFollower(job_dir, clock=clock)
+    assert follower.snapshot().ranks == () and follower.end is None          # no record yet
+    with RecordWriter(job_dir, "j1", 4, every_s=1.0) as rec:
+        state = JobState("j1", 4, clock=clock, on_event=lambda ev: rec.event(ev.t, ev.text, ev.source))
+        for sec in range(6):
+            fill(state, clock, 1, start=sec)
+            rec.tick(state.snapshot())
+        state.new_round(1, 4)
+        rec.round(clock.t, 1, 4)
+        first = follower.snapshot()
+        assert first.size == 4 and [r.step for r in first.ranks] == [48] * 4 and first.round == 1
+        for sec in range(6, 14):
+            fill(state, clock, 1, slow=3, start=sec)
+            rec.tick(state.snapshot())
+        mine, seen = state.snapshot(), follower.snapshot()
+        assert mine.straggler is not None and mine.straggler.rank == 3
+        assert seen.job_id == "j1" and seen.size == 4 and seen.round == 1
+        assert [(h.host, h.ranks) for h in seen.hosts] == [(h.host, h.ranks) for h in mine.hosts]
+        assert [r.step for r in seen.ranks] == [r.step for r in mine.ranks] == [112] * 4
+        assert seen.steps_per_s == pytest.approx(mine.steps_per_s)
+        assert seen.comm_share == pytest.approx(mine.comm_share)
+        assert seen.straggler is not None and (seen.straggler.rank, seen.straggler.host) == (3, "node1")
+        texts = [e.text for e in seen.events]
+        assert texts.count("round 1 formed: 4 ranks") == 1
+        assert sum(t.startswith("straggler: rank 3") for t in texts) == 1
+        rec.end(state.snapshot(), 0, "summary: done")
+    with open(os.path.join(job_dir, "metrics.jsonl"), "a") as f:
+        f.write('{"kind": "event", "t": 2000.0, "te')
+        f.flush()
+        follower.poll()
+        assert follower.end == {"kind": "end", "t": clock.t, "returncode": 0, "summary": "summary: done"}
+        assert "the last line" not in [e.text for e in follower.state.snapshot().events]
+        f.write('xt": "the last line", "source": "launcher"}\n')
+    assert follower.snapshot().events[-1].text == "the last line"
 
 
 def test_a_job_that_reported_once_per_rank_has_a_report(tmp_path):

@@ -5,8 +5,8 @@ What it owns: the files ``RecordWriter`` writes under the job directory and ``re
     metrics.jsonl    one JSON object a line: ``{"kind":"job",...}`` first (id, size, hosts, start),
                      then ``{"kind":"rank","rank":R,"host":H,...}`` rows (each rank's newest cumulative
                      counters, as on the wire, written when they changed, at most every
-                     ``every_s`` seconds), ``{"kind":"event","t":T,"text":...}`` lines (elastic
-                     rounds, hosts, stragglers), ``{"kind":"round",...}`` and a last
+                     ``every_s`` seconds), ``{"kind":"event","t":T,"text":...,"source":S}`` lines
+                     (elastic rounds, hosts, stragglers, stalls), ``{"kind":"round",...}`` and a last
                      ``{"kind":"end","t":T,"returncode":C,"summary":...}``
     events.out.tfevents.*   TensorBoard scalars (``tensorboardX``): the job's steps/s, samples/s,
                      communication share, and per host steps/s, communication share and lateness,
@@ -93,12 +93,13 @@ class RecordWriter:
         except (OSError, ValueError) as e:
             self._fail(e)
 
-    def event(self, t: float, text: str) -> None:
-        self._write({"kind": "event", "t": t, "text": text})
+    def event(self, t: float, text: str, source: str = "job") -> None:
+        self._write({"kind": "event", "t": t, "text": text, "source": source})
         self._flush()
 
     def round(self, t: float, round_id: int, ranks: int) -> None:
         self._write({"kind": "round", "t": t, "round": round_id, "ranks": ranks})
+        self._flush()
 
     def tick(self, snap: Snapshot, force: bool = False) -> None:
         """Write what changed since the last tick (at most every ``every_s`` unless ``force``)."""

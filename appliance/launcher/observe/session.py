@@ -132,7 +132,7 @@ class Observer:
 
     def _on_event(self, ev: Event) -> None:
         if self.record is not None:
-            self.record.event(ev.t, ev.text)
+            self.record.event(ev.t, ev.text, ev.source)
         if ev.source != "launcher":  # the launcher's own events were said where they happened
             self._say(f"{self.prefix}: {ev.text}")
 

@@ -316,9 +316,13 @@ class JobState:
         if self.on_event is not None:
             self.on_event(ev)
 
-    def new_round(self, round_id: int, ranks: int) -> None:
+    def note_round(self, round_id: int) -> None:
+        """The elastic round the job is in (no event: ``new_round`` says it)."""
         with self._lock:
             self.round = max(self.round, round_id)
+
+    def new_round(self, round_id: int, ranks: int) -> None:
+        self.note_round(round_id)
         self.event(f"round {round_id} formed: {ranks} rank{'s' if ranks != 1 else ''}", source="launcher")
 
     # -- output --------------------------------------------------------------------------------
