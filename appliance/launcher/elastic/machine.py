@@ -39,12 +39,11 @@ Phases (``records.Phase``) and transitions, the one table of the elastic driver:
 | any | ``Tick`` | ``reap``: TERM, then KILL, workers that did not leave within the grace | same |
 | any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good (Kubernetes: or blacklisted or held at all: its pod is re-created) | ``close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
 
-Env vars: none (``Settings`` carries what the launcher read). Failure modes: none raised; the
+Env vars: none (``records.Settings`` carries what the launcher read). Failure modes: none raised; the
 job's end is the ``End`` action (also kept as ``Machine.outcome``).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from signal import SIGTERM
 from typing import Any, Callable
@@ -54,26 +53,11 @@ from .events import (Action, Answer, CloseHosts, Discovered, DiscoveryFailed, En
                      Leaving, Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .pending import PendingHosts
-from .records import Phase, Round, WorkerRec
+from .records import Phase, Round, Settings, WorkerRec
 from .waiting import say_late, short_of_slots
 
 LOST_GRACE_S = 10.0  # after a member was named lost, the others not back within this are taken as lost too
 HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    np: int
-    min_np: int
-    max_np: int | None
-    timeout_s: float
-    reset_limit: int | None = None
-    cooldown_range: tuple[float, float] | None = None
-    stop_grace_s: float = 3.0
-    verbose: bool = False
-    silent_s: float = 2.5
-    discovery_interval_s: float = 1.0
-    kubernetes: bool = False  # a listed host not answering is pending; a rank ended by SIGTERM leaves
 
 
 class Machine:
