@@ -23,14 +23,6 @@ from fixtures.netns import PORT
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(180)]
 
 
-@pytest.fixture
-def cluster(ssh_cluster, monkeypatch):
-    for name, value in ssh_cluster.env(APPLIANCE_DISCOVERY_INTERVAL="0.2").items():
-        monkeypatch.setenv(name, value)
-    yield ssh_cluster
-    assert ssh_cluster.wait_clean(12.0) == {}, "processes left in the hosts' namespaces"
-
-
 def on_host(host, *argv: str) -> subprocess.Popen:
     """Start ``argv`` on ``host`` (its network and hostname), as a pod's preStop hook runs in the pod."""
     return subprocess.Popen(["nsenter", "--target", str(host.sshd.pid), "--net", "--uts", "--", *argv],

@@ -26,14 +26,6 @@ from fixtures.netns import PORT, sh
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(180)]
 
 
-@pytest.fixture
-def cluster(ssh_cluster, monkeypatch):
-    for name, value in ssh_cluster.env(APPLIANCE_DISCOVERY_INTERVAL="0.2").items():
-        monkeypatch.setenv(name, value)
-    yield ssh_cluster
-    assert ssh_cluster.wait_clean(12.0) == {}, "processes left in the hosts' namespaces"
-
-
 def start(job: ElasticJob, np: int, **kw) -> ElasticJob:
     return job.start(np, ssh_port=PORT, **kw)
 
