@@ -19,7 +19,7 @@ from fixtures.docker import run_once
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
 JOB = r"""
-import json, sys
+import importlib.util, json, sys
 import torch, torchvision
 import horovod.torch as hvd
 import appliance.runtime.engine as engine
@@ -30,7 +30,7 @@ total = hvd.allreduce(x, op=hvd.Sum, name="sum")
 mean = hvd.allreduce(x, name="mean")                # Horovod's default: average
 caps = engine.capabilities()
 print(json.dumps({"rank": r, "size": n, "torch": torch.__version__, "torchvision": torchvision.__version__,
-                  "cuda_available": torch.cuda.is_available(), "sum": total.tolist(), "mean": mean.tolist(),
+                  "cuda_available": torch.cuda.is_available(), "nvml": importlib.util.find_spec("pynvml") is not None, "sum": total.tolist(), "mean": mean.tolist(),
                   "caps": dict(caps)}, default=str), flush=True)
 hvd.shutdown()
 """
@@ -67,6 +67,7 @@ def test_two_rank_job_runs_with_cpu_tensors(job):
         assert rep["torch"].endswith("+cu130"), rep["torch"]
         assert rep["torchvision"].startswith("0.28.0") and "+cu130" in rep["torchvision"], rep["torchvision"]
         assert {"cuda", "nccl"} <= set(rep["caps"]), rep["caps"]
+        assert rep["nvml"], "no pynvml: torch.cuda.utilization() and the view's GPU column would read nothing"
 
 
 def test_capabilities_report_the_nccl_wheel(job):
