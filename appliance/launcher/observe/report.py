@@ -142,7 +142,8 @@ def figure(job_dir: str) -> Any:
         raise ValueError(f"{job_dir}: the record has no sample of any rank to draw")
     hosts = list(dict.fromkeys(p.host for p in points))
     ranks = sorted({p.rank for p in points})
-    span = max(p.t for p in points)
+    s = summarize(record)
+    span = max(max(p.t for p in points), s["elapsed_s"])  # the axis spans the job, start to end
     nbins = max(1, min(150, int(span / BIN_S) + 1))  # a few record rows per bin: no gaps, no aliasing
     width = (span + 1e-9) / nbins
 
@@ -172,10 +173,11 @@ def figure(job_dir: str) -> Any:
                              gridspec_kw={"height_ratios": [1, 1, max(1.0, min(2.5, len(ranks) / 16))]})
     for h in hosts:
         xs, ys = zip(*speed.get(h, [(0, 0)]))
-        axes[0].plot(xs, ys, label=h, linewidth=1.2)
+        dots = "o" if len(xs) < 3 else None  # a short job's few intervals show as points
+        axes[0].plot(xs, ys, label=h, linewidth=1.2, marker=dots)
         if h in comm:
             xs, ys = zip(*comm[h])
-            axes[1].plot(xs, [y * 100 for y in ys], label=h, linewidth=1.2)
+            axes[1].plot(xs, [y * 100 for y in ys], label=h, linewidth=1.2, marker=dots)
     axes[0].set_ylabel("steps/s")
     axes[0].set_ylim(0, max((y for h in speed.values() for _, y in h), default=1.0) * 1.15 or 1.0)
     axes[0].set_title("steps/s per host")
@@ -195,7 +197,6 @@ def figure(job_dir: str) -> Any:
             ax.axvline(t, color="tab:red", linestyle="--", linewidth=0.9)
         axes[0].annotate(f"round {rnd}", (t, 1.0), xycoords=("data", "axes fraction"), fontsize="small",
                          color="tab:red", va="top", ha="left", rotation=90)
-    s = summarize(record)
     job = (record.get("job") or {}).get("job", os.path.basename(job_dir.rstrip("/")))
     title = f"job {job}: {s['ranks']} ranks on {s['hosts']} hosts, {s['steps']:.0f} steps in {s['elapsed_s']:.0f} s"
     if s.get("comm_share") is not None:
