@@ -299,6 +299,8 @@ def train_epochs(args, hvd, torch, state, data, described: str, checkpoint_dir: 
     batch_size = args.batch_size
     steps_per_epoch = len(x_train) // batch_size
     model, optimizer, sampler = state.model, state.optimizer, state.sampler
+    # This rank's share of a global batch: the launcher's view shows samples/s from it.
+    hvd.progress(samples_per_step=len(range(rank, batch_size, size)))
     if rank == 0:
         print("devices: " + ", ".join(f"rank {r} {w}" for r, w in enumerate(where)), flush=True)
         if state.epoch > args.epochs:
