@@ -56,10 +56,11 @@ def rings(waits, iters, cpus, spin_us) -> list:
 
 
 def per_op(p: dict, iters: int) -> dict:
-    """A side's wait phases per iteration: counts, and microseconds spinning, yielding, blocked."""
+    """A side's waits per iteration: counts (means), and the medians over iterations of the
+    microseconds spent spinning, yielding, blocked on the doorbell."""
     return {"waits": p["waits"] / iters, "yields": p["yields"] / iters, "blocks": p["blocks"] / iters,
-            "spin_us": p["ns_spin"] / iters / 1e3, "yield_us": p["ns_yield"] / iters / 1e3,
-            "block_us": p["ns_block"] / iters / 1e3}
+            "spin_us": p["med_spin"] / 1e3, "yield_us": p["med_yield"] / 1e3, "block_us": p["med_block"] / 1e3,
+            "period_us": p["loop_ns"] / iters / 1e3}
 
 
 def worker_engine(iters, out, gloo=False):
@@ -155,14 +156,15 @@ def print_rows(rows, file=sys.stdout):
     ring = [r for r in rows if r["part"] == "rings"]
     if ring:
         print("\nrings: one-way latency of a message (us, median), A = cpu of rank 0, B = rank 1's", file=file)
-        print(f"{'wait':>9} {'bytes':>6} {'A->B':>7} {'B->A':>7} | B's wait per message: spin yield block us", file=file)
+        print(f"{'wait':>9} {'bytes':>6} {'A->B':>7} {'B->A':>7} | B's wait per message (medians): spin yield block us",
+              file=file)
         for r in ring:
             if r["mode"] == "pingpong":
                 print(f"{r['wait']:>9} {r['bytes']:>6} {r['a_to_b_us']:7.2f} {r['b_to_a_us']:7.2f} | {ph(r['phases_b'])}",
                       file=file)
         print("\nrings: a 4 KiB operation (us, median of the slower side): op1 = one data exchange (vader's shape), "
               "op3 = READY, PLAN, data (ours)", file=file)
-        print(f"{'wait':>9} {'op1':>7} {'op3':>7} {'op3/op1':>7} | op3 per op, rank 0: spin yield block us | "
+        print(f"{'wait':>9} {'op1':>7} {'op3':>7} {'op3/op1':>7} | op3 per op (medians), rank 0: spin yield block us | "
               f"rank 1: spin yield block us", file=file)
         by = {(r["wait"], r["mode"]): r for r in ring}
         for w in dict.fromkeys(r["wait"] for r in ring):
@@ -191,8 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("--waits", default=",".join(WAITS), help="rings: comma list of " + ", ".join(WAITS))
     p.add_argument("--iters", type=int, default=20000, help="operations (messages) measured per row")
     p.add_argument("--cpus", default="0,1", help="rings: the two cpus (default 0,1)")
-    p.add_argument("--spin-us", default="100", help="comma list of APPLIANCE_SPIN_US values (engine; rings' drive "
-                                                    "wait uses the first)")
+    p.add_argument("--spin-us", default="100", help="comma list of APPLIANCE_SPIN_US values (engine; the rings' "
+                                                    "drive wait uses the first)")
     p.add_argument("--gloo", action="store_true", help="engine: also load torch and open a gloo group in each "
                                                        "rank, as benchmarks/collectives.py's ranks do")
     p.add_argument("--json", help="write the rows here")

@@ -36,6 +36,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -69,7 +70,16 @@ struct Phases {  // summed over the measured iterations of one side
   int64_t minflt = 0;   // minor page faults of this side's thread in them (first touches of ring pages)
   int64_t waits = 0, polls = 0, yields = 0, blocks = 0;
   int64_t ns_spin = 0, ns_yield = 0, ns_block = 0;
+  // Medians over the iterations of the time each spent spinning, yielding, blocked (the sums
+  // above also hold the iterations in which other work took the core).
+  int64_t med_spin = 0, med_yield = 0, med_block = 0;
 };
+
+int64_t median_of(std::vector<int64_t>& v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
 
 constexpr int kMaxIters = 200000;
 struct Shared {  // the child's results, in a shared anonymous mapping
@@ -195,12 +205,27 @@ std::vector<int64_t> run_side(bool a, const std::string& mode, Link& ctrl, Link&
   std::vector<int64_t> samples;
   samples.reserve(iters);
   int64_t start = 0;
+  std::vector<int64_t> spin, yield, block;
   for (int it = 0; it < warmup + iters; ++it) {
+    const Phases before = wt.phases;
     wt.counting = it >= warmup;
     if (it == warmup) {
       start = mono_ns();
       wt.phases.minflt = -thread_minflt();
     }
+    struct Record {  // the iteration's wait phases, however it ends
+      Waiter& wt;
+      const Phases& before;
+      std::vector<int64_t>& spin;
+      std::vector<int64_t>& yield;
+      std::vector<int64_t>& block;
+      ~Record() {
+        if (!wt.counting) return;
+        spin.push_back(wt.phases.ns_spin - before.ns_spin);
+        yield.push_back(wt.phases.ns_yield - before.ns_yield);
+        block.push_back(wt.phases.ns_block - before.ns_block);
+      }
+    } record{wt, before, spin, yield, block};
     if (mode == "pingpong") {
       if (a) {
         int64_t t = mono_ns();
@@ -242,6 +267,9 @@ std::vector<int64_t> run_side(bool a, const std::string& mode, Link& ctrl, Link&
   }
   wt.phases.loop_ns = mono_ns() - start;
   wt.phases.minflt += thread_minflt();
+  wt.phases.med_spin = median_of(spin);
+  wt.phases.med_yield = median_of(yield);
+  wt.phases.med_block = median_of(block);
   return samples;
 }
 
@@ -256,6 +284,9 @@ py::dict phases_dict(const Phases& p) {
   d["ns_spin"] = p.ns_spin;
   d["ns_yield"] = p.ns_yield;
   d["ns_block"] = p.ns_block;
+  d["med_spin"] = p.med_spin;
+  d["med_yield"] = p.med_yield;
+  d["med_block"] = p.med_block;
   return d;
 }
 
