@@ -19,6 +19,7 @@ Two parts, both on two cores of this machine:
 
     APPLIANCE_BIND=core python benchmarks/hops.py --json results/hops.json
     python benchmarks/hops.py --parts rings --waits spin,backoff --iters 20000
+    python benchmarks/hops.py --quick                        # seconds: 500 per row
 
 Numbers are medians over operations (rings: of the slower side's); compare the rows of one run:
 the machine is shared, and its load average at the start is printed.
@@ -191,7 +192,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="rings,engine", help="comma list of rings, engine")
     p.add_argument("--waits", default=",".join(WAITS), help="rings: comma list of " + ", ".join(WAITS))
-    p.add_argument("--iters", type=int, default=20000, help="operations (messages) measured per row")
+    p.add_argument("--iters", type=int, default=None, help="operations (messages) measured per row (default 20000)")
+    p.add_argument("--quick", action="store_true", help="a seconds-long smoke: 500 per row, waits spin and backoff")
     p.add_argument("--cpus", default="0,1", help="rings: the two cpus (default 0,1)")
     p.add_argument("--spin-us", default="100", help="comma list of APPLIANCE_SPIN_US values (engine; the rings' "
                                                     "drive wait uses the first)")
@@ -201,6 +203,9 @@ def main(argv=None) -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    a.iters = a.iters or (500 if a.quick else 20000)
+    if a.quick and a.waits == ",".join(WAITS):
+        a.waits = "spin,backoff"
     if a.worker:
         worker_engine(a.iters, a.out, a.gloo)
         return 0
