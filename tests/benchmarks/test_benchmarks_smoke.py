@@ -141,6 +141,23 @@ def test_metrics_cost_quick(tmp_path):
     assert row["pairs"] == 1 and row["wall_ratio"] > 0 and row["cpu_ratio"] > 0
 
 
+def test_hops_quick(tmp_path):
+    out = tmp_path / "h.json"
+    proc = run("hops.py", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    rings = {(r["mode"], r["wait"], r["bytes"]): r for r in rows if r["part"] == "rings"}
+    for wait in ("spin", "backoff"):
+        for nbytes in (64, 4096):
+            r = rings["pingpong", wait, nbytes]
+            assert r["a_to_b_us"] > 0 and r["b_to_a_us"] > 0
+        assert rings["op1", wait, 4096]["op_us"] > 0 and rings["op3", wait, 4096]["op_us"] > 0
+    (eng,) = [r for r in rows if r["part"] == "engine"]
+    assert [k["rank"] for k in eng["ranks"]] == [0, 1]
+    for k in eng["ranks"]:  # a cached op: one control frame each way, nothing lost
+        assert k["op_us"] > 0 and k["ctrl_in"] == pytest.approx(1.0) and k["ctrl_out"] == pytest.approx(1.0)
+    assert "one-way latency" in proc.stdout and "load average" in proc.stdout
+
+
 def test_train_rounds_report_the_median_run(tmp_path):
     out = tmp_path / "t.json"
     proc = run("train.py", "--ranks", "1", "--rounds", "3", "--json", out)

@@ -6,7 +6,8 @@ APPLIANCE_SHM=0) and a large allreduce over it at 2, 3 and 4 ranks; every op x d
 at 2, 3, 4 and 8 ranks with shm off and at 4 and 8 with it on (the engine tests run 2 and 3
 with it on); a killed rank named on every survivor
 within seconds over shm links; no segment left in /dev/shm after a job, whether it ended
-well or with a killed rank. The collectives over shm links against numpy, the corrupt
+well or with a killed rank; a new link's rings mapped whole, so their first lap takes no page
+faults (the test-only extension, two processes). The collectives over shm links against numpy, the corrupt
 frame and the dying peer at the link level run in test_dataplane_*.py.
 """
 import os
@@ -64,3 +65,15 @@ def test_killed_rank_mid_collective_is_named_and_leaves_no_segment(run_ranks, tm
         assert rep["origin_rank"] == victim and f"rank {victim}" in rep["error"], rep
         assert rep["at"] - died_at < 5.0, f"rank {r} took {rep['at'] - died_at:.1f}s to notice"
     assert segments() <= before
+
+
+def test_a_new_links_first_lap_of_its_rings_takes_no_page_faults():
+    # Two processes on two cpus over a fresh shm link pair, 300 exchanges of 4 KiB each way:
+    # more than a lap of the 1 MiB data ring. The rings are mapped whole when the segment is
+    # mapped, so the process that mapped it takes no page fault in them (else about two per
+    # exchange until the first lap ends: its outgoing and its incoming page).
+    from appliance.runtime import _core_testing as T
+
+    cpus = sorted(os.sched_getaffinity(0))
+    res = T.shm_hops("op1", "spin", 4096, 300, warmup=0, cpus=[cpus[0], cpus[-1]])
+    assert res["a"]["phases"]["minflt"] < 32, res["a"]["phases"]

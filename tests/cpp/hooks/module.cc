@@ -11,5 +11,6 @@ PYBIND11_MODULE(_core_testing, m) {
   appliance::bind_bootstrap_hooks(m);
   appliance::bind_devices_hooks(m);
   appliance::bind_negotiation_hooks(m);
+  appliance::bind_hops_hooks(m);
   m.attr("CORE_UNITS") = APPLIANCE_CORE_UNITS;
 }

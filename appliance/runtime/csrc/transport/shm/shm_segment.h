@@ -8,9 +8,10 @@
 //
 // Lifetime: the creator makes "/appliance.<pid>.<a>-<b>.<random>" with O_EXCL and mode 0600,
 // reserves its pages with posix_fallocate (a full /dev/shm is an error here, not a SIGBUS
-// later), maps it and tells the opener its name over the authenticated socket; both unlink
-// the name as soon as the opener has mapped it (or the setup fails), so nothing outlives the
-// job in /dev/shm. The mapping lives as long as the last ShmLink holding it.
+// later), maps it with every page mapped at once (MAP_POPULATE: the rings' first lap takes no
+// page faults) and tells the opener its name over the authenticated socket (which maps it the
+// same way); both unlink the name as soon as the opener has mapped it (or the setup fails),
+// so nothing outlives the job in /dev/shm. The mapping lives as long as the last ShmLink holding it.
 // Failure modes: Error(kInternal) with errno text naming the object and what failed.
 #pragma once
 
