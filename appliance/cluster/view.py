@@ -148,7 +148,7 @@ class StartupView:
 class JobView:
     """The running job's live table on this terminal, from its record (module docstring)."""
 
-    done, active = True, True
+    done = True
 
     def __init__(self, job_dir: str, job_id: str, out: IO[str], *, ranks: bool = False):
         from ..launcher.observe.follow import RecordFollower
@@ -160,6 +160,11 @@ class JobView:
 
     def poll(self) -> bool:
         return True
+
+    @property
+    def active(self) -> bool:
+        """Drawing: output goes through ``write`` (after ``close``, straight to the terminal)."""
+        return self._display is not None
 
     def write(self, stream: str, data: bytes) -> None:
         """Job output: whole lines printed above the table, a line's start kept until its end."""

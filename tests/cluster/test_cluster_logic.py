@@ -181,6 +181,31 @@ def test_startup_view_reports_each_host_once_and_ends_when_all_ranks_started(tmp
     assert lines[-1].startswith("appliance primary: all 3 ranks started after")
 
 
+def test_job_view_prints_whole_lines_and_stands_aside_once_closed(tmp_path):
+    # The primary's job table (its drawing is checked in a terminal by test_primary.py): the
+    # container's output arrives in pieces and is printed in whole lines; once closed (the job
+    # ended, or Ctrl-C) the primary writes the rest itself.
+    from appliance.cluster.view import JobView
+    from appliance.launcher.observe.record import RecordWriter
+
+    with RecordWriter(str(tmp_path), "j1", 1, every_s=0) as rec:
+        rec._write({"kind": "rank", "rank": 0, "host": "n1", "t": 1000.0, "step": 5, "wall_s": 1.0,
+                    "busy_s": 0.1, "late_s": 0.0})
+    out = io.StringIO()
+    view = JobView(str(tmp_path), "j1", out, ranks=False)
+    assert view.active and view.done
+    view.write("stdout", b"[0]<stdout>:one\n[0]<std")
+    view.write("stdout", b"out>:two\n[0]<stdout>:thr")
+    view.write("stderr", b"[0]<stderr>:warn\n")
+    view.close()
+    assert not view.active
+    view.close()  # twice: nothing more
+    text = out.getvalue()
+    lines = [l for l in text.splitlines() if l.startswith("[0]")]
+    assert lines == ["[0]<stdout>:one", "[0]<stdout>:two", "[0]<stderr>:warn", "[0]<stdout>:thr"], text
+    assert "job j1 · 1/1 ranks on 1 host · step 5" in text                # the last table, left on screen
+
+
 def test_gpu_requests_follow_the_engines_runtimes():
     from appliance.cluster.docker import gpu_requests
 
