@@ -153,8 +153,11 @@ def test_hops_quick(tmp_path):
         assert rings["op1", wait, 4096]["op_us"] > 0 and rings["op3", wait, 4096]["op_us"] > 0
     (eng,) = [r for r in rows if r["part"] == "engine"]
     assert [k["rank"] for k in eng["ranks"]] == [0, 1]
-    for k in eng["ranks"]:  # a cached op: one control frame each way, nothing lost
-        assert k["op_us"] > 0 and k["ctrl_in"] == pytest.approx(1.0) and k["ctrl_out"] == pytest.approx(1.0)
+    # A cached op: one control frame each way. The counters are read around the timed loop while
+    # the peer may already have sent its first frame, or not yet its last: one frame either end.
+    for k in eng["ranks"]:
+        assert k["op_us"] > 0
+        assert k["ctrl_in"] == pytest.approx(1.0, abs=0.01) and k["ctrl_out"] == pytest.approx(1.0, abs=0.01), k
     assert "one-way latency" in proc.stdout and "load average" in proc.stdout
 
 
