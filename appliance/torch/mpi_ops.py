@@ -201,6 +201,11 @@ def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_facto
     if short is not None:  # the core reads (and writes) the tensor as it is
         desc, out = short
         return _handles.add(_engine.current().submit(req, name, desc), out, None if out is tensor else tensor)
+    return _allreduce_staged(tensor, inplace, name, req)
+
+
+def _allreduce_staged(tensor, inplace, name, req) -> int:
+    # Apart from _allreduce_async: its closures would make cells of these names on every call.
     work = stage(tensor)
     out = work if inplace else _tensors.empty_like(work)
     h = _engine.current().submit(req, name, describe(work, out))

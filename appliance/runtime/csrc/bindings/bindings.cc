@@ -182,8 +182,9 @@ py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
     {
       py::gil_scoped_release nogil;
       const int64_t t0 = steady_us();
-      op = stream < 0 ? rt.wait(h) : rt.wait_on_stream(h, static_cast<uint64_t>(stream), &finished);
-      rt.note_wait(t0, steady_us(), op->planned_us);
+      int64_t t1 = t0;
+      op = stream < 0 ? rt.wait(h, &t1) : rt.wait_on_stream(h, static_cast<uint64_t>(stream), &finished);
+      rt.note_wait(t0, stream < 0 ? t1 : steady_us(), op->planned_us);
     }
     return result_of(*op, finished);
   }
@@ -195,11 +196,12 @@ py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
   {
     py::gil_scoped_release nogil;
     const int64_t t0 = steady_us();
+    int64_t now = t0;  // the latest reading, handed from one wait to the next
     int64_t planned = 0;
     for (size_t i = 0; i < hs.size(); ++i) {  // every one, even after one failed: their memory is in use until then
       try {
         bool fin = true;
-        ops[i] = stream < 0 ? rt.wait(hs[i]) : rt.wait_on_stream(hs[i], static_cast<uint64_t>(stream), &fin);
+        ops[i] = stream < 0 ? rt.wait(hs[i], &now) : rt.wait_on_stream(hs[i], static_cast<uint64_t>(stream), &fin);
         finished[i] = fin;
         planned = std::max(planned, ops[i]->planned_us);
         if (fin && !ops[i]->status.ok() && first_bad == hs.size()) first_bad = i;
@@ -210,7 +212,7 @@ py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
         }
       }
     }
-    rt.note_wait(t0, steady_us(), planned);
+    rt.note_wait(t0, stream < 0 && now ? now : steady_us(), planned);
   }
   if (first_bad < hs.size()) {
     if (!ops[first_bad]) throw std::invalid_argument(refused);

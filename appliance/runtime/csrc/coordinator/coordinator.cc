@@ -232,6 +232,10 @@ std::vector<PlanEntry> Coordinator::take_plan(Time now) {
 
 void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold) {
   using Key = std::tuple<uint8_t, uint8_t, double, double, int32_t, std::vector<uint8_t>, int32_t>;  // device index: one buffer per device; process set
+  if (ready.size() == 1) {  // one entry fuses with nothing: as it is, without the key map
+    out.push_back(std::move(ready[0]));
+    return;
+  }
   std::map<Key, std::pair<size_t, size_t>> open;  // key -> (index in out, bytes)
   for (auto& e : ready) {
     const Signature& s = e.sigs[0];
@@ -244,9 +248,9 @@ void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, si
     auto it = open.find(k);
     if (it != open.end() && it->second.second + s.nbytes() <= threshold) {
       PlanEntry& f = out[it->second.first];
-      f.names.push_back(e.names[0]);
-      f.sigs.push_back(s);
       it->second.second += s.nbytes();
+      f.names.push_back(std::move(e.names[0]));
+      f.sigs.push_back(std::move(e.sigs[0]));  // s is moved from here on
       continue;
     }
     open[k] = {out.size(), s.nbytes()};

@@ -16,7 +16,7 @@ void Runtime::run_plan(const Plan& plan) {
   for (const PlanEntry& e : plan.entries) run_entry(e);
   profile_.plan_ends(mark);
   Stats::add(stats_.plans);
-  sched_.busy(steady_us());
+  sched_.busy(clock_us_);
 }
 
 void Runtime::run_entry(const PlanEntry& e) {
@@ -55,7 +55,9 @@ void Runtime::run_entry(const PlanEntry& e) {
   Backend& backend = backends_->for_entry(e, raw, join_device_.load());
   if (timeline_.on()) timeline_.launched(e, backend);
   const int kind = static_cast<int>(e.kind) < Metrics::kKinds && !joined_here ? static_cast<int>(e.kind) : -1;
-  const int64_t started = steady_us();
+  // Launched at the turn's latest reading (its start, or the previous entry's end): the
+  // negotiation between them is microseconds; an entry's own run is read once, at its end.
+  const int64_t started = clock_us_;
   if (kind >= 0) count_entry(e, ops, kind);
   for (auto& op : ops)
     if (op) op->planned_us = started;
@@ -73,7 +75,8 @@ void Runtime::run_entry(const PlanEntry& e) {
     running_.push_back(Running{std::move(completion), std::move(ops), kind, started});
     return;
   }
-  if (kind >= 0) Stats::add(metrics_.kinds[kind].ns, static_cast<uint64_t>(steady_us() - started) * 1000);
+  clock_us_ = steady_us();
+  if (kind >= 0) Stats::add(metrics_.kinds[kind].ns, static_cast<uint64_t>(clock_us_ - started) * 1000);
   if (timeline_.on())
     for (size_t i = 0; i < ops.size(); ++i)
       if (ops[i]) timeline_.done(e.names[i], e.sigs[i]);

@@ -116,9 +116,11 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   void set_profiling(bool on) { profile_.set(on); }
 
   // Blocks until the op is done. A host op's caller first drives the engine (scheduler.h).
-  OpPtr wait(int handle) {
-    sched_.wait_for(*handles_.find(handle));
-    return handles_.wait(handle);
+  // `now_us`: a steady_us() reading taken just before (0: none); on return, one taken as it
+  // returns (HandleTable::wait).
+  OpPtr wait(int handle, int64_t* now_us) {
+    sched_.wait_for(*handles_.find(handle), now_us);
+    return handles_.wait(handle, false, nullptr, now_us);
   }
   // For a caller on a CUDA stream: returns once the op is done, or once its device work is on
   // its stream and `stream` has been made to wait for it (*finished false); an error after
@@ -264,6 +266,11 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     std::deque<ControlPlane::Inbound> frames;
     std::vector<int> left;  // peers whose BYE came
   } arrived_;
+  struct Intake {  // what intake() took from callers_ this turn; empty between turns
+    std::deque<OpPtr> ops;
+    std::deque<SetChange> changes;
+  } intake_;
+  int64_t clock_us_ = 0;  // the turn's latest steady_us() reading: its start, or the end of its last plan entry
   int gone_rank_ = -1;  // negotiation ended: who left in order (rank 0, or the rank this one negotiated through)
 
   Scheduler sched_{SchedulePolicy{}, handles_};  // last: its thread stops before the rest goes

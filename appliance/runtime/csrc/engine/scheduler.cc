@@ -154,10 +154,11 @@ void Scheduler::settle_burst() {
 
 // --- callers --------------------------------------------------------------------------------
 
-void Scheduler::wait_for(const OpState& op) {
+void Scheduler::wait_for(const OpState& op, int64_t* now_us) {
   if (p_.callers_drive() && !device_ops_.load(std::memory_order_relaxed) && !burst_.load()) {
-    if (!op.done.load(std::memory_order_acquire)) drive(op);
+    if (!op.done.load(std::memory_order_acquire)) drive(op, now_us);
   } else {
+    *now_us = 0;
     unpark();  // this wait leaves the work to the background thread: it must not sit out a cycle
   }
 }
@@ -166,9 +167,10 @@ void Scheduler::polled() {
   if (drivers_.load() == 0) unpark();  // a caller polling in a loop does not drive
 }
 
-void Scheduler::drive(const OpState& op) {
+void Scheduler::drive(const OpState& op, int64_t* now_us) {
   drivers_.fetch_add(1);
-  const int64_t until = steady_us() + p_.spin_us;
+  const int64_t until = (*now_us ? *now_us : steady_us()) + p_.spin_us;
+  *now_us = 0;
   for (unsigned turns = 1;; ++turns) {
     if (op.done.load(std::memory_order_acquire)) break;
     std::unique_lock<std::mutex> lk(engine_mu_, std::try_to_lock);
@@ -185,7 +187,8 @@ void Scheduler::drive(const OpState& op) {
     if (op.done.load(std::memory_order_acquire) || steady_us() >= until) break;  // done: no clock read
   }
   if (op.done.load(std::memory_order_acquire)) {
-    last_drive_us_.store(steady_us());
+    *now_us = steady_us();
+    last_drive_us_.store(*now_us);
     drivers_.fetch_sub(1);
   } else {
     drivers_.fetch_sub(1);

@@ -111,8 +111,10 @@ class Scheduler {
   bool stopping() const { return stopping_.load(); }
   // An op was enqueued: is the caller issuing a burst? (`outstanding`: its unwaited ops before it)
   void enqueued(size_t outstanding, bool device);
-  // A caller waits for `op`: it drives the engine while the policy lets it.
-  void wait_for(const OpState& op);
+  // A caller waits for `op`: it drives the engine while the policy lets it. `now_us`: a
+  // steady_us() reading taken just before (0: none); on return, a reading taken as the op
+  // was seen done, or 0.
+  void wait_for(const OpState& op, int64_t* now_us);
   // A caller polled an op that is not done: the background thread must not stay parked.
   void polled();
 
@@ -128,7 +130,7 @@ class Scheduler {
   void loop();
   void park();
   void unpark();
-  void drive(const OpState& op);
+  void drive(const OpState& op, int64_t* now_us);
 
   SchedulePolicy p_;
   HandleTable& handles_;

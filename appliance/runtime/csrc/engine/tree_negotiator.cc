@@ -103,8 +103,8 @@ void TreeNegotiator::complete(uint32_t id, Time now, Late last) {
   APPLIANCE_ASSERT(c != nullptr, "a complete id the cache does not hold");
   PlanEntry e;
   e.kind = c->sig.kind;
-  e.names = {c->name};
-  e.sigs = {c->sig};
+  e.names.push_back(c->name);  // not {c->name}: an initializer list copies twice
+  e.sigs.push_back(c->sig);
   if (ready_.empty()) first_ready_ = now;
   ready_.push_back(std::move(e));
 }
@@ -248,7 +248,8 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
       std::vector<PlanEntry> fused;
       fuse_entries(fused, ready_, o_.fusion_threshold);
       ready_.clear();
-      entries.insert(entries.begin(), std::make_move_iterator(fused.begin()), std::make_move_iterator(fused.end()));
+      if (entries.empty()) entries.swap(fused);
+      else entries.insert(entries.begin(), std::make_move_iterator(fused.begin()), std::make_move_iterator(fused.end()));
     }
   }
   if (entries.empty() && evict_.empty() && lines_.empty() && !mode_change) return;
@@ -265,9 +266,11 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
   plan.entries = std::move(entries);
   if (!plan.entries.empty()) plan.late = coord_->take_late();
   if (observer_ && observer_->on() && !plan.entries.empty()) observer_->planned(plan.entries);
-  if (!plan.entries.empty()) m.plan = encode_plan(plan, cache_);
-  const std::vector<uint8_t> bytes = encode_down(m);
-  for (int c : children_) out.send.push_back(Outgoing{c, bytes});
+  if (!children_.empty()) {  // a root without children (one rank) has nobody to tell
+    if (!plan.entries.empty()) m.plan = encode_plan(plan, cache_);
+    const std::vector<uint8_t> bytes = encode_down(m);
+    for (int c : children_) out.send.push_back(Outgoing{c, bytes});
+  }
   apply(m, std::move(plan), now, out);
 }
 

@@ -43,6 +43,7 @@ void Runtime::step() {
   // One clock read serves the whole turn (a turn takes microseconds; the deadlines it serves
   // are a cycle or longer): a driver turns once per small op, so each read shows.
   const Clock::time_point now = Clock::now();
+  clock_us_ = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count();
   const NegotiationProfile::Mark mark = profile_.turn_begins();
   bool took = false;
   poll_running();
@@ -57,8 +58,12 @@ void Runtime::step() {
 }
 
 void Runtime::intake(Clock::time_point now) {
-  std::deque<OpPtr> fresh;
-  std::deque<SetChange> changes;
+  // The callers' queues are swapped with the engine's empty ones, which keep their memory from
+  // turn to turn (a deque allocates as it is made: two per turn otherwise).
+  std::deque<OpPtr>& fresh = intake_.ops;
+  std::deque<SetChange>& changes = intake_.changes;
+  fresh.clear();
+  changes.clear();
   {
     std::lock_guard<std::mutex> g(callers_.mu);
     sched_.take();
@@ -66,12 +71,14 @@ void Runtime::intake(Clock::time_point now) {
     changes.swap(callers_.set_changes);
   }
   apply_set_changes(changes);  // before the requests queued after them
+  changes.clear();
   if (fresh.empty()) return;
   sched_.busy(std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count());
   for (OpPtr& op : fresh) {
     inflight_[op->req.name] = op;
     negotiator_->submit(op->req, now);
   }
+  fresh.clear();
   Negotiated out;
   negotiator_->flush(now, out);
   carry_out(out);

@@ -66,7 +66,7 @@ void HandleTable::mark_launched(const OpPtr& op) {
   cv_.notify_all();
 }
 
-OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
+OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished, int64_t* now_us) {
   std::unique_lock<std::mutex> g(mu_);
   auto it = ops_.find(handle);
   if (it == ops_.end()) throw std::invalid_argument("unknown handle " + std::to_string(handle));
@@ -77,12 +77,15 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
   };
   struct Waiting {
     HandleTable& t;
+    int64_t now = 0;  // a reading still current (the op was done when the wait began), or 0
     explicit Waiting(HandleTable& table) : t(table) { ++t.waiters_; }
     ~Waiting() {
-      t.last_wait_us_.store(steady_us());
+      if (!now) now = steady_us();
+      t.last_wait_us_.store(now);
       --t.waiters_;
     }
   } waiting(*this);
+  if (now_us && *now_us && ready()) waiting.now = *now_us;
   if (spin_us_ > 0 && !ready()) {
     // Poll the op's atomics without the mutex (the completing thread needs it), yielding the
     // CPU now and then: ranks and their threads may outnumber the cores.
@@ -103,6 +106,10 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished) {
   auto n = names_.find(op->req.name);
   if (n != names_.end() && n->second == handle) names_.erase(n);
   if (finished) *finished = op->done;
+  if (now_us) {
+    if (!waiting.now) waiting.now = steady_us();
+    *now_us = waiting.now;
+  }
   return op;
 }
 

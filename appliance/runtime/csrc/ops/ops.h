@@ -90,8 +90,10 @@ class HandleTable {
   void mark_launched(const OpPtr& op);
   // Blocks until done (or, with until_launched, until launched with a ready event), then
   // forgets the handle and frees its name for reuse. *finished tells which. Throws
-  // std::invalid_argument on unknown handles.
-  OpPtr wait(int handle, bool until_launched = false, bool* finished = nullptr);
+  // std::invalid_argument on unknown handles. `now_us` (optional): in, a steady_us() reading
+  // the caller took just before (0: none); out, the reading as it returns (the in value when
+  // the op was done already: one clock read fewer per small op).
+  OpPtr wait(int handle, bool until_launched = false, bool* finished = nullptr, int64_t* now_us = nullptr);
   // Completes every op not yet done with s (job failure, shutdown).
   void fail_all(const Status& s);
   // wait() polls (yielding the CPU) this long before it blocks on the condition variable.

@@ -13,6 +13,8 @@ namespace appliance {
 
 class Writer {
  public:
+  // Room for a small control message up front: one allocation, not one per doubling.
+  Writer() { buf_.reserve(kInitialBytes); }
   void u8(uint8_t v) { buf_.push_back(v); }
   void u32(uint32_t v);
   void u64(uint64_t v);
@@ -27,6 +29,7 @@ class Writer {
   std::vector<uint8_t> take() { return std::move(buf_); }
 
  private:
+  static constexpr size_t kInitialBytes = 256;
   std::vector<uint8_t> buf_;
 };
 
