@@ -15,6 +15,7 @@ alternating within each, and every row reports the median round: a slow minute o
 machine then spoils one round of every impl, not one of them.
 
     python benchmarks/train.py [--model resnet18] [--quick] [--rounds N] [--json out.json]
+    python benchmarks/train.py --paired [--model resnet18] [--impls ours,ours+HOROVOD_FUSION_THRESHOLD=4M]
     python benchmarks/train.py --horovod-script PATH/pytorch_synthetic_benchmark.py
 
 Torch threads per rank: the machine's cores divided by the largest rank count, the same at every
@@ -27,6 +28,11 @@ batch x timed steps / wall time of the timed steps (after warm-up steps, between
 allreduce wait is inside its backward), with the gradient bytes whose allreduce had already
 completed when backward returned (``overlap``: ours only) and, after the timed steps, one
 allreduce of all the gradients alone (``allreduce ms``).
+
+``--paired`` runs ours, DDP and ``local`` (each rank alone, no communication: the ceiling of any
+allreduce scheme at this placement and load) in the same ranks, in alternating blocks of steps
+(``train_paired.py``), and reports the median of the per-block ratios ours/DDP: on a machine
+shared with other work this compares like with like where separate jobs cannot.
 
 ``--horovod-script PATH`` runs a Horovod PyTorch script as it is (Horovod's own
 ``examples/pytorch/pytorch_synthetic_benchmark.py``) through our launcher, ``import horovod.torch``
@@ -189,12 +195,13 @@ def worker(impl, cfg, out):
         dist.destroy_process_group()
 
 
-def run_job(spec, ranks, cfg) -> dict:
+def run_job(spec, ranks, cfg, paired=False) -> dict:
     from appliance.launcher import launch
 
     impl, env = parse_impl(spec)
     out = bl.result_path(f"train-{impl}-{ranks}")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--cfg", json.dumps(cfg), "--out", out]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "paired" if paired else impl, "--cfg",
+           json.dumps(cfg), "--out", out]
     res = launch(cmd, np=ranks, timeout=3600, env={**os.environ, **env})
     if res.returncode != 0:
         raise SystemExit(f"{spec} at {ranks} ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
@@ -263,7 +270,7 @@ def model_cfg(a) -> dict:
     if a.model == "resnet18":
         if a.quick:
             return dict(model="resnet18", batch=2, image=32, steps=a.steps or 3, warmup=1)
-        return dict(model="resnet18", batch=a.batch or 8, image=a.image_size, steps=a.steps or 10, warmup=2)
+        return dict(model="resnet18", batch=a.batch or 8, image=a.image_size, steps=a.steps or 8, warmup=2)
     if a.quick:
         return dict(model="transformer", vocab=256, d=64, layers=1, heads=2, seq=32, batch=4, steps=a.steps or 3,
                     warmup=1, tokens=4096)
@@ -277,7 +284,7 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", default="1,2", help="comma list of rank counts (default 1,2)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="comma list of " + ", ".join(IMPLS) + ", each optionally +KEY=VALUE... for its ranks")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default 20; resnet18 10)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 20; resnet18 8)")
     p.add_argument("--batch", type=int, default=None, help="samples per rank per step (default 16; resnet18 8)")
     p.add_argument("--image-size", type=int, default=224, help="resnet18 and --horovod-script: image side")
     p.add_argument("--threads", type=int, default=None,
@@ -285,9 +292,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="rounds of every job (default 3; 1 with --quick)")
     p.add_argument("--horovod-script", metavar="PATH",
                    help="run this Horovod synthetic benchmark script unchanged beside its DDP twin")
+    p.add_argument("--paired", action="store_true",
+                   help="ours, ddp-gloo and local (no communication) in the same ranks, in alternating blocks")
+    p.add_argument("--blocks", type=int, default=None, help="--paired: blocks of each side (default 6)")
+    p.add_argument("--block", type=int, default=None, help="--paired: steps per block (default 2; transformer 4)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke: a tiny model, 3 steps")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--worker", choices=IMPLS + ("hvd-twin",), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=IMPLS + ("hvd-twin", "paired"), help=argparse.SUPPRESS)
     p.add_argument("--cfg", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -295,6 +306,11 @@ def main(argv=None) -> int:
         import train_hvd
 
         train_hvd.twin(json.loads(a.cfg))
+        return 0
+    if a.worker == "paired":
+        import train_paired
+
+        train_paired.worker(json.loads(a.cfg), a.out)
         return 0
     if a.worker:
         worker(a.worker, json.loads(a.cfg), a.out)
@@ -307,6 +323,8 @@ def main(argv=None) -> int:
 
         return train_hvd.main(a, rank_counts, threads, rounds)
     specs = [i for i in a.impls.split(",") if i]
+    if a.paired and a.impls == ",".join(IMPLS):
+        specs = ["ours"]
     for s in specs:
         try:
             parse_impl(s)
@@ -314,6 +332,23 @@ def main(argv=None) -> int:
             p.error(str(e))
     cfg = model_cfg(a)
     machine = bl.machine_line()
+    if a.paired:
+        import train_paired
+
+        if any(parse_impl(s)[0] != "ours" for s in specs):
+            p.error("--paired runs ddp-gloo and local in every job: give --impls as ours[+KEY=VALUE...] only")
+        cfg.update(blocks=a.blocks or (2 if a.quick else 6),
+                   block=a.block or (1 if a.quick else 2 if cfg["model"] == "resnet18" else 4))
+        rows = train_paired.run(specs, rank_counts, {**cfg, "threads": threads},
+                                rounds, lambda spec, ranks, c: run_job(spec, ranks, c, paired=True))
+        print(machine)
+        print(f"\ntraining: {describe(cfg)}, {cfg['blocks']} blocks of {cfg['block']} steps per side after "
+              f"{cfg['warmup']} warm-up; torch threads per rank: {threads}; {os.cpu_count()} cores")
+        train_paired.print_rows(rows)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"cpus": os.cpu_count(), "machine": machine, "config": cfg, "paired": rows}, f, indent=1)
+        return 0
     runs: dict = {}
     for ranks in rank_counts:
         for _ in range(rounds):

@@ -118,7 +118,7 @@ def main(a, rank_counts, threads, rounds) -> int:
     if a.quick:
         cfg = dict(model="resnet18", batch=2, image=224, warmup=1, per_iter=1, iters=2)
     else:
-        cfg = dict(model="resnet18", batch=a.batch or 8, image=224, warmup=3, per_iter=5, iters=3)
+        cfg = dict(model="resnet18", batch=a.batch or 8, image=224, warmup=2, per_iter=3, iters=3)
     machine = bl.machine_line()
     runs: dict = {}
     with torchvision_path() as (extra, tv):

@@ -143,6 +143,22 @@ def test_train_quick_resnet18(tmp_path):
     assert "ResNet-18" in proc.stdout and "ours+HOROVOD_CYCLE_TIME=2 / ddp-gloo samples/s at 2 ranks" in proc.stdout
 
 
+def test_train_paired_quick(tmp_path):
+    out = tmp_path / "p.json"
+    proc = run("train.py", "--paired", "--ranks", "2", "--json", out)
+    (row,) = json.loads(out.read_text())["paired"]
+    assert row["impl"] == "ours" and row["ranks"] == 2 and row["paired_ours_over_ddp"] > 0
+    sides = {s["side"]: s for s in row["sides"]}
+    assert set(sides) == {"ours", "ddp-gloo", "local"}
+    assert all(s["samples_per_s"] > 0 and len(s["blocks_s"]) == 2 for s in sides.values())
+    # the same seed and data: the two data-parallel sides compute the same losses
+    assert sides["ours"]["last_loss"] == pytest.approx(sides["ddp-gloo"]["last_loss"], rel=1e-3)
+    assert "ours/ddp-gloo paired" in proc.stdout and "local/ddp" in proc.stdout
+    bad = subprocess.run([sys.executable, str(BENCH / "train.py"), "--paired", "--impls", "ddp-gloo"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--impls as ours" in bad.stderr
+
+
 # A Horovod-style synthetic benchmark (its arguments and its last line), standing in for Horovod's
 # examples/pytorch/pytorch_synthetic_benchmark.py, which is not part of this repository.
 HVD_SCRIPT = """
