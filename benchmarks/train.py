@@ -27,7 +27,7 @@ batch x timed steps / wall time of the timed steps (after warm-up steps, between
 (forward, backward, the wait for the gradients' allreduces, the optimizer's update; DDP's
 allreduce wait is inside its backward), with the gradient bytes whose allreduce had already
 completed when backward returned (``overlap``: ours only) and, after the timed steps, one
-allreduce of all the gradients alone (``allreduce ms``).
+allreduce of a tensor of all the gradients' bytes alone (``allreduce ms``).
 
 ``--paired`` runs ours, DDP and ``local`` (each rank alone, no communication: the ceiling of any
 allreduce scheme at this placement and load) in the same ranks, in alternating blocks of steps
@@ -166,19 +166,16 @@ def worker(impl, cfg, out):
     barrier()
     elapsed = time.perf_counter() - t0
     allreduce_ms = None
-    if size > 1:  # all the gradients allreduced once, nothing else running (median of 3)
-        grads = [p.grad for p in params]
+    if size > 1:  # the gradients' bytes in one tensor, allreduced alone (median of 3)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
         times = []
         for _ in range(3):
             barrier()
             t = time.perf_counter()
             if impl == "ours":
-                from appliance.torch.mpi_ops import synchronize_all
-
-                synchronize_all([hvd.allreduce_async_(g, name=f"alone.{i}") for i, g in enumerate(grads)])
+                hvd.allreduce_(flat, name="alone")
             else:
-                for w in [dist.all_reduce(g, async_op=True) for g in grads]:
-                    w.wait()
+                dist.all_reduce(flat)
             times.append(time.perf_counter() - t)
         allreduce_ms = statistics.median(times) * 1e3
     if rank == 0:
