@@ -189,6 +189,8 @@ def worker(impl, cfg, out):
     if impl == "ours":
         hvd.shutdown()
     else:
+        del net, opt  # DDP's reducer and its gloo work released before the group goes
+        barrier()
         dist.destroy_process_group()
 
 
