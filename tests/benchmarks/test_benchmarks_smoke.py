@@ -128,6 +128,75 @@ def test_train_quick(tmp_path):
     assert "ours / ddp-gloo samples/s at 2 ranks" in proc.stdout and "torch threads per rank" in proc.stdout
 
 
+def test_train_quick_resnet18(tmp_path):
+    out = tmp_path / "t.json"
+    proc = run("train.py", "--model", "resnet18", "--ranks", "2", "--impls", "ours,ours+HOROVOD_CYCLE_TIME=2,ddp-gloo",
+               "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["impl"] for r in rows) == ["ddp-gloo", "ours", "ours+HOROVOD_CYCLE_TIME=2"]
+    for r in rows:
+        assert r["ranks"] == 2 and r["samples_per_s"] > 0 and r["allreduce_ms"] > 0
+        assert r["phases_ms"]["backward"] > 0
+        assert (r["overlap"] is None) == (r["impl"] == "ddp-gloo")
+    losses = {r["impl"]: r["last_loss"] for r in rows}
+    assert losses["ours"] == pytest.approx(losses["ddp-gloo"], rel=1e-3)
+    assert "ResNet-18" in proc.stdout and "ours+HOROVOD_CYCLE_TIME=2 / ddp-gloo samples/s at 2 ranks" in proc.stdout
+
+
+def test_train_paired_quick(tmp_path):
+    out = tmp_path / "p.json"
+    proc = run("train.py", "--paired", "--ranks", "2", "--json", out)
+    (row,) = json.loads(out.read_text())["paired"]
+    assert row["impl"] == "ours" and row["ranks"] == 2 and row["paired_ours_over_ddp"] > 0
+    sides = {s["side"]: s for s in row["sides"]}
+    assert set(sides) == {"ours", "ddp-gloo", "local"}
+    assert all(s["samples_per_s"] > 0 and len(s["blocks_s"]) == 2 for s in sides.values())
+    # the same seed and data: the two data-parallel sides compute the same losses
+    assert sides["ours"]["last_loss"] == pytest.approx(sides["ddp-gloo"]["last_loss"], rel=1e-3)
+    assert "ours/ddp-gloo paired" in proc.stdout and "local/ddp" in proc.stdout
+    bad = subprocess.run([sys.executable, str(BENCH / "train.py"), "--paired", "--impls", "ddp-gloo"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--impls as ours" in bad.stderr
+
+
+# A Horovod-style synthetic benchmark (its arguments and its last line), standing in for Horovod's
+# examples/pytorch/pytorch_synthetic_benchmark.py, which is not part of this repository.
+HVD_SCRIPT = """
+import argparse, timeit
+import torch, torch.nn.functional as F
+from torchvision import models
+import horovod.torch as hvd
+p = argparse.ArgumentParser()
+for a in ("--batch-size", "--num-warmup-batches", "--num-batches-per-iter", "--num-iters"):
+    p.add_argument(a, type=int)
+p.add_argument("--model")
+args = p.parse_args()
+hvd.init()
+model = getattr(models, args.model)()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+data, target = torch.randn(args.batch_size, 3, 32, 32), torch.zeros(args.batch_size, dtype=torch.long)
+def step():
+    opt.zero_grad(); F.cross_entropy(model(data), target).backward(); opt.step()
+t = timeit.timeit(step, number=args.num_batches_per_iter)
+if hvd.rank() == 0:
+    print("Total img/sec on %d CPU(s): %.1f +-%.1f" % (hvd.size(), hvd.size() * args.batch_size / t, 0.0))
+"""
+
+
+def test_train_horovod_script_quick(tmp_path):
+    script, out = tmp_path / "synthetic.py", tmp_path / "h.json"
+    script.write_text(HVD_SCRIPT)
+    proc = run("train.py", "--ranks", "2", "--horovod-script", script, "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["impl"], r["ranks"]) for r in rows) == [("ddp-twin", 2), ("horovod-script", 2)]
+    assert all(r["img_per_s"] > 0 for r in rows)
+    assert "horovod-script / ddp-twin img/sec at 2 ranks" in proc.stdout
+    bad = subprocess.run([sys.executable, str(BENCH / "train.py"), "--horovod-script", tmp_path / "missing.py"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "missing.py: no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_metrics_cost_quick(tmp_path):
     out = tmp_path / "m.json"
     proc = run("metrics_cost.py", "--json", out)
