@@ -63,8 +63,10 @@ def as_root(manifest: dict) -> dict:
     return manifest
 
 
-ALLREDUCE = ("import numpy as np, appliance.runtime as rt; rt.init(); r = rt.allreduce(np.ones(2), op=rt.Sum, name='k8s'); "
-             "print(f'ALLREDUCE {rt.rank()} {rt.size()} {r.tolist()}', flush=True); rt.shutdown()")  # one write
+# The line in one write(2): mpirun merges the ranks' stdout as it comes, and print() under
+# PYTHONUNBUFFERED writes the text and its newline apart.
+ALLREDUCE = ("import os, numpy as np, appliance.runtime as rt; rt.init(); r = rt.allreduce(np.ones(2), op=rt.Sum, "
+             "name='k8s'); os.write(1, f'ALLREDUCE {rt.rank()} {rt.size()} {r.tolist()}\\n'.encode()); rt.shutdown()")
 
 
 @pytest.mark.parametrize("manifest", ["mpijob-mpirun.yaml", "mpijob-horovodrun.yaml"])
