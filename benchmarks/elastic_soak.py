@@ -100,6 +100,7 @@ class Soak:
         self.cut_ports: set[str] = set()
         self.queue: list[str] = []
         self.resources: dict = {}
+        self.last_fault_at = 0.0
         self.shm_before = shm_segments()
 
     # -- the job ---------------------------------------------------------------------------------
@@ -346,6 +347,11 @@ class Soak:
         self.start_job()
         if not self.steady(2.0, 120):
             raise SystemExit(f"the job did not reach {START_NP} ranks within 120 s: {self.launcher_tail(20)}")
+        # The launcher makes its record's TensorBoard writer (a file and a thread, for the job's
+        # life) as the job starts, off the ranks' path: the start is taken once it exists.
+        until = time.monotonic() + 30
+        while time.monotonic() < until and not list(Path(self.shared).glob("jobs/*/events.out.tfevents*")):
+            time.sleep(0.2)
         self.resources["start"] = self.snapshot()
         while time.monotonic() < deadline:
             if not self.job_alive():
@@ -362,6 +368,7 @@ class Soak:
                 time.sleep(0.5)
                 continue
             fault = self.inject(kind)
+            self.last_fault_at = time.monotonic()
             fault["settled_before"] = settled
             self.faults.append(fault)
             f = fault
@@ -373,6 +380,12 @@ class Soak:
             self.listed = list(self.initial)
             self.write_hosts()
             end_ok = self.steady(3.0, 60)
+            # The launcher holds a cut rank's metrics connection until it has been silent for the
+            # collector's bound (then closes it, and its thread ends): not a leak, so the end is
+            # taken after that bound has passed since the last fault.
+            from appliance.launcher.observe.session import silent_bound_s
+
+            time.sleep(max(0.0, silent_bound_s() + 2.0 - (time.monotonic() - self.last_fault_at)))
             self.resources["end"] = self.snapshot() if self.job_alive() else None
             if self.resources["end"] is not None:
                 self.resources["end"]["at_full_size"] = end_ok

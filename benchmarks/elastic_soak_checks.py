@@ -141,6 +141,11 @@ def verdicts(resources: dict) -> dict:
             out[k] = False
         elif k == "launcher_rss_mib":
             out[k] = end[k] <= start[k] * 1.10
+        elif k == "launcher_threads":
+            # One thread of slack: the elastic driver's rendezvous connections each hold a thread
+            # ("elastic-conn") that come and go with the ranks' connections (3 and 4 in two dumps
+            # of one steady job); a thread leaked per fault exceeds it within a few faults.
+            out[k] = end[k] <= start[k] + 1
         else:
             out[k] = end[k] <= start[k]
     out["nothing left after the job"] = not any(after.get(k) for k in ("workers_alive", "namespace_processes",

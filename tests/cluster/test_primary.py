@@ -88,13 +88,14 @@ def test_a_terminal_shows_the_hosts_starting_then_the_jobs_table(two_hosts, requ
     # As a person sees it in a terminal: the start-up table, then the running job's table (drawn
     # on this side from the record on the share: the launcher in the container has no terminal),
     # the job's lines whole above it, its summary at the end and the terminal given back as it was.
+    # Steps of 50 ms: the job runs long enough for the record (a row every 2 s) to give rates.
     require_tool("tmux", "a real terminal for the view")
     from fixtures.tmux import Terminal
 
     c = two_hosts
     node2 = c.host("node2")
     argv = [sys.executable, "-m", "appliance", "primary", "--network", c.network, "-np", "2",
-            "-H", f"localhost:1,{node2}:1", "--", "python", "-m", "train", "--epochs", "12"]
+            "-H", f"localhost:1,{node2}:1", "--", "python", "-m", "train", "--epochs", "12", "--step-time", "0.05"]
     with Terminal(160, 50, env=c.env(), cwd=ROOT) as term:
         term.type(shlex.join(argv) + "; echo EXIT=$?")
         term.wait_for(lambda s: "starting 2 ranks on 2 hosts" in s, 60, "the start-up table")

@@ -33,6 +33,12 @@ from .view import LinesDisplay, LiveDisplay, closing_line
 TICK_S = 1.0
 
 
+def silent_bound_s(environ: Optional[Mapping[str, str]] = None) -> float:
+    """How long the collector keeps a connection that sends nothing (a rank on a cut or frozen
+    host): a rank sends a sample every APPLIANCE_METRICS_INTERVAL; ten of them missed, it is gone."""
+    return max(10.0, 10 * read("APPLIANCE_METRICS_INTERVAL", environ))
+
+
 def record_dir_of(job_id: str, environ: Mapping[str, str], shared: Optional[str]) -> Optional[str]:
     """Where the job's record goes (see the module docstring), or None."""
     given = read("APPLIANCE_RECORD_DIR", environ)
@@ -61,8 +67,7 @@ class Observer:
         mode = read("APPLIANCE_VIEW", env)
         self.mode = "off" if view is False else mode
         self.interval_s = read("APPLIANCE_VIEW_INTERVAL", env)
-        # a rank sends a sample every APPLIANCE_METRICS_INTERVAL: ten of them missed, it is gone
-        self.idle_s = max(10.0, 10 * read("APPLIANCE_METRICS_INTERVAL", env))
+        self.idle_s = silent_bound_s(env)
         self.ranks_view = read("APPLIANCE_VIEW_RANKS", env)
         self.record_dir = record_dir_of(job_id, env, shared)
         self.metrics_port = metrics_port
@@ -212,4 +217,4 @@ def _is_tty(f: Any) -> bool:
         return False
 
 
-__all__ = ["Observer", "record_dir_of"]
+__all__ = ["Observer", "record_dir_of", "silent_bound_s"]
