@@ -101,33 +101,14 @@ def build(cfg, rank):
     return model, opt, next_batch, cfg["vocab"]
 
 
-def worker(impl, cfg, out):
+def stepper(net, opt, next_batch, classes, many, hvd):
+    """(step(timed=False) -> loss, phases, overlap) of one side: a training step timed by phase
+    (forward, backward, wait for the allreduces, update), and with ``many`` (ours at 2+ ranks) the
+    gradient bytes already allreduced when backward returns, of all."""
     import torch
 
-    torch.set_num_threads(cfg["threads"])
-    if impl == "ours":
-        import appliance.torch as hvd
-
-        hvd.init()
-        rank, size, barrier = hvd.rank(), hvd.size(), hvd.barrier
-    else:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        rank, size, barrier = dist.get_rank(), dist.get_world_size(), dist.barrier
-    model, opt, next_batch, classes = build(cfg, rank)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if impl == "ours":
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-        net = model
-    else:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model)
-    many = impl == "ours" and size > 1
     phases = {"forward": 0.0, "backward": 0.0, "wait": 0.0, "update": 0.0}
-    overlap = [0, 0]  # gradient bytes allreduced by the end of backward, of all
+    overlap = [0, 0]
 
     def step(timed=False):
         x, y = next_batch()
@@ -155,6 +136,35 @@ def worker(impl, cfg, out):
             for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 phases[k] += dt
         return float(loss)
+    return step, phases, overlap
+
+
+def worker(impl, cfg, out):
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    if impl == "ours":
+        import appliance.torch as hvd
+
+        hvd.init()
+        rank, size, barrier = hvd.rank(), hvd.size(), hvd.barrier
+    else:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, size, barrier = dist.get_rank(), dist.get_world_size(), dist.barrier
+    model, opt, next_batch, classes = build(cfg, rank)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if impl == "ours":
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        net = model
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)
+    many = impl == "ours" and size > 1
+    step, phases, overlap = stepper(net, opt, next_batch, classes, many, hvd if impl == "ours" else None)
 
     first = step()
     for _ in range(cfg["warmup"] - 1):

@@ -23,10 +23,8 @@ SIDES = ("ours", "ddp-gloo", "local")
 
 
 def make_side(kind, cfg, rank, size, hvd):
-    """(step(timed) -> loss, phases, overlap, params) of one side."""
-    import torch
-
-    from train import build
+    """(step(timed) -> loss, phases, overlap) of one side."""
+    from train import build, stepper
 
     model, opt, next_batch, classes = build(cfg, rank)
     net, many = model, False
@@ -38,35 +36,7 @@ def make_side(kind, cfg, rank, size, hvd):
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model)
-    phases = {"forward": 0.0, "backward": 0.0, "wait": 0.0, "update": 0.0}
-    overlap = [0, 0]
-
-    def step(timed):
-        x, y = next_batch()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x).reshape(-1, classes), y.reshape(-1))
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        if many:
-            if timed:
-                for p, (handle, _) in list(opt._handles.items()):
-                    nbytes = p.grad.numel() * p.grad.element_size()
-                    overlap[1] += nbytes
-                    overlap[0] += nbytes if handle is not None and hvd.poll(handle) else 0
-            opt.synchronize()
-        t3 = time.perf_counter()
-        if many:
-            with opt.skip_synchronize():
-                opt.step()
-        else:
-            opt.step()
-        t4 = time.perf_counter()
-        if timed:
-            for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-                phases[k] += dt
-        return float(loss)
+    step, phases, overlap = stepper(net, opt, next_batch, classes, many, hvd)
     return step, phases, overlap
 
 
