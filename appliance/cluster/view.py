@@ -25,6 +25,26 @@ from ..mount import read_json
 from .say import say
 
 
+class _Lines:
+    """Job output cut into whole lines, per stream: a line's start is kept until its end comes."""
+
+    def __init__(self):
+        self._partial = {"stdout": "", "stderr": ""}
+
+    def feed(self, stream: str, data: bytes) -> str:
+        """The whole lines ``data`` completes (with their newlines; "" when none)."""
+        text = self._partial[stream] + data.decode("utf-8", errors="replace")
+        cut = text.rfind("\n") + 1
+        self._partial[stream] = text[cut:]
+        return text[:cut]
+
+    def rest(self) -> list[tuple[str, str]]:
+        """The unfinished lines, (stream, text), emptied."""
+        left = [(stream, text) for stream, text in self._partial.items() if text]
+        self._partial = {"stdout": "", "stderr": ""}
+        return left
+
+
 def _mark(value: Optional[bool]) -> str:
     return "[yellow]...[/yellow]" if value is None else "[green]yes[/green]" if value else "[red]no[/red]"
 
@@ -46,7 +66,7 @@ class StartupView:
         if live is None:
             live = self.out.isatty() and self.err.isatty()
         self._live = None
-        self._partial = {"stdout": "", "stderr": ""}
+        self._out_lines = _Lines()
         if live:
             from rich.console import Console
             from rich.live import Live
@@ -125,9 +145,7 @@ class StartupView:
 
     def write(self, stream: str, data: bytes) -> None:
         """Job output while the live table is up: printed above it, line by line."""
-        text = self._partial[stream] + data.decode("utf-8", errors="replace")
-        *lines, self._partial[stream] = text.split("\n")
-        for line in lines:
+        for line in self._out_lines.feed(stream, data).splitlines():
             self._console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def close(self, complete: bool = False) -> None:
@@ -135,11 +153,10 @@ class StartupView:
             return
         self.done = True
         if self._live is not None:
+            for _, rest in self._out_lines.rest():  # above the table, as the whole lines were
+                self._console.print(rest, markup=False, highlight=False, soft_wrap=True)
             self._live.update(self._table())
             self._live.stop()
-            for stream, rest in self._partial.items():
-                if rest:
-                    self._console.print(rest, markup=False, highlight=False, soft_wrap=True)
             self._live = None
         if complete:
             say(f"all {self.np} ranks started after {time.monotonic() - self.started:.1f} s", self.err)
@@ -156,7 +173,7 @@ class JobView:
 
         self.follower = RecordFollower(job_dir, job_id)
         self._display = LiveDisplay(out, self.follower.snapshot, ranks=ranks).start()
-        self._partial = {"stdout": "", "stderr": ""}
+        self._out_lines = _Lines()
 
     def poll(self) -> bool:
         return True
@@ -168,17 +185,14 @@ class JobView:
 
     def write(self, stream: str, data: bytes) -> None:
         """Job output: whole lines printed above the table, a line's start kept until its end."""
-        text = self._partial[stream] + data.decode("utf-8", errors="replace")
-        cut = text.rfind("\n") + 1
-        self._partial[stream] = text[cut:]
-        if cut:
-            self._display.write(stream, text[:cut])
+        lines = self._out_lines.feed(stream, data)
+        if lines:
+            self._display.write(stream, lines)
 
     def close(self, complete: bool = False) -> None:
         if self._display is None:
             return
-        for stream, rest in self._partial.items():
-            if rest:
-                self._display.write(stream, rest + "\n")
+        for stream, rest in self._out_lines.rest():
+            self._display.write(stream, rest + "\n")
         self._display.stop()
         self._display = None

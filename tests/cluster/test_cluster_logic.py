@@ -181,6 +181,20 @@ def test_startup_view_reports_each_host_once_and_ends_when_all_ranks_started(tmp
     assert lines[-1].startswith("appliance primary: all 3 ranks started after")
 
 
+def test_startup_view_prints_output_above_its_table_in_whole_lines(tmp_path):
+    # The start-up table drawn (live): the job's output arrives in pieces and comes out whole, the
+    # unfinished rest when the view closes.
+    err = io.StringIO()
+    view = StartupView(str(tmp_path), [("localhost", 1)], 1, live=True, out=io.StringIO(), err=err)
+    assert view.active
+    view.write("stdout", b"[0]<stdout>:one\n[0]<std")
+    view.write("stdout", b"out>:two\n[0]<stdout>:thr")
+    view.close()
+    assert not view.active
+    lines = [l for l in err.getvalue().splitlines() if l.startswith("[0]")]
+    assert lines == ["[0]<stdout>:one", "[0]<stdout>:two", "[0]<stdout>:thr"], err.getvalue()
+
+
 def test_job_view_prints_whole_lines_and_stands_aside_once_closed(tmp_path):
     # The primary's job table (its drawing is checked in a terminal by test_primary.py): the
     # container's output arrives in pieces and is printed in whole lines; once closed (the job
