@@ -97,7 +97,10 @@ def test_a_restarted_rank_starts_a_new_window():
     job.state.message({"v": 1, "kind": "sample", "t": job.clock.t + 1, "rank": 1, "round": 1, "step": 3,
                        "busy_s": 0.1, "wall_s": 1.0, "wait_s": 0, "late_s": 0})
     snap = job.state.snapshot()
-    assert snap.ranks[1].step == 3 and snap.ranks[1].rates.steps_per_s is None  # one sample: no rate, no garbage
+    # One sample of the new process: its rate counts from where it began (3 steps in its 1 s), not
+    # across the restart (the old process's counters would give a negative difference).
+    assert snap.ranks[1].step == 3 and snap.ranks[1].rates.steps_per_s == pytest.approx(3.0)
+    assert snap.ranks[1].rates.comm_share == pytest.approx(0.1)
     assert snap.ranks[1].round == 1
 
 

@@ -7,7 +7,8 @@ which the view, the record, the Prometheus endpoint and the report read. Every c
 wire is cumulative, so rates are differences over a window of each rank's recent samples:
 steps/s, samples/s, communication share (d busy_s / d wall_s), lateness and waiting per step,
 bus bandwidth per operation kind (bytes / core seconds with nccl-tests' factors). A rank whose
-counters go back (a new process took its rank: elastic) starts a new window. The straggler rule
+counters go back (a new process took its rank: elastic) starts a new window; a rank's only sample
+so far is measured from where its process began counting (``wall_s`` before it, counters at zero). The straggler rule
 is ``straggler.py``'s; a stall (no rank finished a step for ``STALL_S`` while they report) and its
 end are events too. Thread-safe: one lock around the state; ``snapshot`` copies out.
 
@@ -80,6 +81,14 @@ class Sample:
                    late_s=_num(m.get("late_s")), ops=ops, rss=opt("rss"), gpu_util=opt("gpu_util"),
                    gpu_mem=opt("gpu_mem"), round=int(_num(m.get("round"))),
                    total_steps=int(total) if isinstance(total, (int, float)) and total > 0 else None)
+
+    def origin(self) -> Optional["Sample"]:
+        """Where this sample's process began counting: ``wall_s`` before it, every counter at zero
+        (None when unknown). A rank's only sample so far has rates from it."""
+        if self.wall_s <= 0:
+            return None
+        return Sample(t=self.t - self.wall_s, step=0.0, samples=None if self.samples is None else 0.0, busy_s=0.0,
+                      wall_s=0.0, wait_s=0.0, late_s=0.0, ops={}, round=self.round, total_steps=self.total_steps)
 
     def to_json(self) -> dict:
         return {"t": self.t, "step": self.step, "samples": self.samples, "busy_s": self.busy_s,
@@ -334,7 +343,8 @@ class JobState:
             for rank in sorted(self.ranks):
                 st = self.ranks[rank]
                 first, last = st.window(self.window_s)
-                r = rates(first, last, size) if first is not None else Rates()
+                base = first if first is not None else last.origin() if last is not None else None
+                r = rates(base, last, size) if base is not None else Rates()
                 rows.append(RankRow(rank=rank, host=st.host, step=last.step if last else None,
                                     round=st.round, alive=st.connected or st.said_bye, rates=r,
                                     rss=last.rss if last else None, gpu_util=last.gpu_util if last else None,
