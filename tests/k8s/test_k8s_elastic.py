@@ -8,7 +8,8 @@ Effects asserted for each: the launcher's exit code; the record the ranks leave 
 volume: every step of the job committed exactly once (``sizes`` has one entry per step and ``w`` is
 their sum: no committed step lost, none counted twice) and the sizes the job ran at; no rank program
 left on a worker; no container left. The lags (a worker appearing in discover_hosts.sh to its first
-step; replicas lowered to the survivors' first step) are printed for the report.
+step; replicas lowered to the survivors' first step) are printed; their medians are in
+docs/kubernetes.md (scale-up and scale-down[deleted-while-listed], 5 runs each).
 """
 from __future__ import annotations
 
