@@ -29,7 +29,7 @@ pytest_plugins = [
     "fixtures.jobs",     # job: launchers and python -c workers that leave evidence in files
     "fixtures.ssh",      # ssh_cluster: simulated hosts with real sshd (marker ssh)
     "fixtures.docker",   # engine, image, gpu_image, cluster, shared_cluster (marker docker)
-    "fixtures.k8s",      # k8s_jobs, MPIJob, TrainJob: manifests re-enacted with Docker (markers k8s, docker)
+    "fixtures.k8s",      # k8s_jobs, MPIJob (TrainJob: fixtures.k8s_trainer), re-enacted with Docker (k8s, docker)
     "fixtures.slurm",    # slurm_cluster, slurm: a real two-node Slurm (marker slurm)
     "fixtures.devices",  # fake_libs: stand-in CUDA and NCCL libraries
     "fixtures.gpu",      # modules marked gpu are collected only where torch sees a GPU

@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from fixtures import ROOT
-from fixtures.k8s import AtomicDir, MPIJob, Pod, TrainJob, one_of_kind
+from fixtures.k8s import AtomicDir, MPIJob, Pod, one_of_kind
+from fixtures.k8s_trainer import TrainJob
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(60)]
 

@@ -8,7 +8,8 @@ Effects asserted for each: the launcher's exit code; the record the ranks leave 
 volume: every step of the job committed exactly once (``sizes`` has one entry per step and ``w`` is
 their sum: no committed step lost, none counted twice) and the sizes the job ran at; no rank program
 left on a worker; no container left. The lags (a worker appearing in discover_hosts.sh to its first
-step; replicas lowered to the survivors' first step) are printed for the report.
+step; replicas lowered to the survivors' first step) are printed; their medians are in
+docs/kubernetes.md (scale-up and scale-down[deleted-while-listed], 5 runs each).
 """
 from __future__ import annotations
 
@@ -118,8 +119,10 @@ def test_scale_up_a_worker_added_to_discover_hosts_joins(k8s_jobs):
     assert 3 in done[0]["sizes"] and done[0]["sizes"][0] == 2
 
 
-@pytest.mark.parametrize("stop_after", [0.0, 3.0], ids=["stopped-at-once", "stopped-3s-later"])
+@pytest.mark.parametrize("stop_after", [0.0, 3.0, None], ids=["stopped-at-once", "stopped-3s-later", "deleted-while-listed"])
 def test_scale_down_the_removed_worker_leaves_gracefully(k8s_jobs, stop_after):
+    """Unlisted, then stopped (at once or 3 s later); or as Kubernetes orders it (None): deleted at
+    once, so its preStop hook ends its ranks while discover_hosts.sh still lists it."""
     job = elastic_job(k8s_jobs, steps=120, replicas=3, np_=3)
     job.start()
     wait_for("the first step at size 3", lambda: steps_at(job, 3), job)
@@ -136,6 +139,9 @@ def test_scale_down_the_removed_worker_leaves_gracefully(k8s_jobs, stop_after):
     # deleted with the manifest's preStop hook, which ends the pod's ranks with SIGTERM before
     # Kubernetes stops sshd (the pod's PID 1, whose exit kills every process in it)
     assert not [ln for ln in log.splitlines() if "worker-2" in ln and "blacklist" in ln], log[-3000:]
+    if stop_after is None:  # its rank left on the hook's SIGTERM, before the pod left discovery
+        assert "was sent SIGTERM: it leaves the job at its next commit" in log, log[-3000:]
+        assert first.first < next(t for t, hosts in job.discovery_log if len(hosts) == 2), job.discovery_log
 
 
 def test_workers_started_after_the_launcher_are_waited_for(k8s_jobs):

@@ -1,5 +1,6 @@
 """The shipped fixed-size MPIJobs run as written (deploy/kubernetes/, re-enacted with Docker by
-tests/fixtures/k8s.py: pods as containers with the operator's names, files, modes, env and uid).
+tests/fixtures/k8s.py: pods as containers with the operator's names, files, modes, env and uid),
+the GPU one included, on these GPU-less machines (its ranks train on the CPU).
 
 Effects asserted for each: the launcher's exit code, the training record rank 0 left on the shared
 volume (every epoch of the job, none lost), no rank program left on a worker, no container left.
@@ -28,6 +29,8 @@ def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, **kw):
     """Run a shipped MPIJob (with ``epochs`` instead of the manifest's 8, when given less) to its end."""
     m = one_of_kind(DEPLOY / manifest, "MPIJob")
     args = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    if "--epochs" not in args:
+        args += ["--epochs", "8"]  # the default job's default, written out
     assert args[args.index("--epochs") + 1] == "8"
     args[args.index("--epochs") + 1] = str(epochs)
     job = k8s_jobs(MPIJob, m, **kw)
@@ -122,3 +125,14 @@ def test_launcher_as_worker_mpijob_trains_as_written(k8s_jobs):
     out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml", epochs=2)  # the launcher trains too
     hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
     assert hosts and all(f"appliance-launcher-worker-{p}" in hosts[0] for p in ("launcher", "worker-0", "worker-1")), out[-3000:]
+
+
+def test_gpu_mpijob_runs_as_written_on_nodes_without_gpus(k8s_jobs):
+    """mpijob-gpu.yaml (2 workers x 4 slots: 8 ranks, /dev/shm a memory emptyDir) with 1 epoch, on
+    these GPU-less machines: `--device auto` trains on the CPU, one rank per slot. Which GPU each rank
+    takes is the GPU tier's (tests/gpu); the nvidia.com/gpu limits are the scheduler's."""
+    out = run_fixed(k8s_jobs, "mpijob-gpu.yaml", epochs=1)
+    devices = next(ln for ln in out.splitlines() if "devices: " in ln)
+    for p in range(2):
+        assert devices.count(f"@appliance-gpu-worker-{p}") == 4, devices
+    assert "rank 7 " in devices and "rank 8 " not in devices, devices

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from fixtures import ROOT
-from fixtures.k8s import TrainJob
+from fixtures.k8s_trainer import TrainJob
 
 pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420, func_only=True)]
 
