@@ -161,6 +161,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_START_TIMEOUT", _nonneg_float, 60.0, "seconds to wait for every rank at init (launch: --start-timeout)", core="start_timeout_s"),
     # Engine.
     Knob("HOROVOD_FUSION_THRESHOLD", parse_size, 128 << 20, "bytes of small allreduces fused into one (0 disables fusion)", core="fusion_threshold"),
+    Knob("APPLIANCE_FUSION_MEMBER_BYTES", parse_size, 256 << 10, "the largest CPU-tensor allreduce fused with others (0: any below HOROVOD_FUSION_THRESHOLD); larger ones run in place, without two copies through the fusion buffer (CUDA tensors fuse up to the threshold)", core="fusion_member_bytes"),
     Knob("HOROVOD_CYCLE_TIME", _nonneg_float, 1.0, "milliseconds to wait for more tensors to fuse while some are still coming", core="cycle_time_ms"),
     Knob("HOROVOD_CACHE_CAPACITY", _rank_int, 1024, "response cache entries (0 disables the cache)", core="cache_capacity"),
     Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", _hierarchy, "auto", "allreduce within each host over shared memory, across hosts on disjoint slices, then back within the host (jobs of several hosts with the same number of consecutive ranks each): 1 always, 0 never, auto where its cost model beats the flat algorithm", core="hierarchical_allreduce"),

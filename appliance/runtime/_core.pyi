@@ -78,6 +78,7 @@ class RuntimeConfig:
     cudart_candidates: list[str]
     start_timeout_s: float
     fusion_threshold: int
+    fusion_member_bytes: int
     cycle_time_ms: float
     cache_capacity: int
     negotiation: str

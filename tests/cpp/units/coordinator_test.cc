@@ -153,6 +153,31 @@ TEST(Coordinator, small_allreduces_that_agree_fuse_up_to_the_threshold) {
   EXPECT_EQ(plan[2].names, (std::vector<std::string>{"d"}));  // another dtype: its own entry
 }
 
+TEST(Coordinator, an_allreduce_over_the_member_limit_runs_alone) {
+  CoordinatorOptions o = opts(2, 1 << 20);
+  o.fusion_member_bytes = 32;  // float32[8] is the largest fused
+  Coordinator c(o);
+  all_ready(c, req("a"), 2);
+  all_ready(c, req("big", {16}), 2);
+  all_ready(c, req("b", {8}), 2);
+  std::vector<PlanEntry> plan = c.take_plan(t0);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(plan[1].names, (std::vector<std::string>{"big"}));
+  o.fusion_member_bytes = 0;  // no limit: everything below the threshold fuses
+  Coordinator all(o);
+  for (const char* n : {"a", "big", "b"}) all_ready(all, req(n, {16}), 2);
+  EXPECT_EQ(all.take_plan(t0).size(), 1u);
+  o.fusion_member_bytes = 32;  // CUDA tensors: no member limit (a device copy costs less than a launch)
+  Coordinator gpu(o);
+  for (const char* n : {"a", "big", "b"}) {
+    Request q = req(n, {16});
+    q.sig.device = 0;
+    all_ready(gpu, q, 2);
+  }
+  EXPECT_EQ(gpu.take_plan(t0).size(), 1u);
+}
+
 TEST(Coordinator, a_threshold_of_zero_disables_fusion) {
   Coordinator c(opts(2, 0));
   for (int i = 0; i < 3; ++i) all_ready(c, req("f" + std::to_string(i)), 2);

@@ -28,6 +28,9 @@
 #define APPLIANCE_NEGOTIATION_OPTIONS(X)                                                                \
   /* bytes of small allreduces fused into one entry (0: no fusion) */                                   \
   X(size_t, fusion_threshold, size_t{128} << 20)                                                       \
+  /* the largest host allreduce fused with others (0: any below fusion_threshold); larger ones run */  \
+  /* in place, without the two copies through the fusion buffer (CUDA tensors: no limit) */             \
+  X(size_t, fusion_member_bytes, size_t{256} << 10)                                                    \
   /* milliseconds the coordinator waits for more tensors to fuse while some are still coming; */        \
   /* also how long the background thread stays parked after a caller drove (engine/scheduler.h) */      \
   X(double, cycle_time_ms, 1.0)                                                                        \

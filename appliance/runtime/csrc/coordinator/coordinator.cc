@@ -225,12 +225,12 @@ std::vector<PlanEntry> Coordinator::take_plan(Time now) {
              now >= first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
   if (!due) return {};
   std::vector<PlanEntry> out;
-  fuse_entries(out, ready_, o_.fusion_threshold);
+  fuse_entries(out, ready_, o_.fusion_threshold, o_.fusion_member_bytes);
   ready_.clear();
   return out;
 }
 
-void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold) {
+void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold, size_t member_bytes) {
   using Key = std::tuple<uint8_t, uint8_t, double, double, int32_t, std::vector<uint8_t>, int32_t>;  // device index: one buffer per device; process set
   if (ready.size() == 1) {  // one entry fuses with nothing: as it is, without the key map
     out.push_back(std::move(ready[0]));
@@ -239,7 +239,8 @@ void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, si
   std::map<Key, std::pair<size_t, size_t>> open;  // key -> (index in out, bytes)
   for (auto& e : ready) {
     const Signature& s = e.sigs[0];
-    bool fusable = e.ok && e.kind == OpKind::kAllreduce && threshold > 0 && s.nbytes() < threshold;
+    bool fusable = e.ok && e.kind == OpKind::kAllreduce && threshold > 0 && s.nbytes() < threshold &&
+                   (member_bytes == 0 || s.device >= 0 || s.nbytes() <= member_bytes);
     if (!fusable) {
       out.push_back(std::move(e));
       continue;

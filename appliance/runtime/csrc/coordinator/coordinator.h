@@ -31,8 +31,10 @@
 namespace appliance {
 
 // Fusion, pure: the entries of `ready` in order into `out`, allreduces that agree in (dtype,
-// op, scales, device, joined ranks, process set) fused up to `threshold` bytes (0: none).
-void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold);
+// op, scales, device, joined ranks, process set) fused up to `threshold` bytes (0: none); a host
+// allreduce over `member_bytes` (0: no limit) runs alone, in place (two memory passes through the
+// buffer cost it more than an operation of its own; a device copy costs less than a launch).
+void fuse_entries(std::vector<PlanEntry>& out, std::vector<PlanEntry>& ready, size_t threshold, size_t member_bytes);
 
 // The negotiation's options (common/options.h: fusion, cycle, stall checks) and the job's size.
 struct CoordinatorOptions : NegotiationOptions {

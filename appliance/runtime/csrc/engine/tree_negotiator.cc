@@ -246,7 +246,7 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
                      now >= first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000));
     if (due) {
       std::vector<PlanEntry> fused;
-      fuse_entries(fused, ready_, o_.fusion_threshold);
+      fuse_entries(fused, ready_, o_.fusion_threshold, o_.fusion_member_bytes);
       ready_.clear();
       if (entries.empty()) entries.swap(fused);
       else entries.insert(entries.begin(), std::make_move_iterator(fused.begin()), std::make_move_iterator(fused.end()));
