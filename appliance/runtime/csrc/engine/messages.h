@@ -9,14 +9,16 @@
 // The tree protocol (engine/tree_negotiator.h), between tree neighbours:
 //   UP      child -> parent  {seq, ids complete in its subtree, full requests (rank, request,
 //                             ms waited), ranks that left, ids pending for long (stale),
-//                             per id the subtree's last member and its lag}
+//                             per id the subtree's last member and its lag, and per id the
+//                             subtree's combined input of a carried allreduce (or none)}
 //   DOWN    parent -> child  {seq, slow?, ids evicted, lines to print, PLAN}: the root's
 //                             decisions, forwarded down unchanged
 //   GONE    parent -> child  {rank}: negotiation ended (that rank left in order)
 // Both:
 //   BYE     both ways   {}                                   orderly shutdown of the sender
 //
-// Plan entries whose names are all cached with the same signature travel as cache ids; a
+// Plan entries whose names are all cached with the same signature travel as cache ids; an entry
+// may carry its result (a carried allreduce: PlanEntry::result, one name, its signature's bytes); a
 // receiver resolves the whole plan against its cache before applying any of it, which is the
 // state the coordinator encoded it against (ranks apply plans in the same order).
 #pragma once
@@ -68,6 +70,7 @@ struct UpMsg {
   std::vector<int32_t> left;   // ranks that left in order
   std::vector<uint32_t> stale;  // ids some rank has waited on for long (the root evicts them)
   std::vector<Late> late;       // per id: the subtree's last member, and how long the rest waited for it (us; UINT32_MAX: nobody)
+  std::vector<std::vector<uint8_t>> carried;  // per id: the subtree's combined input (empty: none; missing rows: none)
 };
 std::vector<uint8_t> encode_up(const UpMsg& m);
 UpMsg decode_up(const std::vector<uint8_t>& payload, int size, const std::string& from);
