@@ -16,10 +16,12 @@ ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum
 
 Carry Runtime::carry() {
   Carry c;
-  // Within a control frame several times over; one UP or DOWN holds a few ops' worth.
-  constexpr size_t kMaxOpBytes = size_t{16} << 20, kMessageBytes = size_t{1} << 20;
-  c.op_bytes = std::min(cfg_.carry_bytes, kMaxOpBytes);
-  c.message_bytes = std::max(c.op_bytes, kMessageBytes);
+  // One UP or DOWN holds at most a quarter of a control link's shared-memory ring
+  // (bootstrap/options.h's shm_ring_bytes) in carried bytes, so that the messages of both
+  // directions stay small beside the rings whatever the knob says; one op at most as much.
+  constexpr size_t kMessageBytes = size_t{256} << 10;
+  c.op_bytes = std::min(cfg_.carry_bytes, kMessageBytes);
+  c.message_bytes = kMessageBytes;
   // Called by the negotiator as intake() submits: the op is in flight, its input the caller's.
   c.take = [this](const Request& req, std::vector<uint8_t>& out) {
     auto it = inflight_.find(req.name);
