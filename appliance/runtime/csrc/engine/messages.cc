@@ -59,6 +59,11 @@ ReadyMsg decode_ready(const std::vector<uint8_t>& p, const std::string& from) {
 
 std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
   Writer w;
+  encode_plan_into(w, p, cache);
+  return w.take();
+}
+
+void encode_plan_into(Writer& w, const Plan& p, const ResponseCache& cache) {
   w.u8(static_cast<uint8_t>(CtrlType::kPlan));
   w.u64(p.seq);
   w.u32(static_cast<uint32_t>(p.entries.size()));
@@ -94,12 +99,16 @@ std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
     w.i32(l.rank);
     w.u32(l.us);
   }
-  return w.take();
 }
 
 Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from,
                  const std::function<int(int32_t)>& set_size) {
-  Reader r(payload.data(), payload.size(), "PLAN message from " + from);
+  return decode_plan(payload.data(), payload.size(), cache, size, from, set_size);
+}
+
+Plan decode_plan(const uint8_t* payload, size_t bytes, const ResponseCache& cache, int size, const std::string& from,
+                 const std::function<int(int32_t)>& set_size) {
+  Reader r(payload, bytes, "PLAN message from " + from);
   expect_type(r, CtrlType::kPlan);
   Plan p;
   p.seq = r.u64();
@@ -285,7 +294,7 @@ UpMsg decode_up(const std::vector<uint8_t>& p, int size, const std::string& from
   return m;
 }
 
-std::vector<uint8_t> encode_down(const DownMsg& m) {
+std::vector<uint8_t> encode_down(const DownMsg& m, const Plan* plan, const ResponseCache* cache) {
   Writer w;
   w.u8(static_cast<uint8_t>(CtrlType::kDown));
   w.u64(m.seq);
@@ -294,7 +303,12 @@ std::vector<uint8_t> encode_down(const DownMsg& m) {
   const uint32_t n = static_cast<uint32_t>(std::min<size_t>(m.lines.size(), kMaxNoticeLines));
   w.u32(n);
   for (uint32_t i = 0; i < n; ++i) w.str(m.lines[i].substr(0, kMaxNoticeLine));
-  w.bytes(m.plan.data(), m.plan.size());
+  const size_t at = w.size();
+  w.u32(0);  // the plan's length, once it is written
+  if (plan && !plan->entries.empty()) {
+    encode_plan_into(w, *plan, *cache);
+    w.patch_u32(at, static_cast<uint32_t>(w.size() - at - 4));
+  }
   return w.take();
 }
 
@@ -310,7 +324,7 @@ DownMsg decode_down(const std::vector<uint8_t>& p, const std::string& from) {
   uint32_t n = r.u32();
   if (n > kMaxNoticeLines) r.fail(std::to_string(n) + " lines");
   for (uint32_t i = 0; i < n; ++i) m.lines.push_back(r.str(kMaxNoticeLine));
-  m.plan = r.bytes(256u << 20);
+  m.plan = r.bytes_view(256u << 20, &m.plan_bytes);
   r.expect_done();
   return m;
 }

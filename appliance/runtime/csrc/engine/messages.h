@@ -46,8 +46,11 @@ std::vector<uint8_t> encode_ready(const ReadyMsg& m);
 ReadyMsg decode_ready(const std::vector<uint8_t>& payload, const std::string& from);
 
 std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache);
+void encode_plan_into(Writer& w, const Plan& p, const ResponseCache& cache);
 // set_size(id): ranks in process set `id` (<= 0 when unknown); sizes of its entries are checked against it.
 Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from,
+                 const std::function<int(int32_t)>& set_size = nullptr);
+Plan decode_plan(const uint8_t* payload, size_t n, const ResponseCache& cache, int size, const std::string& from,
                  const std::function<int(int32_t)>& set_size = nullptr);
 
 std::vector<uint8_t> encode_resend(const std::vector<uint32_t>& ids);
@@ -80,9 +83,12 @@ struct DownMsg {
   bool slow = false;                // from here on every request goes to rank 0's coordinator
   std::vector<uint32_t> evict;      // cache ids forgotten, before the plan
   std::vector<std::string> lines;   // printed by every rank (a stall report)
-  std::vector<uint8_t> plan;        // encode_plan's bytes (empty: no plan)
+  // Decoded: encode_plan's bytes inside the DOWN's payload (valid while it is; 0 bytes: no plan).
+  const uint8_t* plan = nullptr;
+  size_t plan_bytes = 0;
 };
-std::vector<uint8_t> encode_down(const DownMsg& m);
+// `plan` (null or no entries: none) is encoded inside the DOWN, against `cache`.
+std::vector<uint8_t> encode_down(const DownMsg& m, const Plan* plan = nullptr, const ResponseCache* cache = nullptr);
 DownMsg decode_down(const std::vector<uint8_t>& payload, const std::string& from);
 
 std::vector<uint8_t> encode_gone(int32_t rank);

@@ -228,8 +228,8 @@ void TreeNegotiator::on_down(const std::vector<uint8_t>& payload, Time now, Nego
 void TreeNegotiator::apply(const DownMsg& m, Plan plan, Time now, Negotiated& out) {
   seq_ = m.seq;
   for (uint32_t id : m.evict) cache_.erase(id);
-  if (!root() && !m.plan.empty())
-    plan = decode_plan(m.plan, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) { return sets_.size_of(id); });
+  if (!root() && m.plan_bytes)
+    plan = decode_plan(m.plan, m.plan_bytes, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) { return sets_.size_of(id); });
   for (const PlanEntry& e : plan.entries)
     for (size_t i = 0; i < e.names.size(); ++i) {
       if (const uint32_t id = cache_.id_of(e.names[i])) {  // its next readiness is a new report
@@ -322,9 +322,9 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
   if (!plan.entries.empty()) plan.late = coord_->take_late();
   if (observer_ && observer_->on() && !plan.entries.empty()) observer_->planned(plan.entries);
   if (!children_.empty()) {  // a root without children (one rank) has nobody to tell
-    if (!plan.entries.empty()) m.plan = encode_plan(plan, cache_);
-    const std::vector<uint8_t> bytes = encode_down(m);
-    for (int c : children_) out.send.push_back(Outgoing{c, bytes});
+    std::vector<uint8_t> bytes = encode_down(m, &plan, &cache_);
+    for (size_t i = 0; i + 1 < children_.size(); ++i) out.send.push_back(Outgoing{children_[i], bytes});
+    out.send.push_back(Outgoing{children_.back(), std::move(bytes)});
   }
   apply(m, std::move(plan), now, out);
 }
