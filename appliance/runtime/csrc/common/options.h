@@ -35,7 +35,7 @@
   X(size_t, cache_capacity, 1024)                                                                      \
   /* cached allreduces of at most this many bytes carry their data through the tree negotiation */     \
   /* (engine/negotiator.h's Carry; 0: none does) */                                                     \
-  X(size_t, carry_bytes, size_t{64} << 10)                                                             \
+  X(size_t, carry_bytes, 0)                                                                            \
   /* the negotiation protocol (engine/negotiator.h): "tree" (cached ops agreed up and down a tree */   \
   /* without rank 0's coordinator) or "star" (every rank talks to rank 0's coordinator) */              \
   X(std::string, negotiation, "tree")                                                                  \
