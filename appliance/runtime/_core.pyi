@@ -81,6 +81,7 @@ class RuntimeConfig:
     fusion_member_bytes: int
     cycle_time_ms: float
     cache_capacity: int
+    carry_bytes: int
     negotiation: str
     stall_check_disable: bool
     stall_check_s: float
@@ -182,6 +183,8 @@ class Runtime:
     def stats(self) -> dict[str, int]:
         """Counters: plans, entries, tensors, fused_entries, ready_full, ready_ids, driven_plans,
         outputs_reused, outputs_idle_bytes; ctrl_in, ctrl_out (control frames received, sent);
+        carried (allreduces completed from a result carried with their plan); data_frames (DATA
+        frames sent on the data links);
         store_requests (this rank's), store_served (rank 0: its store server's); negotiation_ns,
         negotiation_turns (with ``set_profiling(True)``: CPU time of the engine's negotiation)."""
     def metrics(self) -> dict:

@@ -350,6 +350,8 @@ PYBIND11_MODULE(_core, m) {
              d["driven_plans"] = s.driven_plans.load();
              d["ctrl_in"] = s.ctrl_in.load();
              d["ctrl_out"] = s.ctrl_out.load();
+             d["carried"] = s.carried.load();
+             d["data_frames"] = rt.data_frames();
              d["negotiation_ns"] = rt.profile().ns();
              d["negotiation_turns"] = rt.profile().turns();
              d["store_requests"] = rt.store_requests();

@@ -124,6 +124,8 @@ bool Comm::pump(std::vector<SendState>& ss, std::vector<RecvState>& rs, bool* al
         }
         s.cur = std::min(frame_size(s.op->piece), s.op->len - s.off);
         ch.begin_send(static_cast<const uint8_t*>(s.op->data) + s.off, s.cur);
+        std::atomic<uint64_t>& sent = (parent_ ? parent_ : this)->frames_sent_;
+        sent.store(sent.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         s.started = true;
       }
       if (!ch.pump_send()) break;

@@ -32,6 +32,7 @@
 // the Comm is unusable (frames may be half sent); the engine tears it down.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -90,6 +91,8 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t max_frame() const { return max_frame_; }
+  // DATA frames this Comm and its views have sent (any thread may read it).
+  uint64_t frames_sent() const { return frames_sent_.load(std::memory_order_relaxed); }
   // The channel to `peer`, opened now if it is not yet.
   Channel& channel(int peer);
   bool has_channel(int peer) const { return peers_[peer] != nullptr; }
@@ -126,6 +129,7 @@ class Comm {
   Comm* parent_ = nullptr;                           // a view: opens through its parent
   std::vector<int> members_;                         // a view: job rank of each of its ranks
   size_t max_frame_;
+  std::atomic<uint64_t> frames_sent_{0};  // one writer (the engine's turn): a plain add
   Watch watch_;
   Clock::time_point last_service_;
   Backoff backoff_;

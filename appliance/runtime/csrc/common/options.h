@@ -36,6 +36,9 @@
   X(double, cycle_time_ms, 1.0)                                                                        \
   /* response cache entries (0: every readiness travels in full) */                                     \
   X(size_t, cache_capacity, 1024)                                                                      \
+  /* cached allreduces of at most this many bytes carry their data through the tree negotiation */     \
+  /* (engine/negotiator.h's Carry; 0: none does) */                                                     \
+  X(size_t, carry_bytes, 0)                                                                            \
   /* the negotiation protocol (engine/negotiator.h): "tree" (cached ops agreed up and down a tree */   \
   /* without rank 0's coordinator) or "star" (every rank talks to rank 0's coordinator) */              \
   X(std::string, negotiation, "tree")                                                                  \

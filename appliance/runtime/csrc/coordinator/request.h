@@ -64,6 +64,9 @@ struct PlanEntry {
   std::vector<int64_t> sizes;      // allgather: dim0 per rank; alltoall: P*P splits (row-major, sender-major)
   int32_t joined_last = -1;        // join: last rank that joined
   std::vector<uint8_t> joined;     // allreduce while some ranks joined: 1 for ranks that contribute zeros
+  // A carried allreduce (engine/negotiator.h's Carry; one name): its reduced bytes, before the
+  // postscale. Empty: the collective runs.
+  std::vector<uint8_t> result;
 };
 
 // Lateness the coordinator saw since its previous plan: `rank` was the last one ready for

@@ -59,6 +59,11 @@ ReadyMsg decode_ready(const std::vector<uint8_t>& p, const std::string& from) {
 
 std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
   Writer w;
+  encode_plan_into(w, p, cache);
+  return w.take();
+}
+
+void encode_plan_into(Writer& w, const Plan& p, const ResponseCache& cache) {
   w.u8(static_cast<uint8_t>(CtrlType::kPlan));
   w.u64(p.seq);
   w.u32(static_cast<uint32_t>(p.entries.size()));
@@ -70,7 +75,9 @@ std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
       if (id == 0) by_ids = false;
       ids.push_back(id);
     }
-    w.u8(static_cast<uint8_t>((e.ok ? 1 : 0) | (by_ids ? 2 : 0)));
+    const bool result = e.ok && !e.result.empty() && e.names.size() == 1;
+    w.u8(static_cast<uint8_t>((e.ok ? 1 : 0) | (by_ids ? 2 : 0) | (result ? 4 : 0)));
+    if (result) w.bytes(e.result.data(), e.result.size());
     if (by_ids) {
       put_ids(w, ids);
       continue;
@@ -92,12 +99,16 @@ std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache) {
     w.i32(l.rank);
     w.u32(l.us);
   }
-  return w.take();
 }
 
 Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from,
                  const std::function<int(int32_t)>& set_size) {
-  Reader r(payload.data(), payload.size(), "PLAN message from " + from);
+  return decode_plan(payload.data(), payload.size(), cache, size, from, set_size);
+}
+
+Plan decode_plan(const uint8_t* payload, size_t bytes, const ResponseCache& cache, int size, const std::string& from,
+                 const std::function<int(int32_t)>& set_size) {
+  Reader r(payload, bytes, "PLAN message from " + from);
   expect_type(r, CtrlType::kPlan);
   Plan p;
   p.seq = r.u64();
@@ -106,8 +117,16 @@ Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache
   for (uint32_t k = 0; k < n; ++k) {
     PlanEntry e;
     uint8_t flags = r.u8();
-    if (flags > 3) r.fail("bad entry flags");
+    if (flags > 7 || ((flags & 4) && !(flags & 1))) r.fail("bad entry flags");
     e.ok = flags & 1;
+    if (flags & 4) {
+      e.result = r.bytes(256u << 20);
+      if (e.result.empty()) r.fail("empty carried result");
+    }
+    auto check_result = [&] {
+      if (!e.result.empty() && (e.names.size() != 1 || e.kind != OpKind::kAllreduce || e.result.size() != e.sigs[0].nbytes()))
+        r.fail("carried result of " + std::to_string(e.result.size()) + " bytes for an entry that is not one allreduce of as many");
+    };
     if (flags & 2) {
       for (uint32_t id : get_ids(r)) {
         const ResponseCache::Entry* c = cache.get(id);
@@ -117,6 +136,7 @@ Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache
         e.sigs.push_back(c->sig);
       }
       if (e.names.empty()) r.fail("empty cached entry");
+      check_result();
       p.entries.push_back(std::move(e));
       continue;
     }
@@ -146,6 +166,7 @@ Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache
     if (e.kind == OpKind::kAlltoall && e.ok && e.sizes.size() != static_cast<size_t>(P) * P)
       r.fail("alltoall entry without a full split matrix");
     if (!e.joined.empty() && e.joined.size() != static_cast<size_t>(size)) r.fail("joined vector of wrong length");
+    check_result();
     p.entries.push_back(std::move(e));
   }
   const uint32_t late = r.u32();
@@ -223,6 +244,11 @@ std::vector<uint8_t> encode_up(const UpMsg& m) {
     w.i32(l.rank);
     w.u32(l.us);
   }
+  w.u32(static_cast<uint32_t>(m.ids.size()));  // one carried input per id (none: empty)
+  for (size_t i = 0; i < m.ids.size(); ++i) {
+    if (i < m.carried.size()) w.bytes(m.carried[i].data(), m.carried[i].size());
+    else w.u32(0);
+  }
   return w.take();
 }
 
@@ -260,11 +286,15 @@ UpMsg decode_up(const std::vector<uint8_t>& p, int size, const std::string& from
     if (l.rank < 0 || l.rank >= size) r.fail("lateness of rank " + std::to_string(l.rank));
     m.late.push_back(l);
   }
+  n = r.u32();
+  if (n != m.ids.size()) r.fail(std::to_string(n) + " carried inputs for " + std::to_string(m.ids.size()) + " ids");
+  m.carried.resize(n);
+  for (uint32_t i = 0; i < n; ++i) m.carried[i] = r.bytes(256u << 20);
   r.expect_done();
   return m;
 }
 
-std::vector<uint8_t> encode_down(const DownMsg& m) {
+std::vector<uint8_t> encode_down(const DownMsg& m, const Plan* plan, const ResponseCache* cache) {
   Writer w;
   w.u8(static_cast<uint8_t>(CtrlType::kDown));
   w.u64(m.seq);
@@ -273,7 +303,12 @@ std::vector<uint8_t> encode_down(const DownMsg& m) {
   const uint32_t n = static_cast<uint32_t>(std::min<size_t>(m.lines.size(), kMaxNoticeLines));
   w.u32(n);
   for (uint32_t i = 0; i < n; ++i) w.str(m.lines[i].substr(0, kMaxNoticeLine));
-  w.bytes(m.plan.data(), m.plan.size());
+  const size_t at = w.size();
+  w.u32(0);  // the plan's length, once it is written
+  if (plan && !plan->entries.empty()) {
+    encode_plan_into(w, *plan, *cache);
+    w.patch_u32(at, static_cast<uint32_t>(w.size() - at - 4));
+  }
   return w.take();
 }
 
@@ -289,7 +324,7 @@ DownMsg decode_down(const std::vector<uint8_t>& p, const std::string& from) {
   uint32_t n = r.u32();
   if (n > kMaxNoticeLines) r.fail(std::to_string(n) + " lines");
   for (uint32_t i = 0; i < n; ++i) m.lines.push_back(r.str(kMaxNoticeLine));
-  m.plan = r.bytes(256u << 20);
+  m.plan = r.bytes_view(256u << 20, &m.plan_bytes);
   r.expect_done();
   return m;
 }

@@ -9,14 +9,16 @@
 // The tree protocol (engine/tree_negotiator.h), between tree neighbours:
 //   UP      child -> parent  {seq, ids complete in its subtree, full requests (rank, request,
 //                             ms waited), ranks that left, ids pending for long (stale),
-//                             per id the subtree's last member and its lag}
+//                             per id the subtree's last member and its lag, and per id the
+//                             subtree's combined input of a carried allreduce (or none)}
 //   DOWN    parent -> child  {seq, slow?, ids evicted, lines to print, PLAN}: the root's
 //                             decisions, forwarded down unchanged
 //   GONE    parent -> child  {rank}: negotiation ended (that rank left in order)
 // Both:
 //   BYE     both ways   {}                                   orderly shutdown of the sender
 //
-// Plan entries whose names are all cached with the same signature travel as cache ids; a
+// Plan entries whose names are all cached with the same signature travel as cache ids; an entry
+// may carry its result (a carried allreduce: PlanEntry::result, one name, its signature's bytes); a
 // receiver resolves the whole plan against its cache before applying any of it, which is the
 // state the coordinator encoded it against (ranks apply plans in the same order).
 #pragma once
@@ -44,8 +46,11 @@ std::vector<uint8_t> encode_ready(const ReadyMsg& m);
 ReadyMsg decode_ready(const std::vector<uint8_t>& payload, const std::string& from);
 
 std::vector<uint8_t> encode_plan(const Plan& p, const ResponseCache& cache);
+void encode_plan_into(Writer& w, const Plan& p, const ResponseCache& cache);
 // set_size(id): ranks in process set `id` (<= 0 when unknown); sizes of its entries are checked against it.
 Plan decode_plan(const std::vector<uint8_t>& payload, const ResponseCache& cache, int size, const std::string& from,
+                 const std::function<int(int32_t)>& set_size = nullptr);
+Plan decode_plan(const uint8_t* payload, size_t n, const ResponseCache& cache, int size, const std::string& from,
                  const std::function<int(int32_t)>& set_size = nullptr);
 
 std::vector<uint8_t> encode_resend(const std::vector<uint32_t>& ids);
@@ -68,6 +73,7 @@ struct UpMsg {
   std::vector<int32_t> left;   // ranks that left in order
   std::vector<uint32_t> stale;  // ids some rank has waited on for long (the root evicts them)
   std::vector<Late> late;       // per id: the subtree's last member, and how long the rest waited for it (us; UINT32_MAX: nobody)
+  std::vector<std::vector<uint8_t>> carried;  // per id: the subtree's combined input (empty: none; missing rows: none)
 };
 std::vector<uint8_t> encode_up(const UpMsg& m);
 UpMsg decode_up(const std::vector<uint8_t>& payload, int size, const std::string& from);
@@ -77,9 +83,12 @@ struct DownMsg {
   bool slow = false;                // from here on every request goes to rank 0's coordinator
   std::vector<uint32_t> evict;      // cache ids forgotten, before the plan
   std::vector<std::string> lines;   // printed by every rank (a stall report)
-  std::vector<uint8_t> plan;        // encode_plan's bytes (empty: no plan)
+  // Decoded: encode_plan's bytes inside the DOWN's payload (valid while it is; 0 bytes: no plan).
+  const uint8_t* plan = nullptr;
+  size_t plan_bytes = 0;
 };
-std::vector<uint8_t> encode_down(const DownMsg& m);
+// `plan` (null or no entries: none) is encoded inside the DOWN, against `cache`.
+std::vector<uint8_t> encode_down(const DownMsg& m, const Plan* plan = nullptr, const ResponseCache* cache = nullptr);
 DownMsg decode_down(const std::vector<uint8_t>& payload, const std::string& from);
 
 std::vector<uint8_t> encode_gone(int32_t rank);

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,26 @@ struct Negotiated {
 
   bool empty() const { return send.empty() && plans.empty() && log.empty() && abort.ok() && !coordinator_gone; }
 };
+
+// Carried allreduces (the tree negotiator; the star ignores them): small cached allreduces whose
+// data travels with the agreement, reduced up the tree and broadcast down with the plan, so that
+// no collective runs for them. What the engine lends the negotiator, which touches no tensors:
+// the limits, this rank's input (prescaled) and the elementwise combine. Carried bytes are only
+// ever an optimisation: every rank keeps its input until its op completes, so whatever drops
+// them (a first occurrence, an eviction, the slow mode, a rank without bytes, a limit) leaves
+// the op to run its collective as before.
+struct Carry {
+  size_t op_bytes = 0;       // an eligible allreduce of at most this many bytes carries its data (0: none)
+  size_t message_bytes = 0;  // carried bytes one UP or DOWN holds at most (the rest run normally)
+  // This rank's input of `req`, with its prescale applied, into `out`; false: none to give.
+  std::function<bool(const Request& req, std::vector<uint8_t>& out)> take;
+  // dst = dst (op) src, elementwise, with sig's dtype and reduce op (Average: Sum).
+  std::function<void(const Signature& sig, uint8_t* dst, const uint8_t* src)> combine;
+};
+// Whether a request with this signature may carry its data (the same test on every rank):
+// an allreduce (Sum, Average, Min, Max, Product) of 1..op_bytes bytes of a host tensor in the
+// global process set, not grouped.
+bool carry_eligible(const Signature& s, size_t op_bytes);
 
 // Where rank 0's negotiation is seen (the timeline): when a rank became ready for a name, and
 // the entries of a plan as it is issued.
@@ -82,6 +103,8 @@ class Negotiator {
   // Process sets, in the same order on every rank, before the requests queued after them.
   virtual void add_process_set(int32_t id, const std::vector<int>& members) = 0;
   virtual void remove_process_set(int32_t id) = 0;
+  // Carried allreduces (see Carry): the tree carries them, the star does not.
+  virtual void set_carry(Carry) {}
 
   // Counters (requests announced in full, and as cache ids).
   uint64_t ready_full() const { return ready_full_; }

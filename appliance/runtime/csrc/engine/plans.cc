@@ -1,9 +1,51 @@
 // Plans on a Runtime: every entry of a plan launched on its backend in plan order, and the
-// handles of launched entries completed in that order when their backend finishes.
+// handles of launched entries completed in that order when their backend finishes. An entry
+// carrying its result (a carried allreduce, negotiator.h's Carry) completes without a collective.
 
+#include <cstring>
+
+#include "collectives/reduce.h"
 #include "engine/runtime.h"
 
 namespace appliance {
+
+namespace {
+// The op the reduction applies (Average: Sum, then the postscale divides), as the CPU backend.
+ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+}  // namespace
+
+Carry Runtime::carry() {
+  Carry c;
+  // One UP or DOWN holds at most a quarter of a control link's shared-memory ring
+  // (bootstrap/options.h's shm_ring_bytes) in carried bytes, so that the messages of both
+  // directions stay small beside the rings whatever the knob says; one op at most as much.
+  constexpr size_t kMessageBytes = size_t{256} << 10;
+  c.op_bytes = std::min(cfg_.carry_bytes, kMessageBytes);
+  c.message_bytes = kMessageBytes;
+  // Called by the negotiator as intake() submits: the op is in flight, its input the caller's.
+  c.take = [this](const Request& req, std::vector<uint8_t>& out) {
+    auto it = inflight_.find(req.name);
+    if (it == inflight_.end()) return false;
+    const OpState& op = *it->second;
+    const Signature& s = op.req.sig;
+    if (op.in.device >= 0 || !op.in.data() || s != req.sig) return false;
+    const uint8_t* in = static_cast<const uint8_t*>(op.in.data());
+    out.assign(in, in + s.nbytes());
+    scale(out.data(), static_cast<size_t>(s.numel()), s.dtype, s.prescale);
+    return true;
+  };
+  c.combine = [](const Signature& s, uint8_t* dst, const uint8_t* src) {
+    reduce_into(dst, src, static_cast<size_t>(s.numel()), s.dtype, wire_op(s.op));
+  };
+  return c;
+}
+
+void Runtime::finish_carried(const PlanEntry& e, OpState& op) {
+  const Signature& s = e.sigs[0];
+  std::memcpy(op.out.data(), e.result.data(), e.result.size());
+  scale(op.out.data(), static_cast<size_t>(s.numel()), s.dtype, s.op == ReduceOp::kAverage ? s.postscale / cfg_.size : s.postscale);
+  Stats::add(stats_.carried);
+}
 
 void Runtime::planned(const std::vector<PlanEntry>& entries) {
   timeline_.planned(entries, [this](const std::string& n) { return inflight_.count(n) > 0; });
@@ -61,7 +103,9 @@ void Runtime::run_entry(const PlanEntry& e) {
   if (kind >= 0) count_entry(e, ops, kind);
   for (auto& op : ops)
     if (op) op->planned_us = started;
-  std::unique_ptr<Completion> completion = backend.launch(e, raw);
+  std::unique_ptr<Completion> completion;
+  if (!e.result.empty() && raw.size() == 1 && raw[0] && !joined_here) finish_carried(e, *raw[0]);
+  else completion = backend.launch(e, raw);
   Stats::add(stats_.entries);
   Stats::add(stats_.tensors, e.names.size());
   if (e.names.size() > 1) Stats::add(stats_.fused_entries);

@@ -33,6 +33,7 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
     throw std::invalid_argument("rank " + std::to_string(cfg_.rank) + " is not within size " + std::to_string(cfg_.size));
   layout_.hosts.assign(cfg_.size, cfg_.host);
   negotiator_ = make_negotiator(cfg_, this);
+  negotiator_->set_carry(carry());
   layout_.link_kinds.reset(new std::atomic<const char*>[cfg_.size]);
   for (int r = 0; r < cfg_.size; ++r) layout_.link_kinds[r].store("self");
   if (cfg_.size > 1) join();

@@ -75,6 +75,7 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     std::atomic<uint64_t> driven_plans{0};  // plans run by a driving caller (engine/scheduler.h)
     std::atomic<uint64_t> ctrl_in{0}, ctrl_out{0};  // control frames this rank received / sent
     std::atomic<uint64_t> ready_full{0}, ready_ids{0};  // the negotiator's: requests announced in full, as cache ids
+    std::atomic<uint64_t> carried{0};  // allreduces completed from a result carried with their plan (negotiator.h's Carry)
 
     // Written under the engine's lock only, so one writer at a time: a plain add, no locked instruction.
     static void add(std::atomic<uint64_t>& c, uint64_t n = 1) {
@@ -82,6 +83,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     }
   };
   const Stats& stats() const { return stats_; }
+  // DATA frames this rank has sent on its data links.
+  uint64_t data_frames() const { return comm_ ? comm_->frames_sent() : 0; }
   // What a rank publishes as metrics (appliance/runtime/metrics.py), cumulative since this
   // Runtime started; read from any thread. Per operation kind (allreduce..reducescatter): the
   // operations run here, their bytes (as nccl-tests sizes them) and the time from their plan's
@@ -190,6 +193,12 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   // Publishes the negotiator's counters (Stats::ready_full, ready_ids).
   void count_ready();
   // --- plans (engine/plans.cc) ---
+  // What the negotiator needs to carry small allreduces (negotiator.h's Carry): this rank's
+  // prescaled input of an announced op, and the elementwise combine.
+  Carry carry();
+  // A carried allreduce: its result into the output, the postscale (Average's divide) applied
+  // as the collective would have.
+  void finish_carried(const PlanEntry& e, OpState& op);
   void run_plan(const Plan& plan);
   void run_entry(const PlanEntry& e);
   void count_entry(const PlanEntry& e, const std::vector<OpPtr>& ops, int kind);  // metrics_ per kind

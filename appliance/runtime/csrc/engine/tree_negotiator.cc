@@ -11,6 +11,14 @@ int64_t ms_between(Negotiator::Time a, Negotiator::Time b) {
 }
 }  // namespace
 
+bool carry_eligible(const Signature& s, size_t op_bytes) {
+  const bool op = s.op == ReduceOp::kSum || s.op == ReduceOp::kAverage || s.op == ReduceOp::kMin ||
+                  s.op == ReduceOp::kMax || s.op == ReduceOp::kProduct;
+  const size_t n = s.nbytes();
+  return op && s.kind == OpKind::kAllreduce && s.process_set == 0 && s.device < 0 && s.group_size <= 1 && n > 0 &&
+         n <= op_bytes;
+}
+
 std::vector<int> tree_children(int rank, int size) {
   std::vector<int> c;
   for (int k = 1; k <= 2; ++k)
@@ -59,7 +67,10 @@ void TreeNegotiator::announce(Mine& m, Time now) {
   m.id = id;
   ++ready_ids_;
   next_stale_ = std::min(next_stale_, stale_after(m));
-  mark(id, 0, now, Late{o_.rank, kNoLag});
+  std::vector<uint8_t> carried;
+  if (carry_.take && carry_eligible(m.req.sig, carry_.op_bytes) && o_.size > 1)
+    if (!carry_.take(m.req, carried) || carried.size() != m.req.sig.nbytes()) carried.clear();
+  mark(id, 0, now, Late{o_.rank, kNoLag}, std::move(carried));
 }
 
 void TreeNegotiator::announce_full(Mine& m, Time now) {
@@ -70,9 +81,13 @@ void TreeNegotiator::announce_full(Mine& m, Time now) {
   else up_.full.push_back(UpMsg::Full{o_.rank, m.req, waited});
 }
 
-void TreeNegotiator::mark(uint32_t id, int source, Time now, Late last) {
+void TreeNegotiator::mark(uint32_t id, int source, Time now, Late last, std::vector<uint8_t> carried) {
   if (done_.count(id)) return;
   Arrivals& a = table_[id];
+  if (!carried.empty()) {
+    a.with |= 1u << source;
+    a.carried[source] = std::move(carried);
+  }
   if (a.bits && now > a.last) {
     const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - a.last).count();
     last.us = std::min<uint64_t>(last.us, static_cast<uint64_t>(waited));
@@ -87,15 +102,25 @@ void TreeNegotiator::mark(uint32_t id, int source, Time now, Late last) {
   const uint32_t all = (1u << (children_.size() + 1)) - 1;
   if (a.bits != all) return;
   const Late latest = a.latest;
+  std::vector<uint8_t> combined;
+  if (a.with == all) {  // in source order, whatever order the sources came in
+    const ResponseCache::Entry* c = cache_.get(id);
+    APPLIANCE_ASSERT(c != nullptr, "a complete id the cache does not hold");
+    combined = std::move(a.carried[0]);
+    for (size_t i = 1; i <= children_.size(); ++i) carry_.combine(c->sig, combined.data(), a.carried[i].data());
+  }
   table_.erase(id);
-  complete(id, now, latest);
+  complete(id, now, latest, std::move(combined));
 }
 
-void TreeNegotiator::complete(uint32_t id, Time now, Late last) {
+void TreeNegotiator::complete(uint32_t id, Time now, Late last, std::vector<uint8_t> carried) {
   done_.insert(id);
   if (!root()) {
     up_.ids.push_back(id);
     up_.late.push_back(last);
+    if (!carried.empty() && up_carried_ + carried.size() > carry_.message_bytes) carried.clear();  // goes up without
+    up_carried_ += carried.size();
+    up_.carried.push_back(std::move(carried));
     return;
   }
   if (last.us != kNoLag && last.us > 0) coord_->add_late(last.rank, now - std::chrono::microseconds(last.us), now);
@@ -105,6 +130,7 @@ void TreeNegotiator::complete(uint32_t id, Time now, Late last) {
   e.kind = c->sig.kind;
   e.names.push_back(c->name);  // not {c->name}: an initializer list copies twice
   e.sigs.push_back(c->sig);
+  e.result = std::move(carried);
   if (ready_.empty()) first_ready_ = now;
   ready_.push_back(std::move(e));
 }
@@ -144,6 +170,7 @@ void TreeNegotiator::send_up(Negotiated& out) {
   up_.seq = seq_;
   out.send.push_back(Outgoing{parent_, encode_up(up_)});
   up_ = UpMsg{};
+  up_carried_ = 0;
 }
 
 // --- messages -------------------------------------------------------------------------------
@@ -170,8 +197,16 @@ void TreeNegotiator::on_up(int from, const std::vector<uint8_t>& payload, Time n
   // Ids reported before the last mode change are void (the child re-announces in full), and so
   // are ids this rank's cache no longer holds (evicted since: ids are never given again).
   if (!slow_ && m.seq >= slow_seq_)
-    for (size_t i = 0; i < m.ids.size(); ++i)
-      if (cache_.get(m.ids[i])) mark(m.ids[i], source, now, m.late[i]);
+    for (size_t i = 0; i < m.ids.size(); ++i) {
+      const ResponseCache::Entry* c = cache_.get(m.ids[i]);
+      if (!c) continue;
+      std::vector<uint8_t>& carried = m.carried[i];
+      if (!carried.empty() && carried.size() != c->sig.nbytes())
+        throw Error(Code::kProtocol, "carried " + std::to_string(carried.size()) + " bytes for '" + c->name + "' of " +
+                                         std::to_string(c->sig.nbytes()));
+      if (!carry_.combine) carried.clear();
+      mark(m.ids[i], source, now, m.late[i], std::move(carried));
+    }
   for (UpMsg::Full& f : m.full) {
     if (root()) full(f.rank, std::move(f.req), f.waited_ms, now);
     else up_.full.push_back(std::move(f));
@@ -193,8 +228,8 @@ void TreeNegotiator::on_down(const std::vector<uint8_t>& payload, Time now, Nego
 void TreeNegotiator::apply(const DownMsg& m, Plan plan, Time now, Negotiated& out) {
   seq_ = m.seq;
   for (uint32_t id : m.evict) cache_.erase(id);
-  if (!root() && !m.plan.empty())
-    plan = decode_plan(m.plan, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) { return sets_.size_of(id); });
+  if (!root() && m.plan_bytes)
+    plan = decode_plan(m.plan, m.plan_bytes, cache_, o_.size, "rank " + std::to_string(parent_), [this](int32_t id) { return sets_.size_of(id); });
   for (const PlanEntry& e : plan.entries)
     for (size_t i = 0; i < e.names.size(); ++i) {
       if (const uint32_t id = cache_.id_of(e.names[i])) {  // its next readiness is a new report
@@ -215,6 +250,8 @@ void TreeNegotiator::apply(const DownMsg& m, Plan plan, Time now, Negotiated& ou
     done_.clear();
     up_.ids.clear();
     up_.late.clear();
+    up_.carried.clear();
+    up_carried_ = 0;
     for (auto& kv : mine_)
       if (kv.second.id) announce_full(kv.second, now);
   }
@@ -238,6 +275,22 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
     if (e.kind == OpKind::kJoin && e.ok) joined_ = 0;  // every rank joined: the join is over
   const bool slow = joined_ > 0 || departed_ || (observer_ && observer_->on());
   const bool mode_change = slow != slow_;
+  // Entries that carry their result have nothing left to move: out at once, unfused, up to
+  // message_bytes of results per DOWN; past that they run as the others (the result dropped).
+  std::vector<PlanEntry> carried;
+  size_t carried_bytes = 0;
+  for (auto it = ready_.begin(); it != ready_.end();) {
+    if (it->result.empty()) {
+      ++it;
+    } else if (carried_bytes + it->result.size() > carry_.message_bytes) {
+      it->result.clear();
+      ++it;
+    } else {
+      carried_bytes += it->result.size();
+      carried.push_back(std::move(*it));
+      it = ready_.erase(it);
+    }
+  }
   if (!ready_.empty()) {
     size_t bytes = 0;
     for (const PlanEntry& e : ready_) bytes += e.sigs[0].nbytes();
@@ -252,6 +305,8 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
       else entries.insert(entries.begin(), std::make_move_iterator(fused.begin()), std::make_move_iterator(fused.end()));
     }
   }
+  if (!carried.empty())
+    entries.insert(entries.begin(), std::make_move_iterator(carried.begin()), std::make_move_iterator(carried.end()));
   if (entries.empty() && evict_.empty() && lines_.empty() && !mode_change) return;
   DownMsg m;
   m.seq = seq_ + 1;
@@ -267,9 +322,9 @@ void TreeNegotiator::issue(Time now, Negotiated& out) {
   if (!plan.entries.empty()) plan.late = coord_->take_late();
   if (observer_ && observer_->on() && !plan.entries.empty()) observer_->planned(plan.entries);
   if (!children_.empty()) {  // a root without children (one rank) has nobody to tell
-    if (!plan.entries.empty()) m.plan = encode_plan(plan, cache_);
-    const std::vector<uint8_t> bytes = encode_down(m);
-    for (int c : children_) out.send.push_back(Outgoing{c, bytes});
+    std::vector<uint8_t> bytes = encode_down(m, &plan, &cache_);
+    for (size_t i = 0; i + 1 < children_.size(); ++i) out.send.push_back(Outgoing{children_[i], bytes});
+    out.send.push_back(Outgoing{children_.back(), std::move(bytes)});
   }
   apply(m, std::move(plan), now, out);
 }

@@ -32,6 +32,14 @@
 // of the subtree waited for it (the smaller of that member's own subtree's lag and the time
 // since the previous source was ready here); the root hands the whole tree's to the coordinator,
 // whose next plan carries it (Plan::late).
+// Carried allreduces (negotiator.h's Carry): a rank announcing an eligible cached allreduce
+// (carry_eligible, not in the slow mode) takes its input from the engine; a rank reports such
+// an id up with its subtree's combination (its own input, then child 1's, then child 2's: the
+// same result whatever order they came in) when every source brought one, else without. The
+// root turns an id complete with its combination into a plan entry carrying the result
+// (PlanEntry::result: not fused, issued at once), up to message_bytes of results per DOWN;
+// every rank applies it instead of running the collective. Whatever drops the bytes (a limit, a
+// rank without them, an eviction, a mode change) leaves the entry to run as any other.
 // Departures: a rank whose parent leaves ends its negotiation (as rank 0's departure ends
 // everyone's) and tells its children; a parent reports a departed child's subtree up as left.
 #pragma once
@@ -69,6 +77,7 @@ class TreeNegotiator final : public Negotiator {
   Time next_deadline() const override;
   void add_process_set(int32_t id, const std::vector<int>& members) override;
   void remove_process_set(int32_t id) override;
+  void set_carry(Carry c) override { carry_ = std::move(c); }
 
  private:
   struct Mine {  // a request of this rank, announced and not planned yet
@@ -83,8 +92,10 @@ class TreeNegotiator final : public Negotiator {
   void announce_full(Mine& m, Time now);
   // source 0: this rank; i > 0: children_[i-1], whose subtree's last member was `last` (Late:
   // its rank, and how long the rest of that subtree had waited for it; kNoLag: nobody did).
-  void mark(uint32_t id, int source, Time now, Late last);
-  void complete(uint32_t id, Time now, Late last);  // ready in the whole subtree
+  // `carried`: that source's input of a carried allreduce (empty: none).
+  void mark(uint32_t id, int source, Time now, Late last, std::vector<uint8_t> carried);
+  // Ready in the whole subtree; `carried`: the subtree's combined input (empty: none).
+  void complete(uint32_t id, Time now, Late last, std::vector<uint8_t> carried);
   void full(int rank, Request req, int64_t waited_ms, Time now);
   void left(int rank, Time now);
   void stale(uint32_t id);  // root: some rank waits on it for long
@@ -118,10 +129,14 @@ class TreeNegotiator final : public Negotiator {
     uint32_t bits = 0;
     Time last{};
     Late latest{0, kNoLag};
+    uint32_t with = 0;                     // sources that brought a carried input
+    std::vector<uint8_t> carried[3];       // per source (this rank, child 1, child 2)
   };
   std::unordered_map<uint32_t, Arrivals> table_;
   std::set<uint32_t> done_;         // complete here (reported up, or at the root: planned soon)
   UpMsg up_;                        // what goes up next (not the root)
+  size_t up_carried_ = 0;           // carried bytes in up_
+  Carry carry_;                     // carried allreduces (none unless the engine lends them)
 
   // root only
   std::vector<PlanEntry> ready_;    // cached entries ready everywhere, not issued yet

@@ -82,6 +82,15 @@ std::vector<uint8_t> Reader::bytes(size_t max_len) {
   off_ += n;
   return v;
 }
+const uint8_t* Reader::bytes_view(size_t max_len, size_t* len) {
+  uint32_t n = u32();
+  if (n > max_len) fail("field of " + std::to_string(n) + " bytes exceeds " + std::to_string(max_len));
+  need(n);
+  const uint8_t* at = p_ + off_;
+  off_ += n;
+  *len = n;
+  return at;
+}
 std::vector<int64_t> Reader::i64s(size_t max_count) {
   uint32_t n = u32();
   if (n > max_count) fail("list of " + std::to_string(n) + " items exceeds " + std::to_string(max_count));

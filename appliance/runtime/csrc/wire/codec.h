@@ -26,6 +26,11 @@ class Writer {
   void i64s(const std::vector<int64_t>& v);
   void status(const Status& s);
   std::vector<uint8_t>& buffer() { return buf_; }
+  size_t size() const { return buf_.size(); }
+  // Rewrites the u32 written at byte `at` (a length known only after what follows it).
+  void patch_u32(size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) buf_[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  }
   std::vector<uint8_t> take() { return std::move(buf_); }
 
  private:
@@ -45,6 +50,8 @@ class Reader {
   double f64();
   std::string str(size_t max_len = 1 << 20);
   std::vector<uint8_t> bytes(size_t max_len = 1 << 26);
+  // A bytes() field without the copy: where it starts in the payload, its length in *len.
+  const uint8_t* bytes_view(size_t max_len, size_t* len);
   std::vector<int64_t> i64s(size_t max_count = 1 << 20);
   Status status();
   size_t remaining() const { return n_ - off_; }
