@@ -76,4 +76,6 @@ def test_a_new_links_first_lap_of_its_rings_takes_no_page_faults():
 
     cpus = sorted(os.sched_getaffinity(0))
     res = T.shm_hops("op1", "spin", 4096, 300, warmup=0, cpus=[cpus[0], cpus[-1]])
-    assert res["a"]["phases"]["minflt"] < 32, res["a"]["phases"]
+    # Unpopulated rings take about 2 x 256 = 512 faults in this loop; the rest of the process (its
+    # stack, its heap, the loop's own first touches) takes a few dozen that vary with the machine.
+    assert res["a"]["phases"]["minflt"] < 100, res["a"]["phases"]
