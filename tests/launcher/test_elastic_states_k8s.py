@@ -2,7 +2,8 @@
 rules, driven by hand with a fake clock (``fixtures.elastic_machine.Job``; the other transitions are
 tests/launcher/test_elastic_states.py): a listed host that does not answer yet is pending, not
 failed, and said at most once a minute; a rank sent SIGTERM (its pod deleted, ``replicas``
-lowered) leaves at the next commit with no blacklist, restore or sync; a crash is blacklisted with
+lowered) leaves at the next commit with no blacklist, restore or sync (below ``--min-np`` the others
+wait for slots up to the elastic timeout, then the job fails naming it); a crash is blacklisted with
 the cool-down, so the re-created pod of the same name is checked afresh. No process, socket or thread."""
 from __future__ import annotations
 
@@ -152,3 +153,30 @@ def test_sigterm_elsewhere_is_a_failure_and_a_crash_on_kubernetes_uses_the_coold
     job.start({"a": 1, "b": 1})
     job.feed(Exited(1, 1))
     assert "host b is blacklisted for 10 s" in job.said()
+
+
+@pytest.mark.parametrize("new_pod", [False, True], ids=["none-comes", "one-comes-in-time"])
+def test_a_leave_below_min_np_waits_for_slots_then_fails_naming_min_np(new_pod):
+    # replicas lowered below --min-np: the leave is taken (the pod goes either way), the survivor
+    # waits at its commit for --elastic-timeout; a pod listed in time re-forms the job with it (and
+    # the state synced to it), none ends the job with exit 1 naming --min-np.
+    job = Job(np=2, min_np=2, max_np=2, timeout_s=5, cooldown_range=(10.0, 300.0))
+    members = job.start({"a": 1, "b": 1})
+    assert job.of(Answer, job.feed(Leaving(1))) == [Answer(1, {"leave": True}, leave=True)]
+    job.commit_interrupt(members)
+    job.feed(Exited(1, 0))
+    assert "waiting for 2 slots (1 available; at most 5 s)" in job.said() and job.m.outcome is None
+    if new_pod:
+        job.feed(Discovered({"a": 1, "c": 1}), dt=2)
+        spawned = job.of(Spawn, job.feed(HostOpened("c", None)))
+        assert [s.host for s in spawned] == ["c"]
+        job.feed(Joined(spawned[0].wid, {"reason": "start", "addr": "10.0.0.3", "port": 2000}))
+        release = job.of(Release)[-1]
+        assert [m.host for m in release.members] == ["a", "c"] and release.sync is True
+        job.feed(Tick(), dt=10)
+        assert job.phase is Phase.RUNNING and job.m.outcome is None
+    else:
+        job.feed(Tick(), dt=6)
+        assert job.phase is Phase.ENDED and job.m.outcome.code == 1
+        assert "fewer than --min-np 2 slots were available for 5 s (--elastic-timeout)" in job.m.outcome.reason
+    assert "blacklist" not in job.said()
