@@ -21,6 +21,7 @@ import statistics
 from typing import Any, Optional
 
 from .record import read_record
+from .state import Sample, rates
 
 REPORT = "report.png"
 BIN_S = 5.0  # seconds per time bin (the record has a row per rank every 2 s)
@@ -37,39 +38,28 @@ class Point:
 
 
 def series(record: dict) -> list[Point]:
-    rows = record["ranks"]
+    """Each rank's rates between its consecutive rows (``state.rates``); a rank's first row, or
+    the first of a restarted process, from where its counters began (``Sample.origin``), so a
+    job that reported once per rank still has an interval to draw."""
     t0 = start_of(record)
-    last: dict[int, dict] = {}
+    last: dict[int, Sample] = {}
     out = []
-    for r in rows:
+    for r in record["ranks"]:
         rank = int(r.get("rank", -1))
+        cur = Sample.of(r)
         prev = last.get(rank)
-        last[rank] = r
-        if prev is None or float(r["step"]) < float(prev["step"]) or float(r.get("wall_s", 0)) < float(
-                prev.get("wall_s", 0)):
-            prev = _origin(r)  # a rank's first row, or a restarted process: its counters began at zero
+        last[rank] = cur
+        if prev is None or cur.step < prev.step or cur.wall_s < prev.wall_s:
+            prev = cur.origin()
             if prev is None:
                 continue
-        dt = float(r["t"]) - float(prev["t"])
-        dstep = float(r["step"]) - float(prev["step"])
-        if dt <= 0 or dstep < 0:
+        if cur.t <= prev.t:
             continue
-        dwall = float(r.get("wall_s", 0)) - float(prev.get("wall_s", 0))
-        dbusy = float(r.get("busy_s", 0)) - float(prev.get("busy_s", 0))
-        dlate = float(r.get("late_s", 0)) - float(prev.get("late_s", 0))
-        out.append(Point(t=(float(r["t"]) + float(prev["t"])) / 2 - t0, rank=rank, host=str(r.get("host", "?")),
-                         steps_per_s=dstep / dt, comm_share=dbusy / dwall if dwall > 0 else None,
-                         late_ms=dlate / dstep * 1e3 if dstep > 0 else None))
+        x = rates(prev, cur, size=1)
+        out.append(Point(t=(cur.t + prev.t) / 2 - t0, rank=rank, host=str(r.get("host", "?")),
+                         steps_per_s=x.steps_per_s, comm_share=x.comm_share,
+                         late_ms=None if x.late_per_step_s is None else x.late_per_step_s * 1e3))
     return out
-
-
-def _origin(r: dict) -> Optional[dict]:
-    """Where ``r``'s process began counting: ``wall_s`` before it, every counter at zero (so a job
-    that reported once per rank still has a first interval to draw)."""
-    wall = float(r.get("wall_s", 0) or 0)
-    if wall <= 0:
-        return None
-    return {"t": float(r["t"]) - wall, "step": 0.0, "wall_s": 0.0, "busy_s": 0.0, "late_s": 0.0}
 
 
 def summarize(record: dict) -> dict:
