@@ -9,11 +9,6 @@
 
 namespace appliance {
 
-namespace {
-// The op the reduction applies (Average: Sum, then the postscale divides), as the CPU backend.
-ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
-}  // namespace
-
 Carry Runtime::carry() {
   Carry c;
   // One UP or DOWN holds at most a quarter of a control link's shared-memory ring
@@ -35,7 +30,7 @@ Carry Runtime::carry() {
     return true;
   };
   c.combine = [](const Signature& s, uint8_t* dst, const uint8_t* src) {
-    reduce_into(dst, src, static_cast<size_t>(s.numel()), s.dtype, wire_op(s.op));
+    reduce_into(dst, src, static_cast<size_t>(s.numel()), s.dtype, reduction_op(s.op));
   };
   return c;
 }
@@ -43,7 +38,7 @@ Carry Runtime::carry() {
 void Runtime::finish_carried(const PlanEntry& e, OpState& op) {
   const Signature& s = e.sigs[0];
   std::memcpy(op.out.data(), e.result.data(), e.result.size());
-  scale(op.out.data(), static_cast<size_t>(s.numel()), s.dtype, s.op == ReduceOp::kAverage ? s.postscale / cfg_.size : s.postscale);
+  scale(op.out.data(), static_cast<size_t>(s.numel()), s.dtype, final_scale(s.op, s.postscale, cfg_.size));
   Stats::add(stats_.carried);
 }
 

@@ -75,12 +75,9 @@ std::string Reader::str(size_t max_len) {
   return s;
 }
 std::vector<uint8_t> Reader::bytes(size_t max_len) {
-  uint32_t n = u32();
-  if (n > max_len) fail("field of " + std::to_string(n) + " bytes exceeds " + std::to_string(max_len));
-  need(n);
-  std::vector<uint8_t> v(p_ + off_, p_ + off_ + n);
-  off_ += n;
-  return v;
+  size_t n = 0;
+  const uint8_t* at = bytes_view(max_len, &n);
+  return std::vector<uint8_t>(at, at + n);
 }
 const uint8_t* Reader::bytes_view(size_t max_len, size_t* len) {
   uint32_t n = u32();

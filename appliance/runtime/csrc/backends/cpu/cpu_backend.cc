@@ -10,11 +10,6 @@
 namespace appliance {
 
 namespace {
-// Sum + postscale/size for Average; the op the algorithms see.
-ReduceOp wire_op(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
-double final_scale(const Signature& s, int size) {
-  return s.op == ReduceOp::kAverage ? s.postscale / size : s.postscale;
-}
 // The collective's step in the timeline (engine/timeline.h).
 const char* collective_step(OpKind k) {
   switch (k) {
@@ -52,8 +47,8 @@ void CpuBackend::execute(const PlanEntry& e, const std::vector<OpState*>& ops) {
 
 void CpuBackend::do_allreduce(const PlanEntry& e, const std::vector<OpState*>& ops) {
   const Signature& s = e.sigs[0];
-  const ReduceOp op = wire_op(s.op);
-  const double post = final_scale(s, comm_.size());
+  const ReduceOp op = reduction_op(s.op);
+  const double post = final_scale(s.op, s.postscale, comm_.size());
   if (e.names.size() == 1 && ops[0]) {
     // Alone: reduce straight from the user's input into their output buffer (a prescale
     // first needs the input copied there, where it may be scaled).
@@ -151,8 +146,8 @@ void CpuBackend::do_reducescatter(const PlanEntry& e, OpState& o) {
   uint8_t* buf = scratch_.reserve(s.nbytes());
   if (s.nbytes()) std::memcpy(buf, o.in.data(), s.nbytes());
   scale(buf, static_cast<size_t>(s.numel()), s.dtype, s.prescale);
-  reducescatter(comm_, buf, out, counts, s.dtype, wire_op(s.op), opts_);
-  scale(out, mine, s.dtype, final_scale(s, P));
+  reducescatter(comm_, buf, out, counts, s.dtype, reduction_op(s.op), opts_);
+  scale(out, mine, s.dtype, final_scale(s.op, s.postscale, P));
 }
 
 }  // namespace appliance
