@@ -27,6 +27,13 @@ import horovod.torch as hvd  # noqa: E402
 from horovod.common.exceptions import HorovodInternalError  # noqa: E402
 
 
+def say(line: str) -> None:
+    """One write per line: under PYTHONUNBUFFERED print() writes the text and its newline apart,
+    and mpirun may put another rank's output between them ("UP 0UP 1")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> int:
     if "--elastic" in sys.argv:
         hvd.init()
@@ -38,13 +45,13 @@ def main() -> int:
     if "--die" in sys.argv and r == int(sys.argv[sys.argv.index("--die") + 1]):
         os.kill(os.getpid(), signal.SIGKILL)
     if "--die" in sys.argv or "--hang" in sys.argv:
-        print(f"UP {r}", flush=True)
+        say(f"UP {r}")
         try:
             while True:
                 hvd.allreduce(torch.ones(16), name="loop")
                 time.sleep(0.01)
         except HorovodInternalError as e:
-            print(f"HOROVOD_ERROR rank {r}: {e}", flush=True)
+            say(f"HOROVOD_ERROR rank {r}: {e}")
             return 3
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
@@ -61,14 +68,11 @@ def main() -> int:
         opt.step()
         losses.append(loss.item())
     weights = hvd.allgather_object([round(float(w), 6) for w in model.weight.detach().view(-1)])
-    # One write per line: under PYTHONUNBUFFERED print() writes the text and its newline apart,
-    # and mpirun may put another rank's output between them.
-    sys.stdout.write("REPORT " + json.dumps({
+    say("REPORT " + json.dumps({
         "rank": r, "size": n, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "sum": total.tolist(),
         "same_weights": all(w == weights[0] for w in weights), "losses": losses,
-        "cpus": sorted(os.sched_getaffinity(0)), "nccl_debug": os.environ.get("NCCL_DEBUG")}) + "\n")
-    sys.stdout.flush()
+        "cpus": sorted(os.sched_getaffinity(0)), "nccl_debug": os.environ.get("NCCL_DEBUG")}))
     hvd.shutdown()
     return 0
 

@@ -8,10 +8,12 @@ each, no process may still work there.
 from __future__ import annotations
 
 import os
+import queue
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -123,24 +125,26 @@ def test_ctrl_c_of_mpirun_stops_every_rank(job):
 
     proc = subprocess.Popen(shlex.split(line), cwd=job, env=ml.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: queue.Queue = queue.Queue()  # read aside, so that the wait below keeps its bound
+    threading.Thread(target=lambda: [lines.put(out) for out in proc.stdout], daemon=True).start()
     try:
         seen = []
         end = time.monotonic() + 150
         while len([s for s in seen if s.startswith("UP ")]) < 2 and time.monotonic() < end:
-            line_out = proc.stdout.readline()
-            if not line_out:
+            try:
+                seen.append(lines.get(timeout=max(0.1, end - time.monotonic())))
+            except queue.Empty:
                 break
-            seen.append(line_out)
         assert len([s for s in seen if s.startswith("UP ")]) == 2, "".join(seen)[-3000:]
         assert len(ml.leftovers(job)) == 3  # mpirun and its two ranks
         proc.send_signal(signal.SIGINT)  # the terminal's Ctrl-C reaches mpirun
-        proc.communicate(timeout=30)
+        proc.wait(timeout=30)
         assert proc.returncode != 0
         assert not ml.wait_clean(job)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            proc.wait()
         ml.kill(ml.leftovers(job))
 
 
