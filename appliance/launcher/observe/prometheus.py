@@ -111,6 +111,10 @@ class _Collector:
 class _Handler(WSGIRequestHandler):
     timeout = REQUEST_S  # each read; the server's sweep bounds the whole connection
 
+    def setup(self) -> None:
+        self.timeout = self.server.request_s
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass  # a scrape is not news; a failure is said once by the app wrapper
 
@@ -122,8 +126,8 @@ class _Server(ThreadingMixIn, WSGIServer):
     request_queue_size = 128
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple, log: RefusalLog):
-        self.log = log
+    def __init__(self, addr: tuple, log: RefusalLog, request_s: float = REQUEST_S):
+        self.log, self.request_s = log, request_s
         self.max_connections = pending_cap(MAX_CONNECTIONS)
         self.cut = 0                  # connections cut at the cap or the deadline
         self._active: dict[Any, float] = {}
@@ -163,9 +167,9 @@ class _Server(ThreadingMixIn, WSGIServer):
         """Every poll of ``serve_forever``: cut connections past their deadline."""
         now = time.monotonic()
         with self._active_lock:
-            late = [(r, t) for r, t in self._active.items() if now - t > REQUEST_S]
+            late = [(r, t) for r, t in self._active.items() if now - t > self.request_s]
         for r, _ in late:
-            self._cut(r, f"no complete request within {REQUEST_S:g} s")
+            self._cut(r, f"no complete request within {self.request_s:g} s")
         self.log.flush()
 
     def _oldest_cut(self, why: str) -> None:
@@ -216,8 +220,8 @@ def _stderr_line(line: str) -> None:
 
 class PrometheusEndpoint:
     def __init__(self, port: int, snapshot: Callable[[], Snapshot], addr: str = "0.0.0.0",
-                 say: Optional[Callable[[str], None]] = None, prefix: str = PREFIX):
-        self.port, self.addr, self.snapshot = port, addr, snapshot
+                 say: Optional[Callable[[str], None]] = None, prefix: str = PREFIX, request_s: float = REQUEST_S):
+        self.port, self.addr, self.snapshot, self.request_s = port, addr, snapshot, request_s
         self.log = RefusalLog(say or _stderr_line, prefix=prefix)
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
@@ -230,7 +234,7 @@ class PrometheusEndpoint:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self.snapshot))
         try:
-            self._server = _Server((self.addr, self.port), self.log)
+            self._server = _Server((self.addr, self.port), self.log, self.request_s)
         except OSError as e:
             raise ConfigError(f"--metrics-port {self.port}: cannot listen there: {e.strerror or e}") from None
         self._server.set_app(_guarded(make_wsgi_app(registry), self.log))
