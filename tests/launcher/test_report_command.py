@@ -217,7 +217,7 @@ def test_report_without_permission(share, tmp_path, case):
         os.chmod(job, 0o755)
 
 
-def _pixels_of(img, rgb, tol: float = 0.08) -> int:
+def _pixels_of(img, rgb, tol: float = 0.25) -> int:
     import numpy as np
 
     return int((np.abs(img[..., :3] - np.array(rgb)).max(axis=-1) < tol).sum())
@@ -246,5 +246,7 @@ def test_report_png_labels_whole_ranks_and_shows_a_host_under_another(tmp_path):
     colors = [matplotlib.colors.to_rgb(line.get_color()) for line in speed.get_lines()
               if not line.get_label().startswith("_")]
     assert len(colors) == 3
-    for rgb in colors:  # every host's colour shows in the panel (beyond its legend's swatch)
-        assert _pixels_of(top, rgb) > 200, (rgb, [_pixels_of(top, c) for c in colors])
+    counts = [_pixels_of(top, rgb) for rgb in colors]
+    # every host's colour shows in the panel, not only in its legend's swatch (a line drawn over
+    # another of the same width hides it: ~2% of the top line's pixels are then the legend's)
+    assert max(counts) > 500 and min(counts) > 0.2 * max(counts), counts
