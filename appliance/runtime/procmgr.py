@@ -3,8 +3,8 @@ MPICH's or Intel MPI's hydra (PMI-1). Ranks started that way learn from it only 
 rendezvous needs: rank 0's store address and the job's secret; links are ours as always.
 
 What it owns: ``started_by(env)`` (which process manager: the origin table of
-``appliance.runtime.config``), and ``bootstrap(env, rank, size)``: rank 0 picks the store's address (``store_address``) and
-port and a fresh secret, publishes them through the process manager, every rank reads them back
+``appliance.runtime.config``), and ``bootstrap(env, rank, size)``: rank 0 picks the store's
+address (``store_address``) and port and a fresh secret, publishes them through the process manager, every rank reads them back
 (``appliance.common.pmix`` / ``appliance.common.pmi1`` carry them). The address: the interface
 HOROVOD_GLOO_IFACE names, else the first that OpenMPI's ``btl_tcp_if_include`` admits, else
 the first ``btl_tcp_if_exclude`` leaves (``-mca btl_tcp_if_include X`` reaches the ranks as
@@ -16,9 +16,10 @@ the job's ranks only); it is never put in a rank's environment. APPLIANCE_JOB_SE
 ``-x`` is used instead, and then nothing secret is published.
 
 The exchange is bounded by HOROVOD_START_TIMEOUT: under mpirun the error names the ranks whose
-arrival PMIx never saw; under hydra (PMI-1 cannot tell) it says how many others were awaited.
-A rank that fails before the exchange exits, and mpirun ends the job; hydra does not, so its
-peers end at that bound.
+arrival PMIx never saw; under hydra (PMI-1 cannot tell) it says how many others were awaited,
+and the rank, having printed its line, asks hydra to end the job (PMI-1 abort), as it does when
+another process claims its rank. A rank that fails before the exchange exits: mpirun ends the
+job then; hydra does not, so its peers end at that bound.
 
 Env vars read: the origin's ranks per host (OMPI_COMM_WORLD_LOCAL_SIZE, hydra: MPI_LOCALNRANKS),
 OMPI_MCA_btl_tcp_if_include / _exclude, HOROVOD_GLOO_IFACE, HOROVOD_START_TIMEOUT,
