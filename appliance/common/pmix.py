@@ -123,20 +123,21 @@ def load(candidates: Sequence[str] | None = None) -> ctypes.CDLL:
 
 
 def exchange(publish: Mapping[str, str], keys: Sequence[str], root: int = 0, timeout: float = 60.0,
-             check: Callable[[int, int], None] | None = None) -> dict[str, str]:
+             check: Callable[[int, int], None] | None = None, size: int = 0) -> dict[str, str]:
     """Publish ``publish`` (this rank's values; empty on the others), wait up to ``timeout`` s for
     every rank of the job (a fence that collects the data), and return the ``root`` rank's values
     of ``keys``. ``check(pmix_rank, job_size)`` (job_size 0 when PMIx does not say) runs before
-    anything is published and may raise. PmixTimeout when the fence did not complete in time."""
+    anything is published and may raise. PmixTimeout when the fence did not complete in time
+    (``size``: the job's size when PMIx does not say, for the ranks asked after)."""
     lib = load()
     me = _Proc()
     rc = lib.PMIx_Init(ctypes.byref(me), None, ctypes.c_size_t(0))
     if rc != PMIX_SUCCESS:
         raise PmixError(f"PMIx_Init failed: {_status(lib, rc)} (is this process a rank of mpirun's job?)")
     try:
-        size = _job_size(lib, me)
+        known = _job_size(lib, me)
         if check is not None:
-            check(me.rank, size)
+            check(me.rank, known)
         values = []  # the library copies what it is given; kept alive until then all the same
         for key, text in {**publish, ARRIVED_KEY: "1"}.items():
             v = _Value(type=PMIX_STRING)
@@ -144,7 +145,7 @@ def exchange(publish: Mapping[str, str], keys: Sequence[str], root: int = 0, tim
             values.append(v)
             _check(lib, "PMIx_Put", lib.PMIx_Put(ctypes.c_int(PMIX_GLOBAL), key.encode(), ctypes.byref(v)))
         _check(lib, "PMIx_Commit", lib.PMIx_Commit())
-        _fence(lib, me, size, timeout)
+        _fence(lib, me, known or size, timeout)
         src = _Proc(nspace=me.nspace, rank=root)
         got = {}
         for key in keys:

@@ -126,7 +126,7 @@ def bootstrap(env: Mapping[str, str], rank: int, size: int) -> Bootstrap:
             if pmix_size and pmix_size != size:
                 raise ConfigError(f"{src.size_var}={size} but mpirun's job has {pmix_size} ranks (PMIx)")
         try:
-            got = pmix.exchange(publish, keys, timeout=timeout, check=check)
+            got = pmix.exchange(publish, keys, timeout=timeout, check=check, size=size)
         except pmix.PmixTimeout as e:
             raise ConfigError(_late(size, timeout, e.missing, "mpirun's PMIx fence")) from None
     elif src.manager == "hydra":
