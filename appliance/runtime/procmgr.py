@@ -174,7 +174,8 @@ def _late(size: int, limit: float, missing: list | None, where: str) -> str:
     if missing:
         return f"{text}: rank(s) {_ranks(missing)} never arrived ({size - len(missing)} of {size} did): {hint}"
     if missing is None:
-        return f"{text}: some of the other {size - 1} rank(s) did not arrive (PMI-1 does not say which): {hint}"
+        who = "the other rank" if size == 2 else f"some of the other {size - 1} ranks (PMI-1 does not say which)"
+        return f"{text}: {who} did not arrive: {hint}"
     return f"{text}, though every rank arrived"
 
 
