@@ -18,7 +18,10 @@ the round's, as Horovod sets them.
 Notifications: after the first round a daemon thread keeps a ``watch`` connection to the driver
 and calls every listener (``add_listener``: ``hvd.elastic.run`` registers its ``State``) with
 ``(timestamp, HostUpdateResult flags)`` when hosts change while this worker's round runs; a
-notice for an earlier round is dropped.
+notice for an earlier round is dropped. The current round's notices are kept (as one: the newest
+timestamp, every change), and a listener added later gets them at once: a host found while the first round starts (between
+``init()`` and ``hvd.elastic.run``, while the model is built) is not lost, or the job would never
+grow onto it while the new worker waited for the next round until ``--elastic-timeout``.
 
 Leaving on SIGTERM (APPLIANCE_ELASTIC_LEAVE_ON_TERM, set by the launcher on Kubernetes, where a
 pod being deleted gets SIGTERM): after the first round a SIGTERM handler (installed from the
@@ -93,6 +96,7 @@ class Session:
         self.lost: list[int] = []  # ranks of the last round found silent (first-hand) by this worker
         self.printed_knobs = False  # --verbose: rank 0's knob table once per process, not every round
         self._listeners: list[Callable[[int, int], None]] = []
+        self._note: tuple[int, int, int] | None = None  # the round's notices: (round, newest stamp, results)
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self.leave_on_term = bool(read("APPLIANCE_ELASTIC_LEAVE_ON_TERM", env))
@@ -192,8 +196,13 @@ class Session:
 
     # -- notifications ------------------------------------------------------------------------
     def add_listener(self, fn: Callable[[int, int], None]) -> None:
+        """Call ``fn(timestamp, result)`` for every notice from now on, and now for the current
+        round's notice if one came before (a repeat is harmless: a state acts on a newer timestamp only)."""
         with self._lock:
             self._listeners.append(fn)
+            note = self._note if self._note and self._note[0] == int(self.round.get("round", 0)) else None
+        if note is not None:
+            fn(note[1], note[2])
 
     def remove_listener(self, fn: Callable[[int, int], None]) -> None:
         with self._lock:
@@ -210,11 +219,18 @@ class Session:
                 chan.send({"op": "watch"})
                 while True:
                     note = chan.recv(rdv.SILENCE_S).get("hosts_updated")
-                    if note and int(note.get("round", -1)) == int(self.round.get("round", 0)):
-                        with self._lock:
-                            listeners = list(self._listeners)
-                        for fn in listeners:
-                            fn(int(note["timestamp"]), int(note["result"]))
+                    if not note or int(note.get("round", -1)) != int(self.round.get("round", 0)):
+                        continue
+                    stamp, result = int(note["timestamp"]), int(note["result"])
+                    with self._lock:
+                        rnd = int(note["round"])
+                        if self._note is None or self._note[0] != rnd:
+                            self._note = (rnd, stamp, result)
+                        else:  # the round's notices so far, as one: the newest stamp, every change
+                            self._note = (rnd, max(stamp, self._note[1]), self._note[2] | result)
+                        listeners = list(self._listeners)
+                    for fn in listeners:
+                        fn(stamp, result)
             except rdv.RendezvousError:
                 pass
             finally:

@@ -12,6 +12,8 @@ The same over real sshd hosts: ``ssh/test_elastic_grow_ssh.py``.
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fixtures.elastic_grow import GrowJob
@@ -55,4 +57,76 @@ def test_a_job_goes_1_2_3_1_2_and_every_size_trains(tmp_path):
         assert changes == [1, 2, 3, 1, 2], changes
         job.check_replay(sizes)
         assert len(job.pids()) == 4 and sorted(job.done()) == ["0", "3"], job.done().keys()
+        assert job.leftovers() == []
+
+
+def test_a_host_found_while_the_first_round_starts_is_grown_onto(tmp_path):
+    """The host appears after rank 0's round is formed but before the script reaches
+    ``hvd.elastic.run`` (its model takes 4 s to build): the notice that came while nobody listened
+    yet reaches the state when ``run`` starts, so the first commit moves the job to 2 ranks (a lost
+    notice left the new worker waiting for the next round until --elastic-timeout)."""
+    with GrowJob(tmp_path, f"{A}:1") as job:
+        job.start(["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2"], modes=("slow",))
+        end = time.monotonic() + 60
+        while not (tmp_path / "inited.0").exists():
+            assert time.monotonic() < end and job.proc.poll() is None, job.tail()
+            time.sleep(0.05)
+        job.set_hosts(f"{A}:1,{B}:1")
+        job.steps(2)
+        job.stop()
+        assert job.wait() == 0, job.tail()
+        sizes = job.check_equal()
+        assert sizes[1] == 1 and sizes[max(sizes)] == 2 and sum(1 for s in sizes.values() if s == 1) <= 3, sizes
+        job.check_replay(sizes)
+        assert job.leftovers() == []
+
+
+@pytest.mark.parametrize("case", ["g02", "g03", "g04", "g05"])
+def test_the_probe_cases_of_a_job_grown_on_one_host(tmp_path, case):
+    """The bad-input probe's cases, as it ran them (one host whose slots grow, horovodrun): g02 an
+    allgather check of the model every step; g03 the plain script; g04 stall warning 5 s and
+    shutdown 10 s (nothing may stall now); g05 the control, 2 ranks grown to 3."""
+    first, grown = (2, 3) if case == "g05" else (1, 2)
+    modes = ("check",) if case == "g02" else ()
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "10"} if case == "g04" else {}
+    with GrowJob(tmp_path, f"localhost:{first}") as job:
+        job.start(["horovodrun", "-np", str(first), "--min-np", "1", "--max-np", str(grown)], modes=modes, env=env)
+        job.steps(first)
+        job.set_hosts(f"localhost:{grown}")
+        job.steps(grown, n=10)
+        job.stop()
+        assert job.wait() == 0, job.tail()
+        sizes = job.check_equal()
+        assert sizes[1] == first and sizes[max(sizes)] == grown and set(sizes.values()) == {first, grown}, sizes
+        job.check_replay(sizes)
+        assert "stall" not in job.tail(1_000_000), job.tail()
+        assert job.leftovers() == []
+
+
+def test_a_collective_before_elastic_run_on_a_joining_worker_ends_that_round_not_the_job(tmp_path):
+    """The probe's g01: the script also broadcasts its parameters before ``hvd.elastic.run``, which
+    Horovod's elastic docs forbid (the survivors are inside ``run`` and sync the state there; a
+    joining worker's earlier collective can only meet that sync out of step). Horovod waits
+    forever; here the mismatch stalls, the stall shutdown (5 s here) fails that round on every rank
+    naming the broadcasts, and the job goes on: the round re-forms, at 2 ranks when the joining
+    worker was already inside ``run`` then, else without it (it exits with the stall error in its
+    own broadcast; its host takes no new worker). Never a hang, every finished worker consistent."""
+    stall = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5"}
+    with GrowJob(tmp_path, f"{A}:1") as job:
+        job.start(["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2"], modes=("top",), env=stall)
+        job.steps(1)
+        job.set_hosts(f"{A}:1,{B}:1")
+        end = time.monotonic() + 90
+        while "stalled for 5 s" not in job.tail(1_000_000):
+            assert time.monotonic() < end, "no stall shutdown within 90 s:\n" + job.tail()
+            assert job.proc.poll() is None, job.tail()
+            time.sleep(0.2)
+        job.steps(None, n=5)
+        job.stop()
+        assert job.wait() == 0, job.tail()
+        said = job.tail(1_000_000)
+        assert "broadcast '0.weight'" in said and "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in said, said[-3000:]
+        done = job.done()
+        assert "0" in done and all(d["sizes"] == done["0"]["sizes"] for d in done.values()), done.keys()
+        job.check_replay(dict(enumerate(done["0"]["sizes"], start=1)))
         assert job.leftovers() == []
