@@ -60,6 +60,22 @@ def test_a_job_goes_1_2_3_1_2_and_every_size_trains(tmp_path):
         assert job.leftovers() == []
 
 
+def test_an_adasum_job_started_at_one_rank_grows_with_one_algorithm_everywhere(tmp_path):
+    """``op=hvd.Adasum``: the optimizer rank 0 built at one rank is the delta optimizer, as the new
+    ranks' (a gradient optimizer there would read the new ranks' combined deltas as gradients, and
+    the ranks' models would part at the first step at 2 ranks)."""
+    with GrowJob(tmp_path, f"{A}:1") as job:
+        job.start(["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2"], modes=("adasum",))
+        job.steps(1)
+        job.set_hosts(f"{A}:1,{B}:1")
+        job.steps(2)
+        job.stop()
+        assert job.wait() == 0, job.tail()
+        sizes = job.check_equal()
+        assert sizes[1] == 1 and sizes[max(sizes)] == 2, sizes
+        assert job.leftovers() == []
+
+
 def test_a_host_found_while_the_first_round_starts_is_grown_onto(tmp_path):
     """The host appears after rank 0's round is formed but before the script reaches
     ``hvd.elastic.run`` (its model takes 4 s to build): the notice that came while nobody listened

@@ -8,7 +8,8 @@ the ranks agree. Step s of rank r trains on a batch drawn from seed 1000·s + r,
 training is a pure function of the sizes its steps ran at: ``replay(sizes)`` recomputes it in one
 process from rank 0's first model.
 
-Usage: elastic_grow.py OUT STEPS [STEP_S] [top] [check] [slow]. ``slow``: after ``hvd.init()`` the
+Usage: elastic_grow.py OUT STEPS [STEP_S] [top] [check] [slow] [adasum]. ``adasum``: the
+optimizer combines with ``op=hvd.Adasum`` (no replay: that is not a mean). ``slow``: after ``hvd.init()`` the
 worker writes ``inited.W`` and takes 4 s before it builds its model (a big model's set-up). ``top``: the script also calls
 ``hvd.broadcast_parameters`` before ``hvd.elastic.run`` (what Horovod's elastic docs forbid);
 ``check``: every step also allgathers the sum of the parameters and raises if the ranks differ.
@@ -60,6 +61,7 @@ def main():
     out, steps = sys.argv[1], int(sys.argv[2])
     step_s = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
     top, check, slow = "top" in sys.argv[4:], "check" in sys.argv[4:], "slow" in sys.argv[4:]
+    op = hvd.Adasum if "adasum" in sys.argv[4:] else hvd.Average
     wid = os.environ.get("APPLIANCE_ELASTIC_WORKER", "x")
 
     def write(name, data):
@@ -81,7 +83,7 @@ def main():
         write(f"inited.{wid}", str(hvd.size()))
         time.sleep(4.0)
     model, opt = model_and_optimizer(1234 + hvd.rank())
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=op)
     if top:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, sizes=[])
