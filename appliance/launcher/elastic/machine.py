@@ -53,7 +53,7 @@ from .events import (Action, Answer, CloseHosts, Discovered, DiscoveryFailed, En
                      Leaving, Member, Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
 from .membership import HostUpdate, Membership, ResetLimitExceeded, layout
 from .pending import PendingHosts
-from .records import Phase, Round, Settings, WorkerRec
+from .records import Phase, Round, Settings, WorkerRec, WorkerState as S
 from .waiting import say_late, short_of_slots
 
 LOST_GRACE_S = 10.0  # after a member was named lost, the others not back within this are taken as lost too
@@ -146,11 +146,12 @@ def on_joined(m: Machine, ev: Joined, now: float) -> None:
         m.emit(Answer(ev.wid, {"error": "the job is ending"}))
         return
     if w.leaving:
-        m.emit(Answer(ev.wid, {"removed": w.leaving}))
+        m.emit(Answer(ev.wid, {"removed": w.why}))
         return
-    w.joined, w.join = True, dict(ev.message)
-    if m.phase in (Phase.RUNNING, Phase.BREAKING) and m.is_member(w) and w.in_round:
-        w.in_round = False
+    back = w.state is S.TRAINING
+    w.move(S.JOINED, now)
+    w.join = dict(ev.message)
+    if back and m.phase in (Phase.RUNNING, Phase.BREAKING) and m.is_member(w):
         break_round(m, f"{w.name()} asked for a new round ({ev.message.get('reason', '?')})", now)
         if ev.message.get("reason") != "hosts":
             m.round.failed = True
@@ -179,7 +180,7 @@ def on_leaving(m: Machine, ev: Leaving, now: float) -> None:
     until = m.membership.hold(w.host, now)
     m.say(f"{w.name()} was sent SIGTERM: it leaves the job at its next commit (not a failure); no new worker "
           f"starts on {w.host} {_when(until, now)}")
-    if not (m.is_member(w) and w.in_round):  # not training in a round: nothing to wait for
+    if not (m.is_member(w) and w.state is S.TRAINING):  # not training in a round: nothing to wait for
         remove(m, w, w.departing, now)
 
 
@@ -187,7 +188,7 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
     w = m.workers.get(ev.wid)
     if w is None or not w.alive:
         return
-    w.exit_code, w.joined = ev.code, False
+    w.exited(ev.code, now)
     if m.phase is Phase.FAILING:
         return
     if m.phase is Phase.FINISHING:
@@ -216,7 +217,7 @@ def on_exited(m: Machine, ev: Exited, now: float) -> None:
 def on_spawn_failed(m: Machine, ev: SpawnFailed, now: float) -> None:
     w = m.workers.get(ev.wid)
     if w is not None and w.alive:
-        w.exit_code = ev.code
+        w.exited(ev.code, now)
         failure(m, w, f"could not start: {ev.message}", now)
 
 
@@ -275,7 +276,8 @@ def leave_on_sigterm(m: Machine, w: WorkerRec, now: float) -> None:
     """Kubernetes: a rank ended by SIGTERM (its pod deleted, ``replicas`` lowered) leaves as a
     removed host does: no blacklist, the round re-forms without it from the last commit; new
     workers are held off its host for the cool-down (its pod is going away)."""
-    w.leaving, w.leaving_since = w.departing or "it was sent SIGTERM (its pod is being deleted)", now
+    w.why = w.departing or "it was sent SIGTERM (its pod is being deleted)"
+    w.move(S.LEFT, now)
     until = m.membership.hold(w.host, now)
     how = "exited before its round's commit" if w.exit_code == 0 else "ended by SIGTERM"
     m.say(f"{w.name()} on {w.host} {how}: it leaves the job (not a failure); no new worker starts "
@@ -341,20 +343,20 @@ def failing(m: Machine, now: float) -> None:
 def remove(m: Machine, w: WorkerRec, why: str, now: float) -> None:
     if w.leaving or not w.alive:
         return
-    w.leaving, w.leaving_since = why, now
-    w.asked_to_leave = w.joined  # at a join: told to leave, it exits 0 by itself (TERM only after the grace)
-    m.emit(Remove(w.wid, why, ask=w.joined))
-    w.joined = False
+    ask = w.state is S.JOINED  # at a join: told to leave, it exits 0 by itself (TERM only after the grace)
+    w.why = why
+    w.move(S.ASKED if ask else S.STOPPING, now)
+    m.emit(Remove(w.wid, why, ask=ask))
 
 
 def reap(m: Machine, now: float) -> None:
     for w in m.workers.values():
-        if w.leaving and w.alive and not w.killed and now - w.leaving_since > m.s.stop_grace_s:
-            if w.asked_to_leave:  # it did not exit by itself: TERM now, KILL after another grace
-                w.asked_to_leave, w.leaving_since = False, now
+        if w.state in (S.ASKED, S.STOPPING) and now - w.since > m.s.stop_grace_s:
+            if w.state is S.ASKED:  # it did not exit by itself: TERM now, KILL after another grace
+                w.move(S.STOPPING, now)
                 m.emit(Kill(w.wid, term=True))
             else:
-                w.killed = True
+                w.move(S.KILLED, now)
                 m.emit(Kill(w.wid))
 
 
@@ -404,8 +406,8 @@ def break_round(m: Machine, why: str, now: float) -> None:
 
 def finishing(m: Machine, now: float) -> None:
     for w in m.workers.values():
-        if w.joined:
-            w.joined = False
+        if w.state is S.JOINED:
+            w.move(S.ENDING, now)
             m.emit(Answer(w.wid, {"error": "the job is ending: a worker finished"}))
     if all(not w.alive for w in m.workers.values()):
         m.end(0)
@@ -416,15 +418,15 @@ def forming(m: Machine, now: float) -> None:
     if any(not w.alive or w.leaving for w in members):
         break_round(m, "a member left before the round started", now)
         breaking(m, now)
-    elif all(w.joined for w in members):
+    elif all(w.state is S.JOINED for w in members):
         release(m, now)
     elif now - cur.formed_at > m.s.timeout_s:
         for w in members:
-            if not w.joined:
+            if w.state is not S.JOINED:
                 failure(m, w, f"did not join round {cur.id} within {m.s.timeout_s:g} s", now)
                 remove(m, w, "did not join in time", now)
     else:
-        say_late(m, [w for w in members if not w.joined], "to join", cur.formed_at, now)
+        say_late(m, [w for w in members if w.state is not S.JOINED], "to join", cur.formed_at, now)
 
 
 def running(m: Machine, now: float) -> None:
@@ -437,13 +439,13 @@ def running(m: Machine, now: float) -> None:
 def lost_by(m: Machine, w: WorkerRec) -> list[WorkerRec]:
     """The members back from the current round whose runtime found ``w`` silent past the
     heartbeat timeout (their join's ``lost``)."""
-    return [o for o in m.members() if o.joined and o.join.get("last") == m.round.id
+    return [o for o in m.members() if o.state is S.JOINED and o.join.get("last") == m.round.id
             and isinstance(o.join.get("lost"), list) and w.rank in o.join["lost"][:64]]
 
 
 def breaking(m: Machine, now: float) -> None:
     cur = m.round
-    back = [w for w in m.members() if w.in_round and w.alive and not w.leaving]
+    back = [w for w in m.members() if w.state is S.TRAINING]
     for w in back:  # named lost by a member back from the round (a stopped process, a frozen host): killed now
         by = lost_by(m, w)
         if by and not w.leaving:
@@ -451,8 +453,8 @@ def breaking(m: Machine, now: float) -> None:
                           "(APPLIANCE_HEARTBEAT_TIMEOUT: a stopped process or a frozen host)", now)
             remove(m, w, "it showed no sign of life", now)
             cur.lost_at = now if cur.lost_at is None else cur.lost_at
-            if w.alive and not w.killed:
-                w.killed = True
+            if w.state in (S.ASKED, S.STOPPING):
+                w.move(S.KILLED, now)
                 m.emit(Kill(w.wid))
     for w in back:  # a silent host: its SSH heartbeats stopped (sooner than the SSH timeout)
         if w.wid in m.silent and not w.leaving:
@@ -585,7 +587,7 @@ def form(m: Machine, now: float) -> None:
         limit = "" if m.s.reset_limit is None else f" of {m.s.reset_limit}"
         m.say(f"round {m.rounds}: {what} on {', '.join(dict.fromkeys(slots[w.wid].host for w in ranked))} "
               f"(reset {m.membership.resets}{limit})")
-    if all(w.joined for w in members):
+    if all(w.state is S.JOINED for w in members):
         release(m, now)
 
 
@@ -594,7 +596,8 @@ def release(m: Machine, now: float) -> None:
     members = m.members()
     m.emit(Release(cur.id, tuple(Member(w.wid, w.host, cur.slots[w.wid], dict(w.join)) for w in members), cur.sync))
     for w in members:
-        w.joined, w.last, w.in_round, w.rank = False, cur.id, True, cur.slots[w.wid].rank
+        w.move(S.TRAINING, now)
+        w.last, w.rank = cur.id, cur.slots[w.wid].rank
     m.phase = Phase.RUNNING
     m.released_any = True
     if m.s.verbose:
