@@ -17,7 +17,8 @@ from appliance.common.ranks import Slot
 from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited,
                                                HostOpened, Joined, Kill, Leaving, Notify, OpenHosts, Release, Remove,
                                                Spawn, SpawnFailed, Tick, Watching)
-from appliance.launcher.elastic.machine import HOROVOD_FAILED, LOST_GRACE_S, TRANSITIONS
+from appliance.launcher.elastic.failures import HOROVOD_FAILED, LOST_GRACE_S
+from appliance.launcher.elastic.machine import TRANSITIONS
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
 from appliance.launcher.elastic.records import Phase
 from fixtures.elastic_machine import Job
