@@ -44,12 +44,12 @@ from ..workers import SpawnError
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
 from .events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Leaving,
                      Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
-from .machine import Machine, Settings
+from .failures import SILENT_S
+from .machine import Machine
 from .records import Phase
 from .rendezvous import RendezvousServer, Stream, Ticket
 
 POLL_S = 0.02
-SILENT_S = 2.5  # in a round that ended, a member whose host has said nothing over SSH for this long is gone
 
 
 class ElasticDriver:
@@ -64,9 +64,7 @@ class ElasticDriver:
         self.deadline, self.fault_dir, self.clock = deadline, fault_dir, clock
         self.job_id, self.secret = job or (envmod.new_job_id(), envmod.new_secret())
         self.observer = observer  # observe.Observer: told every line said and every round formed
-        self.machine = Machine(Settings(config.np, self.e.min_np, self.e.max_np, self.e.timeout_s, self.e.reset_limit,
-                                        self.e.cooldown_range, config.stop_grace_s, bool(config.verbose), SILENT_S,
-                                        self.e.discovery_interval_s, self.e.kubernetes))
+        self.machine = Machine(config)  # the launch configuration whole, its ElasticConfig within
         self.discovery = (ScriptDiscovery(self.e.discovery_script, self.e.slots_per_host, self.e.discovery_timeout_s,
                                           config.environ, config.cwd)
                           if self.e.discovery_script is not None else

@@ -18,6 +18,7 @@ from .events import Kill
 from .records import Phase, WorkerRec, WorkerState as S
 from .state import MachineState, break_round, remove, when
 
+SILENT_S = 2.5  # in a round that ended, a member whose host has said nothing over SSH for this long is gone
 LOST_GRACE_S = 10.0  # after a member was named lost, the others not back within this are taken as lost too
 HOROVOD_FAILED = "Horovod detected that one or more processes exited with non-zero status"
 
@@ -77,7 +78,7 @@ def failing(m: MachineState, now: float) -> None:
     """End the failed job naming every rank (Horovod's failure message), once every member has
     exited (so its own exit code is named) or the stop grace has passed."""
     members = m.members()
-    if any(w.alive for w in members) and now - m.failing_since <= m.s.stop_grace_s:
+    if any(w.alive for w in members) and now - m.failing_since <= m.config.stop_grace_s:
         return
     first = next((w for w in members if w.failed and w.exit_code is not None), None)
     every = "every rank failed" if all(w.exit_code not in (None, 0) for w in members) else "every host failed"
@@ -114,14 +115,14 @@ def lost(m: MachineState, back: list[WorkerRec], now: float) -> list[WorkerRec]:
                 m.emit(Kill(w.wid))
     for w in back:  # a silent host: its SSH heartbeats stopped (sooner than the SSH timeout)
         if w.wid in m.silent and not w.leaving:
-            failure(m, w, f"stopped answering: nothing from {w.host} over SSH for {m.s.silent_s:g} s", now)
+            failure(m, w, f"stopped answering: nothing from {w.host} over SSH for {SILENT_S:g} s", now)
             remove(m, w, "its host stopped answering", now)
     return [w for w in back if not w.leaving and w.alive]
 
 
 def reap(m: MachineState, now: float) -> None:
     for w in m.workers.values():
-        if w.state in (S.ASKED, S.STOPPING) and now - w.since > m.s.stop_grace_s:
+        if w.state in (S.ASKED, S.STOPPING) and now - w.since > m.config.stop_grace_s:
             if w.state is S.ASKED:  # it did not exit by itself: TERM now, KILL after another grace
                 w.move(S.STOPPING, now)
                 m.emit(Kill(w.wid, term=True))
@@ -130,5 +131,5 @@ def reap(m: MachineState, now: float) -> None:
                 m.emit(Kill(w.wid))
 
 
-__all__ = ["HOROVOD_FAILED", "LOST_GRACE_S", "check_doomed", "failing", "failure", "leave_on_sigterm", "lost", "lost_by",
+__all__ = ["HOROVOD_FAILED", "LOST_GRACE_S", "SILENT_S", "check_doomed", "failing", "failure", "leave_on_sigterm", "lost", "lost_by",
            "reap"]

@@ -41,7 +41,7 @@ def on_discovery_failed(m: MachineState, ev: DiscoveryFailed, now: float) -> Non
         m.end(1, ev.message)
         return
     if ev.message != m.discovery_error:
-        m.say(f"{ev.message} (retrying every {m.s.discovery_interval_s:g} s)")
+        m.say(f"{ev.message} (retrying every {m.e.discovery_interval_s:g} s)")
     m.discovery_error = ev.message
 
 
@@ -53,7 +53,7 @@ def on_host_opened(m: MachineState, ev: HostOpened, now: float) -> None:
         if waited is not None:
             m.say(f"host {ev.host} answers now, after {waited:.0f} s pending")
         return
-    if m.s.kubernetes:  # listed (its pod is Running) but its sshd or DNS record is not up yet
+    if m.e.kubernetes:  # listed (its pod is Running) but its sshd or DNS record is not up yet
         if m.pending.failed(ev.host, now):
             m.say(f"host {ev.host} is listed but does not answer yet; pending, checked again (this line at most "
                   f"once a minute): {ev.failure}")
@@ -80,7 +80,7 @@ def close_hosts(m: MachineState, now: float) -> None:
     is checked again."""
     busy = {w.host for w in m.workers.values() if w.alive}
     gone = tuple(h for h in sorted(m.opened) if h not in busy and (not m.membership.wanted(h) or (
-        m.s.kubernetes and (m.membership.is_blacklisted(h, now) or m.membership.is_held(h, now)))))
+        m.e.kubernetes and (m.membership.is_blacklisted(h, now) or m.membership.is_held(h, now)))))
     if gone:
         m.opened -= set(gone)
         m.emit(CloseHosts(gone))

@@ -46,7 +46,7 @@ named by its module):
 | any | ``Tick`` | ``failures.reap``: TERM, then KILL, workers that did not leave within the grace | same |
 | any but ENDED | a checked host has no live worker and is not listed, or is blacklisted for good (Kubernetes: or blacklisted or held at all: its pod is re-created) | ``hosts.close_hosts``: ``CloseHosts`` (listed again: ``OpenHosts`` again) | same |
 
-Env vars: none (``records.Settings`` carries what the launcher read). Failure modes: none raised; the
+Env vars: none (``Machine(config)``: the launch's ``LaunchConfig`` whole, its ``ElasticConfig`` within). Failure modes: none raised; the
 job's end is the ``End`` action (also kept as ``Machine.outcome``).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ from .events import (Action, Answer, Discovered, DiscoveryFailed, Exited, HostOp
                      SpawnFailed, Tick, Watching)
 from .failures import HOROVOD_FAILED, check_doomed, failing, failure, leave_on_sigterm, reap
 from .hosts import close_hosts, on_discovered, on_discovery_failed, on_host_opened
-from .records import Phase, Settings, WorkerState as S
+from .records import Phase, WorkerState as S
 from .rounds import breaking, finishing, form, forming, running
 from .state import MachineState, break_round, remove, when
 
@@ -114,7 +114,7 @@ def on_leaving(m: MachineState, ev: Leaving, now: float) -> None:
     m.emit(Answer(ev.wid, {"error": refused} if refused else {"leave": True}, leave=True))
     if refused or w.departing:
         return
-    w.departing = "it was sent SIGTERM" + (" (its pod is being deleted)" if m.s.kubernetes else "")
+    w.departing = "it was sent SIGTERM" + (" (its pod is being deleted)" if m.e.kubernetes else "")
     until = m.membership.hold(w.host, now)
     m.say(f"{w.name()} was sent SIGTERM: it leaves the job at its next commit (not a failure); no new worker "
           f"starts on {w.host} {when(until, now)}")
@@ -138,12 +138,12 @@ def on_exited(m: MachineState, ev: Exited, now: float) -> None:
             break_round(m, f"{w.name()} left", now)
         check_doomed(m, now)
         return
-    if ((m.s.kubernetes or w.departing) and ev.code in (-SIGTERM, 128 + SIGTERM)) or (w.departing and ev.code == 0):
+    if ((m.e.kubernetes or w.departing) and ev.code in (-SIGTERM, 128 + SIGTERM)) or (w.departing and ev.code == 0):
         leave_on_sigterm(m, w, now)
         return
     if ev.code == 0:
         m.phase = Phase.FINISHING
-        if m.s.verbose:
+        if m.config.verbose:
             m.say(f"{w.name()} finished: the job ends when the others do")
         for other in m.live():
             if other.last == 0:
@@ -193,4 +193,4 @@ def phases(m: MachineState, now: float) -> None:
         breaking(m, now)
 
 
-__all__ = ["HOROVOD_FAILED", "Machine", "Settings", "TRANSITIONS"]
+__all__ = ["HOROVOD_FAILED", "Machine", "TRANSITIONS"]

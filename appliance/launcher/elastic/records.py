@@ -8,8 +8,7 @@ worker makes (``WorkerRec.move`` asserts the move is listed, naming both states)
 state, exit code, what its last join sent, the last round it was released into and its rank
 there, whether it failed, and why it is leaving or asked to) and ``Round``
 (one layout of the job: its members, slots, whether state must be synced, and whether a member
-failed), and ``Settings`` (what the launcher read for the job: -np, --min-np, --max-np, the
-timeouts, the cool-down, whether it runs on Kubernetes). ``machine`` creates and changes them; nothing here touches a process or a socket (the
+failed). ``machine`` creates and changes them; nothing here touches a process or a socket (the
 I/O shell, ``driver``, keeps the processes, tickets and streams by worker number).
 
 Env vars: none. Failure modes: ``AssertionError`` from ``WorkerRec.move`` for a move ``MOVES`` does not
@@ -127,20 +126,4 @@ class Round:
     lost_at: float | None = None  # when, after it ended, a member was first named lost (silent)
 
 
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    np: int
-    min_np: int
-    max_np: int | None
-    timeout_s: float
-    reset_limit: int | None = None
-    cooldown_range: tuple[float, float] | None = None
-    stop_grace_s: float = 3.0
-    verbose: bool = False
-    silent_s: float = 2.5
-    discovery_interval_s: float = 1.0
-    kubernetes: bool = False  # a listed host not answering is pending; a rank ended by SIGTERM leaves
-
-
-__all__ = ["ENDED", "LEAVING", "MOVES", "Phase", "Round", "Settings", "WorkerRec", "WorkerState"]
+__all__ = ["ENDED", "LEAVING", "MOVES", "Phase", "Round", "WorkerRec", "WorkerState"]

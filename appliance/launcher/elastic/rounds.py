@@ -26,7 +26,7 @@ from .waiting import say_late, short_of_slots
 
 def form(m: MachineState, now: float) -> None:
     first = not m.released_any
-    needed = m.s.np if first else m.s.min_np
+    needed = m.config.np if first else m.e.min_np
     target = target_slots(m, now)
     if open_hosts(m, target, now):
         return  # a host of the target is being checked: form once it answers
@@ -39,10 +39,10 @@ def form(m: MachineState, now: float) -> None:
     if len(have) + len(free) < needed:
         if m.short_since is None:
             m.short_since = now
-            m.say(f"waiting for {needed} slots ({len(have) + len(free)} available; at most {m.s.timeout_s:g} s)")
-        elif now - m.short_since > m.s.timeout_s:
+            m.say(f"waiting for {needed} slots ({len(have) + len(free)} available; at most {m.e.timeout_s:g} s)")
+        elif now - m.short_since > m.e.timeout_s:
             m.end(1, f"fewer than {'-np' if first else '--min-np'} {needed} slots were available for "
-                     f"{m.s.timeout_s:g} s (--elastic-timeout); hosts: {m.hosts_line(now)}")
+                     f"{m.e.timeout_s:g} s (--elastic-timeout); hosts: {m.hosts_line(now)}")
         return
     m.short_since = None
     hosts_now = dict(m.membership.available(now))
@@ -76,7 +76,7 @@ def form(m: MachineState, now: float) -> None:
     if not first:
         grown = len(members) - len(previous.members) if previous else 0
         what = f"{len(members)} rank{'s' if len(members) != 1 else ''}" + (f" ({grown:+d})" if grown else "")
-        limit = "" if m.s.reset_limit is None else f" of {m.s.reset_limit}"
+        limit = "" if m.e.reset_limit is None else f" of {m.e.reset_limit}"
         m.say(f"round {m.rounds}: {what} on {', '.join(dict.fromkeys(slots[w.wid].host for w in ranked))} "
               f"(reset {m.membership.resets}{limit})")
     if all(w.state is S.JOINED for w in members):
@@ -92,7 +92,7 @@ def release(m: MachineState, now: float) -> None:
         w.last, w.rank = cur.id, cur.slots[w.wid].rank
     m.phase = Phase.RUNNING
     m.released_any = True
-    if m.s.verbose:
+    if m.config.verbose:
         m.say(f"round {cur.id} started: {len(members)} ranks, sync {cur.sync}")
 
 
@@ -103,17 +103,17 @@ def forming(m: MachineState, now: float) -> None:
         breaking(m, now)
     elif all(w.state is S.JOINED for w in members):
         release(m, now)
-    elif now - cur.formed_at > m.s.timeout_s:
+    elif now - cur.formed_at > m.e.timeout_s:
         for w in members:
             if w.state is not S.JOINED:
-                failure(m, w, f"did not join round {cur.id} within {m.s.timeout_s:g} s", now)
+                failure(m, w, f"did not join round {cur.id} within {m.e.timeout_s:g} s", now)
                 remove(m, w, "did not join in time", now)
     else:
         say_late(m, [w for w in members if w.state is not S.JOINED], "to join", cur.formed_at, now)
 
 
 def running(m: MachineState, now: float) -> None:
-    if short_of_slots(m, m.s.min_np, "--min-np", now, keep=True):
+    if short_of_slots(m, m.e.min_np, "--min-np", now, keep=True):
         return
     notify(m, now)
     grow(m, now)
@@ -131,9 +131,9 @@ def breaking(m: MachineState, now: float) -> None:
             failure(m, w, f"did not come back within {LOST_GRACE_S:g} s after a member of round {cur.id} was "
                           "found silent", now)
             remove(m, w, "did not come back in time", now)
-    elif now - cur.broken_at > m.s.timeout_s:
+    elif now - cur.broken_at > m.e.timeout_s:
         for w in back:
-            failure(m, w, f"did not come back within {m.s.timeout_s:g} s after round {cur.id} ended", now)
+            failure(m, w, f"did not come back within {m.e.timeout_s:g} s after round {cur.id} ended", now)
             remove(m, w, "did not come back in time", now)
     else:
         say_late(m, back, "to come back for a new round", cur.broken_at, now)

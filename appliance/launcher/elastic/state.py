@@ -8,27 +8,29 @@ told to go or stopped, ``records.WorkerState``), ``break_round`` (the running or
 ends) and ``when`` (how long a host stays out, in words). ``machine.Machine`` adds the event
 dispatch; ``rounds``, ``failures`` and ``hosts`` implement the transitions its docstring tables.
 
-Env vars: none. Failure modes: none raised; the job's end is the ``End`` action (``end``).
+Env vars: none (the launch's ``LaunchConfig`` with its ``ElasticConfig``, handed whole, carries
+what the launcher read). Failure modes: none raised; the job's end is the ``End`` action (``end``).
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
 
+from appliance.launcher.config import LaunchConfig
 from .events import Action, End, Remove, Say
 from .membership import Membership
 from .pending import PendingHosts
-from .records import Phase, Round, Settings, WorkerRec, WorkerState as S
+from .records import Phase, Round, WorkerRec, WorkerState as S
 
 
 class MachineState:
     """One elastic job's state and the helpers its transitions share (see the module docstring)."""
 
-    def __init__(self, settings: Settings, rand: Callable[[], float] | None = None):
-        self.s = settings
+    def __init__(self, config: LaunchConfig, rand: Callable[[], float] | None = None):
+        assert config.elastic is not None
+        self.config, self.e = config, config.elastic  # the launch (-np, stop grace, -v) and its elastic rules
         kw = {} if rand is None else {"rand": rand}
-        self.membership = Membership(settings.min_np, settings.max_np, settings.cooldown_range,
-                                     settings.reset_limit, **kw)
+        self.membership = Membership(self.e.min_np, self.e.max_np, self.e.cooldown_range, self.e.reset_limit, **kw)
         self.phase = Phase.WAITING
         self.workers: dict[int, WorkerRec] = {}
         self.round: Round | None = None
@@ -101,7 +103,7 @@ def break_round(m: MachineState, why: str, now: float) -> None:
     if m.phase in (Phase.FORMING, Phase.RUNNING):
         m.phase = Phase.BREAKING
         m.round.broken_at = now
-        if m.s.verbose:
+        if m.config.verbose:
             m.say(f"round {m.round.id} ends: {why}")
 
 
