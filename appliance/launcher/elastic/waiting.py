@@ -2,9 +2,9 @@
 
 What it owns: ``say_late`` (once per round, the members it still waits for) and
 ``short_of_slots`` (the ``--elastic-timeout`` clock while fewer slots than needed are listed),
-helpers of ``machine.py``'s transitions, taking its ``Machine``.
+helpers of the round transitions (``rounds``), taking the machine (``state.MachineState``).
 
-Env vars: none. Failure modes: none raised; ``short_of_slots`` ends the job through ``Machine.end``.
+Env vars: none. Failure modes: none raised; ``short_of_slots`` ends the job through ``MachineState.end``.
 """
 from __future__ import annotations
 
