@@ -296,7 +296,12 @@ def _status(args: argparse.Namespace) -> int:
         except ClusterError as e:  # the share's secondaries are still worth showing
             rows, error = None, e
         shares = [args.shared] if args.shared is not None else shares_of(rows or [], read("APPLIANCE_SHARED"))
-        render(rows, sys.stdout, list_secondaries(shares, stale), shares, list_jobs(shares))
+        unlisted: dict = {}
+        skip = lambda path, why: print(f"appliance status: skipped {path}: {why}", file=sys.stderr)  # noqa: E731
+        secondaries = list_secondaries(shares, stale, on_skip=skip)
+        jobs = list_jobs(shares, on_skip=skip, on_unlisted=unlisted.__setitem__)
+        sys.stderr.flush()
+        render(rows, sys.stdout, secondaries, shares, jobs, unlisted)
         if error is not None:
             raise error
         return 0
@@ -331,15 +336,24 @@ def _add_leave(sub: argparse._SubParsersAction) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from appliance.common.knobs import read
-    from .launcher.observe.report import draw, job_dir_of, summary_text
+    from .launcher.observe.record import RECORD
+    from .launcher.observe.report import draw, job_dir_of, load, summary_text
 
     try:
         job_dir = job_dir_of(args.job, args.shared or read("APPLIANCE_SHARED"))
-        path = draw(job_dir, args.output)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+        record, skipped = load(job_dir)
+    except (OSError, ValueError) as e:  # no record, or one that cannot be read
         print(f"appliance report: {e}", file=sys.stderr)
         return 1
-    print(summary_text(job_dir))
+    if skipped:
+        print(f"appliance report: skipped {skipped} row(s) of {os.path.join(job_dir, RECORD)} whose fields are not "
+              "of the record's types", file=sys.stderr)
+    print(summary_text(job_dir, record), flush=True)
+    try:
+        path = draw(job_dir, args.output, record)
+    except (OSError, ValueError, ImportError) as e:  # cannot write there, nothing to draw, no matplotlib
+        print(f"appliance report: {e}", file=sys.stderr)
+        return 1
     print(path)
     return 0
 
@@ -352,7 +366,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                                    "summary line and the picture's path.")
     p.add_argument("job", metavar="JOB_ID", help="the job's id (its directory under SHARED/jobs), or a job directory")
     p.add_argument("--shared", metavar="DIR", help="the shared directory (env APPLIANCE_SHARED, default /mnt/share)")
-    p.add_argument("-o", "--output", metavar="PNG", help="write the picture here (default JOB_DIR/report.png)")
+    p.add_argument("-o", "--output", metavar="PNG", help="write the picture here (default JOB_DIR/report.png; a "
+                                                         "directory: report.png in it)")
     p.set_defaults(func=_report)
 
 

@@ -2,7 +2,9 @@
 
 What it owns: ``save_atomically(write, path)`` (write a temporary file next to ``path``, fsync
 it, rename it over ``path``, fsync the directory) and the JSON helpers built on it
-(``write_json``; ``read_json``, which answers None for a missing or unparseable file),
+(``write_json``; ``read_json``, which answers None for a missing or unparseable file, and for
+anything that is not a regular file it may read: a directory, a FIFO, a file without read
+permission; it never blocks),
 ``read_with_mtime`` (a file's text and modification time, read from one open file),
 ``read_small`` (the same for a file anyone may have put there: never blocks, never reads more
 than a bound; ``NotReadable`` says why it is not a small regular UTF-8 file) and
@@ -65,11 +67,16 @@ def write_json(path: str, data: Any) -> None:
     save_atomically(lambda f: f.write(json.dumps(data, indent=1, sort_keys=True) + "\n"), path, "w")
 
 
-def read_json(path: str) -> Optional[Any]:
+MAX_JSON_BYTES = 64 << 20  # read_json's bound: the records it reads are a few KB
+
+
+def read_json(path: str, limit: int = MAX_JSON_BYTES) -> Optional[Any]:
+    """The JSON in ``path``; None when there is none, it does not parse, or the file is not a
+    regular file of at most ``limit`` bytes this process may read (``read_small``: never blocks)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
+        text, _ = read_small(path, limit)
+        return None if text is None else json.loads(text)
+    except (ValueError, RecursionError):  # NotReadable is a ValueError
         return None
 
 

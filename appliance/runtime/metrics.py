@@ -12,10 +12,16 @@ before a re-init) sends a last sample and ``bye``. Every counter is cumulative s
 thread, nothing sent. Steps are counted here from whichever source the script has
 (``note_step``): optimizer steps, else elastic commits, else explicit ``step()`` calls.
 
+The hello's HMAC is keyed with the job secret the engine holds, or else APPLIANCE_JOB_SECRET (a
+one-rank job, or an elastic one while it has one rank, needs no secret to run but is observed
+like any other).
+
 Failure modes: the thread never blocks or fails training. Connects and sends have short
-timeouts; on any error the connection is dropped (samples meanwhile are lost), a reconnect is
-tried at most once per interval, and one warning line per process goes to stderr. A malformed
-APPLIANCE_METRICS_ADDR is that warning, and nothing is sent.
+timeouts; on an error the connection is dropped and one new connection is tried at once (a
+collector that closed the connection, or that moved, is expected at a membership change: no
+line); when that fails too, samples are lost meanwhile, a reconnect is tried at most once per
+interval, and one warning line per process goes to stderr. A malformed APPLIANCE_METRICS_ADDR is
+that warning, and nothing is sent.
 """
 from __future__ import annotations
 
@@ -148,6 +154,7 @@ class Publisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="appliance-metrics", daemon=True)
         self.sent = 0  # lines sent (for tests and the cost benchmark)
+        self._sent_here = 0  # lines sent on the current connection
         self.cpu_s = 0.0  # the thread's CPU time so far, updated each interval (the cost benchmark)
 
     def start(self) -> "Publisher":
@@ -165,20 +172,29 @@ class Publisher:
         try:
             s = socket.create_connection(self.addr, timeout=self._timeout())
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = s
+            self._sock, self._sent_here = s, 0
             self._send(self._hello)
             return self._sock is not None
         except OSError as e:
             self._drop(e)
             return False
 
-    def _send(self, obj: dict) -> None:
+    def _send(self, obj: dict, again: bool = True) -> None:
         line = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         try:
             self._sock.sendall(line)
             self.sent += 1
+            self._sent_here += 1
         except OSError as e:
-            self._drop(e)
+            # a connection that worked (it carried more than a hello and a sample: not one the
+            # collector refused) is tried once more at once, without a word
+            if not again or obj is self._hello or self._sent_here < 3:
+                self._drop(e)
+                return
+            self._close()  # once more on a new connection before saying anything
+            self._next_connect = 0.0
+            if self._connect():
+                self._send(obj, again=False)
 
     def _close(self) -> None:
         if self._sock is not None:
@@ -231,6 +247,15 @@ def publisher() -> Optional[Publisher]:
     return _publisher
 
 
+def _env_secret() -> bytes:
+    """APPLIANCE_JOB_SECRET's bytes (b"" when unset or not hexadecimal): a one-rank job's engine
+    holds no secret (it has no peer to prove it to), yet the launcher's collector asks for it."""
+    try:
+        return bytes.fromhex(os.environ.get("APPLIANCE_JOB_SECRET", "") or "")
+    except ValueError:
+        return b""
+
+
 def _round(cfg) -> int:
     return int(getattr(cfg, "elastic_round", 0) or 0)
 
@@ -257,7 +282,7 @@ def start(engine: Any) -> Optional[Publisher]:
     rank, rnd = core.rank, _round(cfg)
     hello = {"v": 1, "kind": "hello", "job": cfg.job_id or None, "rank": rank, "size": core.size,
              "local_rank": core.local_rank, "host": cfg.host, "round": rnd, "pid": os.getpid(),
-             "auth": auth(cfg.secret)}
+             "auth": auth(cfg.secret or _env_secret())}
     t0 = _first_start[0]
 
     def read() -> dict:

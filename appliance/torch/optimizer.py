@@ -3,14 +3,24 @@
 As in Horovod, ``DistributedOptimizer(opt, ...)`` returns an instance of a class made on the
 fly that derives from ``type(opt)`` (so ``isinstance(dopt, type(opt))`` holds and the wrapped
 optimizer's own ``step`` does the update) and shares ``opt.param_groups``. With more than one
-rank, a hook on every parameter starts an in-place ``allreduce_async_`` of its gradient as
-soon as backward has accumulated it ``backward_passes_per_step`` times; ``synchronize()`` waits
-for them all (starting the ones whose gradient never came, with zeros), and ``step()`` calls
-it unless inside ``skip_synchronize()``. With ``op=hvd.Adasum`` and more than one rank it
-builds Horovod's delta optimizer instead (``appliance.torch.adasum_optimizer``).
+rank, or in an elastic job at any size, a hook on every parameter starts an in-place
+``allreduce_async_`` of its gradient as soon as backward has accumulated it
+``backward_passes_per_step`` times; ``synchronize()`` waits for them all (starting the ones whose
+gradient never came, with zeros), and ``step()`` calls it unless inside ``skip_synchronize()``.
+With ``op=hvd.Adasum`` (more than one rank, or elastic) it builds Horovod's delta optimizer
+instead (``appliance.torch.adasum_optimizer``).
 
-Owns the per-optimizer handle map and counters. Reads no environment (Horovod's elastic
-``HOROVOD_ELASTIC`` hook registration at size 1 is not supported). Failure modes: ``ValueError``
+Elastic jobs (``HOROVOD_ELASTIC=1``, which the launcher gives every elastic worker, as
+Horovod's does): an optimizer is built once, before ``hvd.elastic.run``, at whatever size the job
+has then, and is kept across every later growth; so it registers its hooks even at size 1 (an
+allreduce at one rank costs little), else a job started at one rank would step without
+allreducing after it grew while its new ranks waited for those allreduces. For the same reason
+Adasum picks the delta optimizer at size 1 too (every rank of a grown job runs one algorithm),
+and ``groups`` take the order of this rank's ``param_groups`` instead of rank 0's by a broadcast
+(a joining worker builds its optimizer while the others train: a collective there could never be
+matched).
+
+Owns the per-optimizer handle map and counters. Env vars: HOROVOD_ELASTIC. Failure modes: ``ValueError``
 for bad arguments (duplicate or missing names, ``gradient_predivide_factor`` with an op other
 than Average...), ``AssertionError`` for ``zero_grad()`` between backward and step or more
 backward passes than declared (as Horovod), and the collectives' errors from ``synchronize``.
@@ -22,6 +32,7 @@ from contextlib import contextmanager
 
 import torch
 
+from appliance.common.knobs import read
 from appliance.torch.adasum_optimizer import DistributedAdasumOptimizer, PendingReductionGuard
 from appliance.torch.compression import Compression
 from appliance.torch.functions import broadcast_object
@@ -36,6 +47,12 @@ def _split(items: list, n: int) -> list:
     """``items`` in ``n`` consecutive chunks whose sizes differ by at most one."""
     q, r = divmod(len(items), n)
     return [items[i * q + min(i, r):(i + 1) * q + min(i + 1, r)] for i in range(n)]
+
+
+def _elastic() -> bool:
+    """Whether this process is a worker of an elastic job (HOROVOD_ELASTIC, as Horovod reads it):
+    its optimizers outlive the size they were built at."""
+    return bool(read("HOROVOD_ELASTIC"))
 
 
 def _parameter_names(param_groups, named_parameters) -> dict:
@@ -110,7 +127,7 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
         self._groups = groups
         self._p_to_group = {}
         self._group_counts = {}
-        if size() > 1 and self.process_set.included() is not False:
+        if self.process_set.included() is not False and (size() > 1 or _elastic()):
             self._register_hooks()
 
     # --- Horovod's public extras -------------------------------------------------------------
@@ -144,11 +161,13 @@ class _DistributedOptimizer(PendingReductionGuard, torch.optim.Optimizer):
 
     def _form_groups(self):
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        # Rank 0's parameter order decides the groups, so they are the same everywhere.
-        root = self.process_set.ranks[0] if self.process_set.process_set_id else 0
-        order = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=root,
-                                 process_set=self.process_set)
-        params.sort(key=lambda p: order.index(self._parameter_names.get(p)))
+        # Rank 0's parameter order decides the groups, so they are the same everywhere (elastic:
+        # this rank's own order, as every worker runs the same script; module docstring).
+        if not _elastic():
+            root = self.process_set.ranks[0] if self.process_set.process_set_id else 0
+            order = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=root,
+                                     process_set=self.process_set)
+            params.sort(key=lambda p: order.index(self._parameter_names.get(p)))
         if isinstance(self._groups, list):
             wanted = {id(p) for p in params}
             p_groups, placed = [], set()
@@ -305,7 +324,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     accumulation steps before the allreduce; ``gradient_predivide_factor``: for op=Average,
     divide by it before the sum and by ``size/factor`` after; ``groups``: an int (that many
     groups) or lists of parameters allreduced together; ``num_groups``: deprecated ``groups``.
-    ``op=hvd.Adasum`` (more than one rank): Horovod's delta optimizer, where each rank steps
+    ``op=hvd.Adasum`` (more than one rank, or elastic): Horovod's delta optimizer, where each rank steps
     locally and the parameter updates are combined with Adasum (``appliance.torch.adasum_optimizer``;
     ``groups`` and ``sparse_as_dense`` do not apply there).
     """
@@ -319,7 +338,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     _ps.require_registered(process_set)
-    if op == Adasum and size() > 1:
+    if op == Adasum and (size() > 1 or _elastic()):
         cls = type(optimizer.__class__.__name__, (DistributedAdasumOptimizer, optimizer.__class__), {})
         names = _parameter_names(optimizer.param_groups, named_parameters)
         return cls(optimizer.param_groups, names, compression, backward_passes_per_step, process_set)

@@ -4,8 +4,11 @@ and exits when the rank has) in a job directory of the test's own.
 
 What is asserted: only a rank started with APPLIANCE_ELASTIC_LEAVE_ON_TERM, on this host, still
 the child of the stub its record names, gets SIGTERM; the command returns once that stub has
-exited (exit 0) or says which ranks still run at its timeout (exit 1); a bad ``--timeout`` is one
-line and exit 2. Over real sshd hosts and a real elastic job: ``ssh/test_elastic_leave_ssh.py``.
+exited (exit 0) or says which ranks still run at its timeout (exit 1); a host with nothing to
+leave says so (exit 0); a ``--timeout`` that is not a finite number from 0 (nan, inf, -1) or a
+``--job-dir`` that is not a directory is one line and exit 2, before any signal; junk records
+(binary, wrong types, a FIFO, a directory, ``/dev/zero``) are skipped without a wait. Over real
+sshd hosts and a real elastic job: ``ssh/test_elastic_leave_ssh.py``.
 """
 from __future__ import annotations
 
@@ -115,4 +118,86 @@ def test_ranks_still_running_at_the_timeout_are_named_and_bad_timeouts_refused(s
     assert r.returncode == 1 and f"still running after 1 s: rank 0 (pid {rank})" in r.stderr, r.stderr
     p.wait(10)  # SIGTERM was delivered; once continued it leaves
     r = leave(tmp_path / "jobs", "--timeout", "-1")
-    assert r.returncode == 2 and r.stderr.strip() == "appliance leave: error: --timeout must be 0 or more, not -1"
+    assert r.returncode == 2 and r.stderr.strip() == "appliance leave: error: --timeout must be a finite number of " \
+                                                     "seconds, 0 or more, not -1"
+
+
+def _say_no_rank(r: subprocess.CompletedProcess, *roots: Path) -> None:
+    assert r.returncode == 0 and r.stderr.strip() == f"appliance leave: no rank to leave on {socket.gethostname()} " \
+        f"(no running rank of an appliance job recorded under {', '.join(map(str, roots))})", r.stderr
+
+
+def test_no_job_to_leave_is_said_and_exits_0(tmp_path):
+    # l01: a host with no ranks, under the default roots; l06 (leave twice) is the same line
+    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_JOB_DIR"}
+    r = subprocess.run([sys.executable, "-m", "appliance", "leave"], capture_output=True, text=True, timeout=30,
+                       env={**env, "TMPDIR": str(tmp_path)})
+    _say_no_rank(r, tmp_path / f"appliance-{os.getuid()}" / "jobs")
+    (tmp_path / "empty").mkdir()
+    _say_no_rank(leave(tmp_path / "empty"), tmp_path / "empty")
+
+
+# l02 and kin: an argument that cannot be right is refused with one line, exit 2, before any signal
+REFUSED = {
+    "l02 --job-dir that does not exist": (("--job-dir", "{tmp}/nosuch"),
+                                          "appliance leave: error: --job-dir {tmp}/nosuch: no such directory"),
+    "--job-dir a file": (("--job-dir", "{tmp}/jobs/job1/rank.0.json"),
+                         "appliance leave: error: --job-dir {tmp}/jobs/job1/rank.0.json: not a directory"),
+    "l03 --timeout -1": (("--timeout", "-1"),
+                         "appliance leave: error: --timeout must be a finite number of seconds, 0 or more, not -1"),
+    "l04b --timeout nan": (("--timeout", "nan"),
+                           "appliance leave: error: --timeout must be a finite number of seconds, 0 or more, not nan"),
+    "l04c --timeout inf": (("--timeout", "inf"),
+                           "appliance leave: error: --timeout must be a finite number of seconds, 0 or more, not inf"),
+    "l04 --timeout abc": (("--timeout", "abc"),
+                          "appliance leave: error: argument --timeout: invalid float value: 'abc'"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_bad_arguments_are_refused_before_any_rank_is_signalled(stubs, tmp_path, case):
+    args, line = REFUSED[case]
+    p, rank = stubs.start(0)  # l07b: a rank that would be waited for without bound
+    r = subprocess.run([sys.executable, "-m", "appliance", "leave", "--job-dir", str(tmp_path / "jobs"),
+                        *(a.format(tmp=tmp_path) for a in args)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == line.format(tmp=tmp_path), r.stderr
+    assert alive(rank) and p.poll() is None
+
+
+def test_leave_twice_and_a_zero_timeout(stubs, tmp_path):
+    p, rank = stubs.start(0)
+    os.kill(rank, signal.SIGSTOP)
+    try:
+        r = leave(tmp_path / "jobs", "--timeout", "0")                      # l07c
+    finally:
+        os.kill(rank, signal.SIGCONT)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == \
+        f"appliance leave: still running after 0 s: rank 0 (pid {rank})", r.stderr
+    p.wait(10)
+    _say_no_rank(leave(tmp_path / "jobs"), tmp_path / "jobs")               # l06: nothing left to leave
+
+
+def _junk(job: Path) -> None:
+    for i, data in enumerate([bytes(range(256)), b'{"pid": "x", "stub_pid": 1}', b"[]", b"null",
+                              json.dumps({"pid": 1, "stub_pid": 0, "host": socket.gethostname()}).encode(),
+                              json.dumps({"pid": 1e30, "stub_pid": 1e30, "host": socket.gethostname()}).encode(),
+                              b'{"pid": NaN, "stub_pid": Infinity}', b"[" * 100000, b"x" * (1 << 20)]):
+        (job / f"rank.{10 + i}.json").write_bytes(data)
+    (job / "rank.20.json").mkdir()
+    os.mkfifo(job / "rank.21.json")                                         # l11: never opened blocking
+    (job / "rank.22.json").symlink_to("/dev/zero")
+
+
+def test_junk_records_are_skipped_without_a_wait_and_the_rank_beside_them_leaves(stubs, tmp_path):
+    # l09, l11: binary, wrong types, pid 1 / stub 0, a FIFO, a directory, /dev/zero next to a real rank
+    p, rank = stubs.start(0)
+    _junk(stubs.job)
+    t0 = time.monotonic()
+    r = leave(tmp_path / "jobs", "--timeout", "3")
+    assert time.monotonic() - t0 < 5, r.stderr
+    assert r.returncode == 0 and "sent SIGTERM to 1 rank(s) here" in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "appliance leave: 1 rank(s) left", r.stderr
+    assert p.poll() is not None and not alive(rank)
+    t0 = time.monotonic()
+    _say_no_rank(leave(tmp_path / "jobs", "--timeout", "3"), tmp_path / "jobs")  # only junk: nothing to leave
+    assert time.monotonic() - t0 < 5

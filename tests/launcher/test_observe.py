@@ -98,8 +98,9 @@ def test_a_restarted_rank_starts_a_new_window():
                        "busy_s": 0.1, "wall_s": 1.0, "wait_s": 0, "late_s": 0})
     snap = job.state.snapshot()
     # One sample of the new process: its rate counts from where it began (3 steps in its 1 s), not
-    # across the restart (the old process's counters would give a negative difference).
-    assert snap.ranks[1].step == 3 and snap.ranks[1].rates.steps_per_s == pytest.approx(3.0)
+    # across the restart (the old process's counters would give a negative difference); its step
+    # is the job's: the 50 steps of round 0, then its 3 in round 1.
+    assert snap.ranks[1].step == 53 and snap.ranks[1].rates.steps_per_s == pytest.approx(3.0)
     assert snap.ranks[1].rates.comm_share == pytest.approx(0.1)
     assert snap.ranks[1].round == 1
 

@@ -87,10 +87,15 @@ def test_collector_takes_authentic_ranks_and_drops_the_rest():
 
 def test_collector_without_a_secret_takes_any_hello_and_survives_garbage():
     state = JobState("j1", 1)
-    with Collector(state, None) as col:
-        s = send(col.port, hello(0, auth_=None) | {"auth": None})
-        s.sendall(b"not json\n" + json.dumps(sample(0, 1.0, 1)).encode() + b"\n")
+    with Collector(state, None, say=lambda line: None) as col:
+        s = send(col.port, hello(0, auth_=None) | {"auth": None}, sample(0, 1.0, 1))
         wait_for(lambda: state.ranks.get(0) and len(state.ranks[0].samples) == 1)
+        s.sendall(b"not json\n" + json.dumps(sample(0, 1.5, 5)).encode() + b"\n")  # garbage: refused
+        s.settimeout(5)
+        assert s.recv(1) == b""
+        s.close()
+        assert state.ranks[0].samples[-1].step == 1 and col.rejected == 1
+        s = send(col.port, hello(0, auth_=None) | {"auth": None})
         s.sendall(b"x" * (70 << 10))  # a line that never ends: the connection goes, the collector stays
         s.settimeout(5)
         assert s.recv(1) == b""

@@ -16,11 +16,11 @@ from .state import MachineState, when
 
 
 def target_slots(m: MachineState, now: float) -> list[tuple[str, int]]:
-    """The slots that should run workers: discovery's target, less the free slots of hosts
-    where new workers are held off or that are pending (listed, not answering yet)."""
+    """The slots that should run workers: discovery's target less the free slots of held or
+    pending hosts (listed, not answering yet), whose places in --max-np go to the next hosts."""
     held = {(w.host, w.index) for w in m.live() if not w.departing}
-    return [t for t in m.membership.target(now)
-            if t in held or not (m.membership.is_held(t[0], now) or t[0] in m.pending.hosts)]
+    return m.membership.target(now, lambda t: t in held or not (
+        m.membership.is_held(t[0], now) or t[0] in m.pending.hosts))
 
 
 def on_discovered(m: MachineState, ev: Discovered, now: float) -> None:
@@ -51,6 +51,7 @@ def on_host_opened(m: MachineState, ev: HostOpened, now: float) -> None:
         m.opened.add(ev.host)
         waited = m.pending.opened(ev.host, now)
         if waited is not None:
+            m.membership.renew(ev.host)
             m.say(f"host {ev.host} answers now, after {waited:.0f} s pending")
         return
     if m.e.kubernetes:  # listed (its pod is Running) but its sshd or DNS record is not up yet
@@ -63,14 +64,14 @@ def on_host_opened(m: MachineState, ev: HostOpened, now: float) -> None:
 
 
 def open_hosts(m: MachineState, target: list[tuple[str, int]], now: float) -> bool:
-    """Check the target's hosts not checked yet (a pending one once its pause is over); True
-    while any target host is being checked."""
-    order = list(dict.fromkeys([h for h, _ in target] + [h for h in m.pending.hosts if m.membership.wanted(h)]))
-    new = tuple(h for h in order if h not in m.opened and h not in m.opening and not m.pending.waiting(h, now))
+    """Check the hosts ``pending.to_check`` names; True while any target host is being checked."""
+    listed = [h for h in m.membership.order(now) if m.membership.wanted(h)]
+    new = tuple(m.pending.to_check(listed, [h for h, _ in target], m.opened | m.opening,
+                                   m.e.max_np is None or len(target) < m.e.max_np, now))
     if new:
         m.opening |= set(new)
         m.emit(OpenHosts(new))
-    return any(h in m.opening and h not in m.pending.hosts for h in order)  # a pending host is not waited for
+    return any(h in m.opening and h not in m.pending.hosts for h, _ in target)  # a pending host is not waited for
 
 
 def close_hosts(m: MachineState, now: float) -> None:

@@ -70,7 +70,8 @@ class Machine(MachineState):
     def handle(self, event: Any, now: float) -> list[Action]:
         if self.phase is not Phase.ENDED:
             TRANSITIONS[type(event)](self, event, now)
-            advance(self, now)
+            if not (type(event) is HostOpened and event.failure and self.opening):  # the batch's last decides
+                advance(self, now)
         return self.take()
 
 

@@ -10,9 +10,11 @@ What it owns (no I/O, no threads; every clock reading is passed in as ``now``):
   a cool-down range (MIN, MAX), until ``now`` + MIN·2^n plus up to MIN of jitter, capped at MAX,
   where n counts the host's earlier blacklistings (10, 20, 40... for MIN 10). ``target(now)``
   is where workers should run: each available host's slots in host order, at most ``max_np``
-  in all (``None``: every listed slot, as Horovod's launcher without ``--max-np``); it is built
+  in all (``None``: every listed slot, as Horovod's launcher without ``--max-np``), less the
+  slots a ``usable`` test refuses, which leave their place to later hosts; it is built
   from the listed slots, never one entry per ``max_np``, and a host counts at most
   ``MAX_HOST_SLOTS`` slots (``clamped`` names the hosts cut down by the last ``update``).
+  ``renew(host)`` puts a host that answers only now (listed while its pod was starting) last.
   ``hold(host, now)`` keeps new workers off a host whose new worker failed before it joined a
   round, without taking the host's running workers out (the same cool-down as the blacklist).
   ``count_reset()`` counts one membership change against ``reset_limit``.
@@ -81,6 +83,7 @@ class Membership:
         self._seq = 0
         self._available: dict[str, int] = {}  # the available hosts as of the last update/blacklist
         self.clamped: list[str] = []  # hosts whose listed slots the last update cut to MAX_HOST_SLOTS
+        self._sorted: list[tuple[str, int]] | None = None  # available(), until the next change
 
     # -- queries ------------------------------------------------------------------------------
     def is_blacklisted(self, host: str, now: float) -> bool:
@@ -97,8 +100,10 @@ class Membership:
 
     def available(self, now: float) -> list[tuple[str, int]]:
         """(host, slots) of every discovered host that is not blacklisted, oldest first."""
-        hosts = [h for h in self.hosts.values() if h.slots > 0 and not self.is_blacklisted(h.name, now)]
-        return [(h.name, h.slots) for h in sorted(hosts, key=lambda h: h.seq)]
+        if self._sorted is None:  # kept until the next change (update, blacklist, renew)
+            hosts = [h for h in self.hosts.values() if h.slots > 0 and not self.is_blacklisted(h.name, now)]
+            self._sorted = [(h.name, h.slots) for h in sorted(hosts, key=lambda h: h.seq)]
+        return list(self._sorted)
 
     def order(self, now: float) -> list[str]:
         return [name for name, _ in self.available(now)]
@@ -106,17 +111,20 @@ class Membership:
     def total_slots(self, now: float) -> int:
         return sum(slots for _, slots in self.available(now))
 
-    def target(self, now: float) -> list[tuple[str, int]]:
+    def target(self, now: float, usable: Callable[[tuple[str, int]], bool] | None = None) -> list[tuple[str, int]]:
         """(host, slot index) of every slot that should run a worker: hosts oldest first, each
-        host's slots in order, at most ``max_np`` in all (``None``: no limit)."""
+        host's slots in order, at most ``max_np`` in all (``None``: no limit). ``usable``: a slot
+        it refuses is skipped and leaves its place in ``max_np`` to the next host's slots (a host
+        listed before it answers must not keep a ready one out)."""
         out: list[tuple[str, int]] = []
         left = math.inf if self.max_np is None else self.max_np
         for name, slots in self.available(now):
-            n = int(min(slots, left))
-            out.extend((name, index) for index in range(n))
-            left -= n
-            if left <= 0:
-                break
+            for index in range(slots):
+                if left <= 0:
+                    return out
+                if usable is None or usable((name, index)):
+                    out.append((name, index))
+                    left -= 1
         return out
 
     def is_held(self, host: str, now: float) -> bool:
@@ -157,6 +165,14 @@ class Membership:
                 h.slots = 0
         return self._refresh(now)
 
+    def renew(self, host: str) -> None:
+        """``host``, listed before it answered, answers now: it goes last in the order, as a host
+        that just became available, so it does not push hosts already running out of ``max_np``."""
+        h = self.hosts.get(host)
+        if h is not None:
+            self._seq += 1
+            h.seq, self._sorted = self._seq, None
+
     def blacklist(self, host: str, now: float) -> float:
         """Take ``host`` out after a failure; returns when it may come back (``math.inf``: never)."""
         h = self.hosts.setdefault(host, HostState(host))
@@ -180,7 +196,7 @@ class Membership:
 
     def _refresh(self, now: float) -> HostUpdate:
         """Renumber hosts that became available (they go last) and say what changed."""
-        before = self._available
+        before, self._sorted = self._available, None
         current: dict[str, int] = {}
         for h in self.hosts.values():
             if h.slots > 0 and not self.is_blacklisted(h.name, now):

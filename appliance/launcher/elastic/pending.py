@@ -5,8 +5,11 @@ that a Kubernetes launcher pod needs (``ElasticConfig.kubernetes``): the MPI Ope
 ``discover_hosts.sh`` lists every worker pod in phase Running, which says nothing of its sshd (or
 of its DNS record) being up. A listed host whose check fails is pending: it is checked again
 after a pause that doubles from ``FIRST_PAUSE_S`` to ``MAX_PAUSE_S``, its slots are not used
-meanwhile, and one line says so at most every ``SAY_EVERY_S`` per host (a name that never
-resolves says it once a minute, never more). A host that discovery drops is forgotten.
+meanwhile (they leave their places in --max-np to the hosts after them), and one line says so
+at most every ``SAY_EVERY_S`` per host (a name that never resolves says it once a minute, never
+more). ``to_check`` chooses the hosts to check next: the target's, a batch ahead of it while some
+are pending, and pending ones again only while the target is short. A host that discovery drops
+is forgotten.
 
 Env vars: none. Failure modes: none (pure bookkeeping; the clock is passed in).
 """
@@ -14,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from typing import Collection, Iterable, Sequence
 
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 10.0
 SAY_EVERY_S = 60.0
+CHECK_AHEAD = 64  # hosts checked at once beyond the target while some are pending, and pending ones rechecked
 
 
 @dataclasses.dataclass
@@ -56,6 +60,23 @@ class PendingHosts:
         p = self.hosts.get(host)
         return p is not None and now < p.retry_at
 
+    def to_check(self, listed: Sequence[str], target: Sequence[str], checked: Collection[str], short: bool,
+                 now: float) -> list[str]:
+        """The hosts to check now, in discovery's order (``listed``), none of ``checked`` (open or
+        being checked): the ``target``'s hosts not pending; while a listed host is pending, as many
+        further unchecked hosts as are pending (at most ``CHECK_AHEAD``), so that a run of pods
+        that do not answer yet is walked past in doubling batches, not one host at a time; and,
+        while the target is ``short`` of --max-np, pending hosts whose pause is over (at most
+        ``CHECK_AHEAD``)."""
+        out = [h for h in dict.fromkeys(target) if h not in checked and h not in self.hosts]
+        if self.hosts:
+            ahead = min(len(self.hosts), CHECK_AHEAD)
+            rest = [h for h in listed if h not in checked and h not in self.hosts and h not in out]
+            out += rest[:ahead]
+        if short:
+            out += [h for h in listed if h in self.hosts and h not in checked and not self.waiting(h, now)][:CHECK_AHEAD]
+        return out
+
     def keep_only(self, listed: Iterable[str]) -> None:
         """Forget the hosts discovery no longer lists."""
         keep = set(listed)
@@ -63,4 +84,4 @@ class PendingHosts:
             del self.hosts[host]
 
 
-__all__ = ["PendingHosts", "FIRST_PAUSE_S", "MAX_PAUSE_S", "SAY_EVERY_S"]
+__all__ = ["PendingHosts", "CHECK_AHEAD", "FIRST_PAUSE_S", "MAX_PAUSE_S", "SAY_EVERY_S"]

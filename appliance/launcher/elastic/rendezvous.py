@@ -49,11 +49,13 @@ _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.01, 0.5
 
 class RefusalLog:
     """Bounds the lines strangers can cause (see the module docstring). Pure logic with the clock
-    passed in; ``write`` is called with whole lines, under the log's lock."""
+    passed in; ``write`` is called with whole lines, under the log's lock; ``prefix`` opens the
+    line that says what was left out (the metrics collector and endpoint use it too)."""
 
     def __init__(self, write: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-                 per_source: int = PER_SOURCE_LINES, total: int = TOTAL_LINES, interval_s: float = LOG_INTERVAL_S):
-        self._write, self._clock = write, clock
+                 per_source: int = PER_SOURCE_LINES, total: int = TOTAL_LINES, interval_s: float = LOG_INTERVAL_S,
+                 prefix: str = _PREFIX):
+        self._write, self._clock, self.prefix = write, clock, prefix
         self.per_source, self.total, self.interval_s = per_source, total, interval_s
         self._lock = threading.Lock()
         self._start: float | None = None
@@ -108,15 +110,17 @@ class RefusalLog:
     def _summary(self, now: float) -> str:
         top = sorted(self._dropped_by.items(), key=lambda kv: -kv[1])
         names = " ".join(f"{src} ({n})" for src, n in top[:5]) + (" ..." if len(top) > 5 else "")
-        return (f"{_PREFIX}left out {self._dropped} more such line(s) in the last {now - self._start:.0f} s, "
+        return (f"{self.prefix}left out {self._dropped} more such line(s) in the last {now - self._start:.0f} s, "
                 f"from {len(top)} source(s): {names}")
 
 
-def _pending_cap() -> int:
+def pending_cap(most: int = MAX_PENDING) -> int:
+    """How many unauthenticated connections a server holds at once: ``most``, and at most a quarter
+    of the soft fd limit (the metrics collector and endpoint use it too)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
-        return MAX_PENDING
-    return max(8, min(MAX_PENDING, soft // 4))
+        return most
+    return max(8, min(most, soft // 4))
 
 
 def _stderr_line(line: str) -> None:
@@ -190,7 +194,7 @@ class RendezvousServer:
         self._pending: dict[socket.socket, Any] = {}  # waiting for the handshake, oldest first
         self._dropped: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self.max_pending = _pending_cap()
+        self.max_pending = pending_cap()
         self._thread = threading.Thread(target=self._accept, name="elastic-rendezvous", daemon=True)
         self._thread.start()
 
@@ -326,4 +330,4 @@ class RendezvousServer:
         self.close()
 
 
-__all__ = ["RendezvousServer", "RefusalLog", "Stream", "Ticket", "Handler"]
+__all__ = ["RendezvousServer", "RefusalLog", "pending_cap", "Stream", "Ticket", "Handler"]

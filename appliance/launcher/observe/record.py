@@ -14,8 +14,10 @@ What it owns: the files ``RecordWriter`` writes under the job directory and ``re
     live.json        the job at a glance for ``appliance status`` (id, hosts, ranks, step,
                      steps/s, started, updated, ended), replaced atomically
 
-Env vars: none. Failure modes: a job directory that cannot be written stops the record (one
-warning through ``warn``), never the job; without ``tensorboardX`` there are no event files.
+Env vars: none. Failure modes: a job directory that cannot be created or opened means no record
+(one warning through ``warn``), never a failed job; a write that fails later (no fd to be had,
+a full disk) costs that tick: one warning when the failures begin, one when writes succeed again,
+and the next tick writes what changed; without ``tensorboardX`` there are no event files.
 ``read_record`` skips lines it cannot parse (a line cut by a killed launcher).
 """
 from __future__ import annotations
@@ -43,7 +45,9 @@ class RecordWriter:
         self._written: dict[int, float] = {}   # rank -> t of its last row
         self._last = 0.0
         self._started = time.time()
-        self._broken = False
+        self._broken = False      # no record at all: the directory or the file could not be opened
+        self._failing = False     # the last write failed (said once); the next tick tries again
+        self._flushed = False
         self._tb_lock = threading.Lock()
 
     def __enter__(self) -> "RecordWriter":
@@ -51,7 +55,8 @@ class RecordWriter:
             os.makedirs(self.job_dir, exist_ok=True)
             self._f = open(os.path.join(self.job_dir, RECORD), "a", encoding="utf-8")
         except OSError as e:
-            self._fail(e)
+            self._broken = True
+            self.warn(f"no record of the job in {self.job_dir}: {e}")
             return self
         self._write({"kind": "job", "job": self.job_id, "size": self.size, "t": self._started})
         return self
@@ -81,9 +86,15 @@ class RecordWriter:
             self.warn(f"no TensorBoard events: {type(e).__name__}: {e}")
 
     def _fail(self, e: BaseException) -> None:
-        if not self._broken:
-            self._broken = True
-            self.warn(f"the job's record in {self.job_dir} stops: {e}")
+        """A write failed: said once while failures last; the record goes on at the next tick."""
+        if not self._failing:
+            self._failing = True
+            self.warn(f"the job's record in {self.job_dir} misses a write: {e} (trying again each tick)")
+
+    def _ok(self) -> None:
+        if self._failing:
+            self._failing = False
+            self.warn(f"the job's record in {self.job_dir} is written again")
 
     def _write(self, obj: dict) -> None:
         if self._f is None or self._broken:
@@ -113,7 +124,8 @@ class RecordWriter:
             self._write({"kind": "rank", "rank": r.rank, "host": r.host, **r.last.to_json()})
         self._flush()
         self._tensorboard(snap)
-        self._live(snap, ended=None)
+        if self._live(snap, ended=None) and self._flushed:
+            self._ok()
 
     def _tensorboard(self, snap: Snapshot) -> None:
         if snap.step is None:
@@ -136,9 +148,9 @@ class RecordWriter:
             self._tb = None
             self.warn(f"TensorBoard events stop: {type(e).__name__}: {e}")
 
-    def _live(self, snap: Snapshot, ended: Optional[float], returncode: Optional[int] = None) -> None:
+    def _live(self, snap: Snapshot, ended: Optional[float], returncode: Optional[int] = None) -> bool:
         if self._broken or self._f is None:
-            return
+            return False
         try:
             write_json(os.path.join(self.job_dir, LIVE), {
                 "job": self.job_id, "hosts": [h.host for h in snap.hosts], "ranks": snap.size,
@@ -147,11 +159,15 @@ class RecordWriter:
                 "returncode": returncode, "pid": os.getpid()})
         except OSError as e:
             self._fail(e)
+            return False
+        return True
 
     def _flush(self) -> None:
+        self._flushed = False
         if self._f is not None and not self._broken:
             try:
                 self._f.flush()
+                self._flushed = True
             except OSError as e:
                 self._fail(e)
 

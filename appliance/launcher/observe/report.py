@@ -5,26 +5,87 @@ steps/s, communication share, lateness per step, on the launcher's time axis fro
 start), ``summarize(record)`` (the closing line's numbers), and ``draw(job_dir)``: three panels,
 steps/s per host over time, communication share per host over time, and a rank x time heatmap
 of lateness (ms the others waited per step for that rank), elastic rounds marked as vertical
-lines on each; the summary as its title. Matplotlib (Agg, no display needed). ``appliance report
+lines on each; the summary as its title. Each host's line has its own marker on its own points
+and the first hosts are drawn wider, so hosts at the same speed all show; the heatmap's ticks are
+whole ranks. Matplotlib (Agg, no display needed). ``appliance report
 JOB_ID`` calls ``draw`` on a finished or running job's directory.
 
 Env vars: none. Failure modes: ``FileNotFoundError`` when the directory has no record;
-``ValueError`` when the record has no samples to draw; ``ImportError`` (with the package to
-install named) without matplotlib.
+``ReportError`` (an ``OSError``) naming the file when the record cannot be read (no permission,
+not a regular file) or the picture cannot be written (with ``-o`` as the way out; nothing is
+left behind); ``ValueError`` when the record has no samples to draw; ``ImportError`` (with the
+package to install named) without matplotlib. Rows of the wrong types are left out
+(``clean``), and counted, not fatal.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
+import stat
 import statistics
 from typing import Any, Optional
 
-from .record import read_record
+from ...mount.atomic import save_atomically
+from .record import RECORD, read_record
 from .state import Sample, rates
 
 REPORT = "report.png"
 BIN_S = 5.0  # seconds per time bin (the record has a row per rank every 2 s)
+MAX_T = 1e11  # a row's time is time.time() on the launcher: a later one is not a time
+COUNTERS = ("step", "busy_s", "wall_s", "wait_s", "late_s")    # cumulative: a missing one is 0
+OPTIONAL = ("samples", "rss", "gpu_util", "gpu_mem", "total_steps")
+
+
+class ReportError(OSError):
+    """A file the report cannot read or write; the message names it and says what to do."""
+
+
+def _num(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _time(v: Any) -> bool:
+    return _num(v) and 0 <= v < MAX_T
+
+
+def _rank_row(r: dict) -> bool:
+    return (type(r.get("rank")) is int and r["rank"] >= 0 and _time(r.get("t"))  # noqa: E721 - not a bool
+            and isinstance(r.get("host", ""), str) and all(r.get(k) is None or _num(r[k]) for k in COUNTERS + OPTIONAL)
+            and (r.get("round") is None or type(r["round"]) is int)  # noqa: E721
+            and (r.get("ops") is None or isinstance(r["ops"], dict)))
+
+
+def clean(record: dict) -> tuple[dict, int]:
+    """``record`` (``read_record``'s) without the rows the report cannot use, and how many rows
+    were left out: a rank row whose ``rank`` is not a whole number, whose ``t`` is not a time,
+    whose counters are not numbers (a missing one is 0) or whose ``ops`` is not an object; a
+    round row alike. A job or
+    end row keeps only the fields of the right type (an end's summary is text)."""
+    ranks = [{**r, **{k: 0 for k in COUNTERS if r.get(k) is None}} for r in record["ranks"] if _rank_row(r)]
+    rounds = [r for r in record["rounds"] if _time(r.get("t")) and type(r.get("round")) is int]  # noqa: E721
+    job = {k: v for k, v in (record.get("job") or {}).items()
+           if (k != "t" or _time(v)) and (k != "job" or isinstance(v, str))}
+    end = record.get("end")
+    if end is not None:
+        end = {k: v for k, v in end.items() if (k != "t" or _time(v)) and (k != "summary" or isinstance(v, str))}
+    skipped = len(record["ranks"]) - len(ranks) + len(record["rounds"]) - len(rounds)
+    return {**record, "ranks": ranks, "rounds": rounds, "job": job or None, "end": end}, skipped
+
+
+def load(job_dir: str) -> tuple[dict, int]:
+    """``job_dir``'s record, ``clean``ed, and how many rows were left out; ``ReportError`` when
+    its ``metrics.jsonl`` cannot be read (no permission, not a regular file: never blocks on a FIFO)."""
+    path = os.path.join(job_dir, RECORD)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ReportError(f"cannot read {path}: not a regular file")
+        return clean(read_record(job_dir))
+    except ReportError:
+        raise
+    except OSError as e:
+        raise ReportError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,21 +164,42 @@ def warm() -> None:
         pass
 
 
-def draw(job_dir: str, path: Optional[str] = None) -> str:
-    """Draw ``job_dir``'s record into ``path`` (default ``job_dir/report.png``); returns the path."""
+def draw(job_dir: str, path: Optional[str] = None, record: Optional[dict] = None) -> str:
+    """Draw ``job_dir``'s record (or ``record``, ``load``'s) into ``path`` (default
+    ``job_dir/report.png``; a directory: ``report.png`` in it); returns the path. Written
+    atomically: a failed write leaves nothing behind and ``ReportError`` says where it could not
+    write."""
     import matplotlib.pyplot as plt
 
-    fig = figure(job_dir)
+    fig = figure(job_dir, record)
     path = path or os.path.join(job_dir, REPORT)
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    os.replace(tmp, path)
+    if os.path.isdir(path):
+        path = os.path.join(path, REPORT)
+    try:
+        save_atomically(lambda f: fig.savefig(f, format="png", dpi=90), path)
+    except OSError as e:
+        raise ReportError(f"cannot write {path}: {e.strerror or e} (-o FILE writes the picture elsewhere)") from None
+    finally:
+        plt.close(fig)
     return path
 
 
-def figure(job_dir: str) -> Any:
-    """The report of ``job_dir``'s record as a matplotlib figure (its first three axes: the panels)."""
+MARKERS = "osD^vP*Xph"
+
+
+def _host_style(i: int, n: int, npoints: int) -> dict:
+    """Host ``i`` of ``n``'s line: the first hosts drawn wider, each with its own marker on its own
+    points (host 0 on points 0, n, 2n...; host 1 on 1, n+1...), so a host whose line lies under
+    another's (hosts at the same speed) still shows. A line of one or two points is its markers."""
+    every = max(min(n, npoints), npoints // 8, 1)
+    return {"linewidth": 1.2 + (2.8 * (n - 1 - i) / (n - 1) if n > 1 else 0.0),
+            "marker": MARKERS[i % len(MARKERS)], "markersize": 6,
+            "markevery": (i % every, every) if npoints >= 3 else None}
+
+
+def figure(job_dir: str, record: Optional[dict] = None) -> Any:
+    """The report of ``job_dir``'s record (or ``record``, ``load``'s) as a matplotlib figure (its
+    first three axes: the panels)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -125,8 +207,9 @@ def figure(job_dir: str) -> Any:
     except ImportError as e:
         raise ImportError(f"the report needs matplotlib (pip install 'appliance[view]'): {e}") from None
     import numpy as np
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    record = read_record(job_dir)
+    record = record if record is not None else load(job_dir)[0]
     points = series(record)
     if not points:
         raise ValueError(f"{job_dir}: the record has no sample of any rank to draw")
@@ -161,13 +244,12 @@ def figure(job_dir: str) -> Any:
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True,
                              gridspec_kw={"height_ratios": [1, 1, max(1.0, min(2.5, len(ranks) / 16))]})
-    for h in hosts:
+    for i, h in enumerate(hosts):
         xs, ys = zip(*speed.get(h, [(0, 0)]))
-        dots = "o" if len(xs) < 3 else None  # a short job's few intervals show as points
-        axes[0].plot(xs, ys, label=h, linewidth=1.2, marker=dots)
+        axes[0].plot(xs, ys, label=h, **_host_style(i, len(hosts), len(xs)))
         if h in comm:
             xs, ys = zip(*comm[h])
-            axes[1].plot(xs, [y * 100 for y in ys], label=h, linewidth=1.2, marker=dots)
+            axes[1].plot(xs, [y * 100 for y in ys], label=h, **_host_style(i, len(hosts), len(xs)))
     axes[0].set_ylabel("steps/s")
     axes[0].set_ylim(0, max((y for h in speed.values() for _, y in h), default=1.0) * 1.15 or 1.0)
     axes[0].set_title("steps/s per host")
@@ -179,6 +261,10 @@ def figure(job_dir: str) -> Any:
     im = axes[2].imshow(heat, aspect="auto", origin="lower", interpolation="nearest", cmap="magma",
                         extent=(0, nbins * width, -0.5, len(ranks) - 0.5))
     axes[2].set_ylabel("rank")
+    # the heatmap's rows are the ranks that reported, in order: ticks on whole rows, labelled with their rank
+    axes[2].yaxis.set_major_locator(MaxNLocator(nbins=min(len(ranks), 16), integer=True, min_n_ticks=1))
+    axes[2].yaxis.set_major_formatter(FuncFormatter(
+        lambda y, _: str(ranks[int(round(y))]) if abs(y - round(y)) < 1e-6 and 0 <= round(y) < len(ranks) else ""))
     axes[2].set_xlabel("seconds since the job started")
     axes[2].set_title("lateness: ms the others waited per step for each rank")
     fig.colorbar(im, ax=axes[2], orientation="horizontal", fraction=0.05, pad=0.12, label="ms per step")
@@ -210,15 +296,19 @@ def job_dir_of(job: str, shared: str) -> str:
             path = Layout(shared).job_dir(job)
         except ValueError as e:
             raise FileNotFoundError(str(e)) from None
-    if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
+    try:
+        os.stat(os.path.join(path, RECORD))
+    except (FileNotFoundError, NotADirectoryError):
         where = path if os.sep in job else f"{Layout(shared).jobs} (--shared or APPLIANCE_SHARED to look elsewhere)"
-        raise FileNotFoundError(f"no record of job {job} in {where}")
+        raise FileNotFoundError(f"no record of job {job} in {where}") from None
+    except OSError as e:
+        raise ReportError(f"cannot read {os.path.join(path, RECORD)}: {e.strerror or e}") from None
     return path
 
 
-def summary_text(job_dir: str) -> str:
-    """One line: the record's summary, as the launcher said it at the end."""
-    record = read_record(job_dir)
+def summary_text(job_dir: str, record: Optional[dict] = None) -> str:
+    """One line: the record's (or ``record``'s, ``load``'s) summary, as the launcher said it at the end."""
+    record = record if record is not None else load(job_dir)[0]
     end = record.get("end") or {}
     if end.get("summary"):
         return str(end["summary"])
@@ -233,4 +323,5 @@ def summary_text(job_dir: str) -> str:
     return text + ("" if record.get("end") else " (the job is running or was killed: the record has no end)")
 
 
-__all__ = ["Point", "REPORT", "draw", "figure", "warm", "job_dir_of", "series", "summarize", "summary_text"]
+__all__ = ["Point", "REPORT", "ReportError", "clean", "draw", "figure", "warm", "job_dir_of", "load", "series",
+           "summarize", "summary_text"]

@@ -104,11 +104,13 @@ class Observer:
     # -- life --------------------------------------------------------------------------------
     def __enter__(self) -> "Observer":
         try:
-            self.collector = self._stack.enter_context(Collector(self.state, self.secret, idle_s=self.idle_s))
+            self.collector = self._stack.enter_context(Collector(self.state, self.secret, idle_s=self.idle_s,
+                                                                 say=self._say, prefix=f"{self.prefix}: metrics: "))
             if self.metrics_port is not None:
                 from .prometheus import PrometheusEndpoint
 
-                self._stack.enter_context(PrometheusEndpoint(self.metrics_port, self.state.snapshot))
+                self._stack.enter_context(PrometheusEndpoint(
+                    self.metrics_port, self.state.snapshot, say=self._say, prefix=f"{self.prefix}: --metrics-port: "))
             if self.record_dir is not None:
                 from .record import RecordWriter
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import statistics
 import threading
 import time
@@ -30,6 +31,8 @@ KEEP_SAMPLES = 64        # per rank: enough for a window at any sane interval
 MAX_EVENTS = 50
 STALL_S = 60.0  # no rank finished a step for this long while they report: a stall (Horovod's warning too)
 MIN_STRAGGLER_SPAN_S = 2.0  # a rank's window takes part in the straggler rule once it spans this
+SETTLE_STEPS = 3  # a rank's first steps in a round (joining, warming up) take no part in the straggler rule
+MAX_PIDS = 4096
 
 
 def busbw_factor(kind: str, n: int) -> float:
@@ -44,11 +47,13 @@ def busbw_factor(kind: str, n: int) -> float:
 
 
 def _num(v: Any, default: float = 0.0) -> float:
+    if isinstance(v, bool):
+        return default
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
-    return f if f == f else default
+    return f if math.isfinite(f) else default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +76,17 @@ class Sample:
     @classmethod
     def of(cls, m: Mapping[str, Any]) -> "Sample":
         ops = {}
-        for kind, v in (m.get("ops") or {}).items():
-            if isinstance(v, Mapping):
-                ops[str(kind)] = (_num(v.get("n")), _num(v.get("bytes")), _num(v.get("s")))
+        given = m.get("ops")
+        for kind, v in (given.items() if isinstance(given, Mapping) else ()):
+            if isinstance(v, Mapping) and len(ops) < 16:
+                ops[str(kind)[:32]] = (_num(v.get("n")), _num(v.get("bytes")), _num(v.get("s")))
         opt = lambda k: None if m.get(k) is None else _num(m.get(k))  # noqa: E731
-        total = m.get("total_steps")
+        total = _num(m.get("total_steps"))
         return cls(t=_num(m.get("t"), time.time()), step=_num(m.get("step")), samples=opt("samples"),
                    busy_s=_num(m.get("busy_s")), wall_s=_num(m.get("wall_s")), wait_s=_num(m.get("wait_s")),
                    late_s=_num(m.get("late_s")), ops=ops, rss=opt("rss"), gpu_util=opt("gpu_util"),
                    gpu_mem=opt("gpu_mem"), round=int(_num(m.get("round"))),
-                   total_steps=int(total) if isinstance(total, (int, float)) and total > 0 else None)
+                   total_steps=int(total) if total > 0 else None)
 
     def origin(self) -> Optional["Sample"]:
         """Where this sample's process began counting: ``wall_s`` before it, every counter at zero
@@ -141,15 +147,36 @@ class RankState:
         self.connected = False
         self.said_bye = False
         self.samples: collections.deque = collections.deque(maxlen=KEEP_SAMPLES)
+        # where its process stood when its round began: its own counter then (``start``), the
+        # job's step then (``base``); its step as the job counts it is base + step - start
+        self.start_round: Optional[int] = None
+        self.start = 0.0
+        self.base = 0.0
+        self.settled_t: Optional[float] = None  # when it had done SETTLE_STEPS steps in its round
 
-    def add(self, s: Sample) -> None:
+    def add(self, s: Sample) -> bool:
+        """Keeps ``s``; False when it was a duplicate. A sample whose counters went back starts a
+        new window (a new process holds this rank)."""
         last = self.samples[-1] if self.samples else None
         if last is not None and (s.step < last.step or s.wall_s < last.wall_s or s.t <= last.t):
             if s.t <= last.t and s.step >= last.step and s.wall_s >= last.wall_s:
-                return  # a duplicate or reordered sample
+                return False  # a duplicate or reordered sample
             self.samples.clear()  # a new process holds this rank: counters restarted
+            self.start_round = None
         self.samples.append(s)
         self.round = s.round
+        return True
+
+    def job_step(self, s: Sample) -> float:
+        """``s``'s step as the job counts it."""
+        return self.base + max(0.0, s.step - self.start)
+
+    def since(self, t0: float) -> Optional[Sample]:
+        """Its oldest sample at or after ``t0`` other than the newest (None if there is none)."""
+        for s in list(self.samples)[:-1]:
+            if s.t >= t0 - 1e-9:
+                return s
+        return None
 
     def window(self, span_s: float) -> tuple[Optional[Sample], Optional[Sample]]:
         """(oldest sample within ``span_s`` of the newest, newest); the oldest is None with < 2."""
@@ -264,6 +291,9 @@ class JobState:
             self._rank(rank, host)
         self.events: collections.deque = collections.deque(maxlen=MAX_EVENTS)
         self.tracker = StragglerTracker()
+        self._pid_step: dict = {}          # pid -> its newest counter (a process that changes rank keeps its count)
+        self._job_round: Optional[int] = None  # the newest round a sample came from
+        self._round_base: dict[int, float] = {}  # round -> the job's step when it began
         self._top_step = -1.0
         self._progress_t = self.started
         self._stalled = False
@@ -282,7 +312,13 @@ class JobState:
 
     # -- input (collector and launcher threads) ----------------------------------------------
     def message(self, m: Mapping[str, Any]) -> None:
-        """One wire message (already authenticated)."""
+        """One wire message (already authenticated); one that does not fit is counted and ignored."""
+        try:
+            self._message(m)
+        except Exception:  # noqa: BLE001 - wrong types from a rank cost that message, never the collector
+            self.bad_messages += 1
+
+    def _message(self, m: Mapping[str, Any]) -> None:
         try:
             kind, rank = m.get("kind"), int(m["rank"])
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -293,6 +329,7 @@ class JobState:
                 st = self._rank(rank, str(m.get("host") or (self.ranks[rank].host if rank in self.ranks else "?")))
                 if m.get("pid") != st.pid:
                     st.samples.clear()
+                    st.start_round = None
                 st.pid, st.local_rank, st.connected, st.said_bye = m.get("pid"), m.get("local_rank"), True, False
                 if isinstance(m.get("size"), int) and m["size"] > 0:
                     self.size = m["size"]
@@ -300,7 +337,7 @@ class JobState:
             elif kind == "sample":
                 st = self.ranks.get(rank) or self._rank(rank, "?")
                 s = Sample.of(m)
-                st.add(s)
+                self._sample(st, s)
                 st.connected = True
                 if s.total_steps:
                     self.total_steps = s.total_steps
@@ -310,6 +347,35 @@ class JobState:
                     st.said_bye, st.connected = True, False
             else:
                 self.bad_messages += 1
+
+    def _sample(self, st: RankState, s: Sample) -> None:
+        """One sample of ``st`` (under the lock). The job's step is what the script counts, not the
+        smallest per-process counter: a round's step is the job's step when the round began plus
+        the steps its slowest member did in it, so a rank that joined later (its counter began at
+        its own start) or a survivor that changed rank (its counter goes on) counts right."""
+        if self._job_round is None or s.round > self._job_round:
+            self._round_base[s.round] = self._job_step_now() if self._job_round is not None else 0.0
+            self._job_round = s.round
+        if not st.add(s):
+            return
+        if st.start_round != s.round:  # its first sample in this round (or of a new process)
+            before = self._pid_step.get(st.pid, 0.0) if st.pid is not None else 0.0
+            st.start = before if before <= s.step else 0.0
+            st.start_round, st.base, st.settled_t = s.round, self._round_base.get(s.round, 0.0), None
+        if st.settled_t is None and s.step - st.start >= SETTLE_STEPS:
+            st.settled_t = s.t
+        if st.pid is not None:
+            self._pid_step[st.pid] = s.step
+            while len(self._pid_step) > MAX_PIDS:
+                del self._pid_step[next(iter(self._pid_step))]
+
+    def _job_step_now(self) -> float:
+        """The job's step from the members of its newest round (under the lock)."""
+        cur = [st for st in self.ranks.values() if st.samples and st.start_round == self._job_round]
+        live = [st for st in cur if st.connected or st.said_bye] or cur
+        if not live:
+            return self._round_base.get(self._job_round, 0.0) if self._job_round is not None else 0.0
+        return min(st.job_step(st.samples[-1]) for st in live)
 
     def disconnected(self, rank: int) -> None:
         with self._lock:
@@ -340,18 +406,23 @@ class JobState:
         with self._lock:
             size = self.size or len(self.ranks)
             rows, windows = [], []
+            gate = self._settled()
             for rank in sorted(self.ranks):
                 st = self.ranks[rank]
                 first, last = st.window(self.window_s)
                 base = first if first is not None else last.origin() if last is not None else None
                 r = rates(base, last, size) if base is not None else Rates()
-                rows.append(RankRow(rank=rank, host=st.host, step=last.step if last else None,
+                rows.append(RankRow(rank=rank, host=st.host, step=st.job_step(last) if last else None,
                                     round=st.round, alive=st.connected or st.said_bye, rates=r,
                                     rss=last.rss if last else None, gpu_util=last.gpu_util if last else None,
                                     gpu_mem=last.gpu_mem if last else None, last=last, connected=st.connected))
+                # the straggler rule: only windows that begin once every member of the round is
+                # past its first steps (a rank that joins keeps the others waiting while it starts)
+                first = st.since(max(gate, last.t - self.window_s)) if gate is not None and last else None
                 if first is not None and st.connected and last.t - first.t >= MIN_STRAGGLER_SPAN_S:
                     windows.append(RankWindow(rank, st.host, last.step - first.step, last.t - first.t,
                                               last.wait_s - first.wait_s, last.late_s - first.late_s))
+            job_step = self._job_step_now() if self._job_round is not None else None
             change = self.tracker.update(windows, now)
             round_ = max([self.round] + [r.round for r in rows])
             stall = self._stall(rows, now)
@@ -368,14 +439,21 @@ class JobState:
             rows = [dataclasses.replace(r, straggler=True) if r.rank == strag.rank else r for r in rows]
         hosts = self._hosts(rows, strag)
         live = [r for r in rows if r.alive]
-        steps = [r.step for r in live if r.step is not None] or [r.step for r in rows if r.step is not None]
         spd = [r.rates.samples_per_s for r in live if r.rates.samples_per_s is not None]
         return Snapshot(job_id=self.job_id, t=now, started=started, size=size, ranks=tuple(rows), hosts=tuple(hosts),
-                        step=min(steps) if steps else None, total_steps=total,
+                        step=job_step, total_steps=total,
                         steps_per_s=_median(r.rates.steps_per_s for r in live),
                         samples_per_s=sum(spd) if spd else None,
                         comm_share=_mean(r.rates.comm_share for r in live), round=round_, events=events,
                         straggler=strag)
+
+    def _settled(self) -> Optional[float]:
+        """When the last connected member of the newest round got past its first steps (None: one
+        has not yet; under the lock)."""
+        cur = [st for st in self.ranks.values() if st.connected and st.start_round == self._job_round]
+        if not cur or any(st.settled_t is None for st in cur):
+            return None
+        return max(st.settled_t for st in cur)
 
     def _stall(self, rows: list, now: float) -> Optional[str]:
         """The line to say when the job stops or resumes finishing steps (under the lock)."""

@@ -88,11 +88,11 @@ def summary_line(snap: Snapshot) -> str:
 
 
 def closing_line(snap: Snapshot) -> str:
-    """The job's summary at its end, from every rank's last cumulative counters: steps, overall
-    steps/s, communication share of the whole run, and the rank the others waited for most
-    (when it stands out)."""
+    """The job's summary at its end, from every rank's last cumulative counters: steps (the job's,
+    as the snapshot counts them), overall steps/s, communication share of the whole run, and the
+    rank the others waited for most (when it stands out)."""
     last = [r for r in snap.ranks if r.last is not None]
-    steps = min((r.last.step for r in last), default=None)
+    steps = snap.step if snap.step is not None else min((r.last.step for r in last), default=None)
     total = f"/{snap.total_steps}" if snap.total_steps else ""
     parts = [f"{'-' if steps is None else f'{steps:.0f}'}{total} steps in {fmt_duration(snap.elapsed_s)}"]
     if steps and snap.elapsed_s > 0:
