@@ -122,6 +122,13 @@ def job_row(shared: str, job: str, live: object, now: float, stale_after_s: floa
                    age_s=max(0.0, now - (now if started is None else started)))
 
 
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a symlink loop: not a job directory
+        return False
+
+
 def list_jobs(shares: Iterable[str], now: Optional[float] = None, stale_after_s: float = JOB_STALE_S,
               on_skip: Optional[Callable[[str, str], None]] = None,
               on_unlisted: Optional[Callable[[str, str], None]] = None) -> list[JobInfo]:
@@ -136,7 +143,7 @@ def list_jobs(shares: Iterable[str], now: Optional[float] = None, stale_after_s:
         jobs = Layout(shared).jobs
         try:
             with os.scandir(jobs) as it:
-                entries = sorted((e.name, e.is_dir()) for e in it)
+                entries = sorted((e.name, _is_dir(e)) for e in it)
         except FileNotFoundError:
             continue
         except OSError as e:

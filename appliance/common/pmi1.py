@@ -4,24 +4,35 @@ a client of its text wire protocol over the socket the process inherited.
 What it owns: ``exchange``: ``cmd=init pmi_version=1 pmi_subversion=1``, ``cmd=get_maxes``,
 ``cmd=get_my_kvsname``, ``cmd=put`` of this rank's values, ``cmd=barrier_in`` (every rank),
 ``cmd=get`` of the values (the key space is the job's: one rank's keys are everyone's),
-``cmd=finalize``. Values go hex-encoded (PMI-1 values cannot hold spaces or '=').
+``cmd=finalize``. Values go hex-encoded (PMI-1 values cannot hold spaces or '='). Each rank also
+puts a claim on its rank (``appliance.rank.N``: host and pid) and reads it back after the
+barrier: a claim that another process overwrote means two processes hold one PMI_RANK.
 
 Env vars read (set by hydra): PMI_FD (the inherited socket), else PMI_PORT (host:port) with
 PMI_ID; PMI_RANK, PMI_SIZE. Failure modes: ``Pmi1Error`` (a ``ConfigError``) naming the
 variable or the command that failed and the server's reply; a server silent for ``timeout``
-seconds is one such line, not a hang.
+seconds is one such line, not a hang; ``Pmi1Timeout`` (a ``Pmi1Error``) when that silence was
+the barrier (some rank did not arrive: PMI-1 does not say which).
 """
 from __future__ import annotations
 
 import os
 import socket
-from typing import Mapping, Sequence
+import time
+from typing import Callable, Mapping, Sequence
 
 from appliance.common.knobs import ConfigError
 
 
+ABORT_GRACE_S = 3.0  # how long a rank that asked hydra to abort the job waits to be killed
+
+
 class Pmi1Error(ConfigError):
     """The PMI-1 server cannot be reached or refused a command; the message says which."""
+
+
+class Pmi1Timeout(Pmi1Error):
+    """The barrier did not complete within the client's timeout."""
 
 
 class Client:
@@ -37,9 +48,12 @@ class Client:
             else:
                 host, _, port = env["PMI_PORT"].rpartition(":")
                 self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+            if self.sock.type != socket.SOCK_STREAM:
+                raise OSError(f"descriptor {fd} is not a stream socket")
         except (OSError, ValueError) as e:
             raise Pmi1Error(f"cannot reach the PMI-1 server (PMI_FD={fd!r}, PMI_PORT={env.get('PMI_PORT')!r}): {e}") from None
-        self.sock.settimeout(timeout)
+        self.timeout = max(timeout, 0.001)
+        self.sock.settimeout(self.timeout)
         self.buf = b""
         self.broken = False  # a reply failed to come: no finalize on the way out
         if not fd:
@@ -64,7 +78,11 @@ class Client:
             self.sock.close()
 
     def send(self, line: str) -> None:
-        self.sock.sendall(line.encode() + b"\n")
+        try:
+            self.sock.sendall(line.encode() + b"\n")
+        except OSError as e:
+            self.broken = True
+            raise Pmi1Error(f"cannot write to the PMI-1 server: {e}") from None
 
     def recv(self) -> dict:
         while b"\n" not in self.buf:
@@ -72,7 +90,10 @@ class Client:
                 chunk = self.sock.recv(4096)
             except socket.timeout:
                 self.broken = True
-                raise Pmi1Error("the PMI-1 server did not answer in time") from None
+                raise Pmi1Error(f"the PMI-1 server did not answer within {self.timeout:g} s") from None
+            except OSError as e:
+                self.broken = True
+                raise Pmi1Error(f"cannot read from the PMI-1 server: {e}") from None
             if not chunk:
                 self.broken = True
                 raise Pmi1Error("the PMI-1 server closed the connection")
@@ -97,17 +118,49 @@ class Client:
         self.call(f"cmd=put kvsname={self.kvsname} key={key} value={value.encode().hex()}", "put_result")
 
     def barrier(self) -> None:
-        self.call("cmd=barrier_in", "barrier_out")
+        try:
+            self.call("cmd=barrier_in", "barrier_out")
+        except Pmi1Error as e:
+            if "did not answer within" in str(e):
+                raise Pmi1Timeout(str(e)) from None
+            raise
+
+    def abort(self, code: int = 1) -> None:
+        """Ask hydra to end the whole job (it kills every rank): a rank whose failure its peers
+        cannot see (hydra does not end a job when one rank exits with an error)."""
+        try:
+            self.sock.sendall(f"cmd=abort exitcode={code}\n".encode())
+        except OSError:
+            pass
 
     def get(self, key: str) -> str:
         r = self.call(f"cmd=get kvsname={self.kvsname} key={key}", "get_result")
         return bytes.fromhex(r.get("value", "")).decode()
 
 
-def exchange(env: Mapping[str, str], publish: Mapping[str, str], keys: Sequence[str]) -> dict[str, str]:
-    """Publish ``publish`` (one rank's values), wait for every rank, return the values of ``keys``."""
-    with Client(env) as c:
-        for key, value in publish.items():
-            c.put(key, value)
-        c.barrier()
-        return {k: c.get(k) for k in keys}
+def exchange(env: Mapping[str, str], publish: Mapping[str, str], keys: Sequence[str],
+             timeout: float = 600.0, rank: int | None = None,
+             on_fail: Callable[[Pmi1Error], None] | None = None) -> dict[str, str]:
+    """Publish ``publish`` (one rank's values), wait up to ``timeout`` s for every rank, return the
+    values of ``keys``. With ``rank``: Pmi1Error when another process claims the same rank.
+    ``on_fail``: called with a failure after the server answered (a barrier that timed out, two
+    claims of one rank); the job is then aborted through hydra, and the error raised if this
+    process still runs ``ABORT_GRACE_S`` later."""
+    with Client(env, timeout) as c:
+        try:
+            mine = f"{socket.gethostname()} pid {os.getpid()}"
+            if rank is not None:
+                c.put(f"appliance.rank.{rank}", mine)
+            for key, value in publish.items():
+                c.put(key, value)
+            c.barrier()
+            if rank is not None and (other := c.get(f"appliance.rank.{rank}")) != mine:
+                c.broken = True
+                raise Pmi1Error(f"two processes claim PMI_RANK={rank}: this one ({mine}) and {other}")
+            return {k: c.get(k) for k in keys}
+        except Pmi1Error as e:
+            if on_fail is not None:
+                on_fail(e)
+                c.abort(1)
+                time.sleep(ABORT_GRACE_S)  # hydra kills the job's processes, this one with them
+            raise

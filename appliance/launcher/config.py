@@ -64,6 +64,7 @@ class RemoteConfig:
     host_wait_s: float = 0.0            # how long the preflight waits for a host's SSH port to accept TCP
     wait_dns: bool = False              # ... and for its name to resolve (a pod whose DNS record is not there yet)
     record_hosts: bool = True           # write new host keys to ~/.ssh/known_hosts (not on a read-only mount)
+    per_pod_share: bool = False         # Kubernetes: each pod may have its own shared_dir (an emptyDir) unless --shared
 
     @classmethod
     def create(cls, *, port: int | None = None, key: str | os.PathLike | None = None, user: str | None = None,
@@ -127,7 +128,8 @@ class CheckConfig:
         if k8s is not None:  # a Kubernetes launcher pod: its hostfile and key, as for launch
             default_slots = k8s.slots or 1
             hostfile = k8s.hostfile if hosts is None and hostfile is None else hostfile
-            remote_config = dataclasses.replace(remote_config, key=remote_config.key or k8s.key, record_hosts=False)
+            remote_config = dataclasses.replace(remote_config, key=remote_config.key or k8s.key, record_hosts=False,
+                                                per_pod_share=True)
         return cls(hosts=hosts, hostfile=None if hostfile is None else os.fspath(hostfile), np=np,
                    start_timeout_s=float(fallback("start_timeout", start_timeout, env)),
                    verbose=bool(fallback("verbose", verbose, env)),
@@ -342,7 +344,7 @@ class LaunchConfig:
             return self
         wait = self.remote.host_wait_s if self.elastic else max(self.remote.host_wait_s, self.start_timeout_s)
         remote = dataclasses.replace(self.remote, key=self.remote.key or k8s.key, record_hosts=False, wait_dns=True,
-                                     host_wait_s=wait)  # elastic: a host not answering is pending instead
+                                     host_wait_s=wait, per_pod_share=True)  # elastic: a host not answering is pending
         e = self.elastic
         notice = k8s.line(hosts_from=self.hostfile, discovery=e.discovery_script if e else None, key=remote.key,
                           cooldown=e.cooldown_range if e else None)

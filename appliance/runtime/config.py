@@ -1,14 +1,17 @@
 """The runtime's config: everything ``appliance.runtime.init()`` needs, read once at init.
 
-What it owns: ``RuntimeConfig`` and how it is read from the environment (the job layout set by
-a launcher: HOROVOD_RANK/SIZE...; OpenMPI's OMPI_COMM_WORLD_*; for a task ``srun`` started
-itself, Slurm's variables; hydra's PMI_RANK/PMI_SIZE), the rendezvous store's address
+What it owns: ``RuntimeConfig`` and how it is read from the environment; ``ORIGINS``, the one
+table of where a worker's place in the job comes from (our launcher: HOROVOD_RANK/SIZE...;
+OpenMPI's mpirun: OMPI_COMM_WORLD_*; a task ``srun`` started itself: Slurm's variables; hydra:
+PMI_RANK/PMI_SIZE; else a lone process), each with how it is detected and read, which every
+framework's binding reaches through ``appliance.runtime``; the rendezvous store's address
 (APPLIANCE_STORE_ADDR; a Slurm step's derived one; or, under mpirun or hydra, what rank 0
 published through the process manager: ``appliance.runtime.procmgr``), the job's secret
 (APPLIANCE_JOB_SECRET, else the file APPLIANCE_JOB_SECRET_FILE, else a Slurm job's default file,
 else the process manager's) and the engine's knobs (every knob of ``appliance.common.knobs`` that names the core
 option it feeds). Failure modes: missing or
-invalid values raise ``ConfigError`` naming the variable and how to provide it.
+invalid values raise ``ConfigError`` naming the variable as its origin set it (not a
+``HOROVOD_*`` the user never saw) and how to provide it.
 """
 from __future__ import annotations
 
@@ -51,21 +54,8 @@ class RuntimeConfig:
         ``procmgr``: ``appliance.runtime.procmgr.bootstrap``, asked for the store and the secret
         when mpirun or hydra started the ranks and APPLIANCE_STORE_ADDR is unset."""
         env = os.environ if env is None else env
-        rank, size = read("HOROVOD_RANK", env), read("HOROVOD_SIZE", env)
-        manager = ""
-        if rank is None and "OMPI_COMM_WORLD_RANK" in env:  # started by OpenMPI's mpirun
-            rank, size, manager = int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]), "mpirun"
-        task = slurm(env) if rank is None and size is None and slurm is not None else None
-        if task is not None:  # a task srun started itself
-            rank, size = task.rank, task.size
-        if rank is None and size is None and env.get("PMI_RANK") and env.get("PMI_SIZE"):  # hydra
-            rank, size, manager = _int_var(env, "PMI_RANK"), _int_var(env, "PMI_SIZE"), "hydra"
-        if rank is None and size is None:
-            rank, size = 0, 1  # no launcher: a single rank, so the same script runs on a laptop
-        if rank is None or size is None:
-            raise ConfigError("HOROVOD_RANK and HOROVOD_SIZE must be set together")
-        if size < 1 or rank >= size:
-            raise ConfigError(f"HOROVOD_RANK={rank} is not below HOROVOD_SIZE={size}")
+        src, rank, size, task = layout(env, slurm)
+        manager = src.manager
 
         store_host, store_port, secret, store_note = "", 0, b"", ""
         data_addr = read("APPLIANCE_DATA_ADDR", env)
@@ -75,7 +65,7 @@ class RuntimeConfig:
                 try:
                     boot = procmgr(env, rank, size)
                 except ConfigError as e:
-                    raise ConfigError(f"rank {rank} of {size} under {manager}: {e}") from None
+                    raise ConfigError(f"rank {rank} of {size} under {src.label}: {e}") from None
                 addr, store_note, data_addr = boot.store_addr, boot.note, data_addr or boot.data_addr
                 env = {**env, "APPLIANCE_JOB_SECRET": boot.secret_hex}  # read below, never exported
             if not addr and task is not None:
@@ -114,9 +104,78 @@ class RuntimeConfig:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where a worker's place in the job comes from: ``detect(env)`` says whether this origin
+    started the process; its rank and size are read from ``rank_var``/``size_var`` (srun's from
+    ``appliance.common.slurm``), its ranks per host from ``local_size_var`` (the store's address
+    under mpirun and hydra; the local rank itself is the rendezvous' for every origin). ``manager``:
+    the process manager whose exchange carries the store's address and secret ("" = none)."""
+
+    name: str            # "launcher", "mpirun", "srun", "hydra", "alone"
+    label: str           # for messages: "under mpirun: ..."
+    rank_var: str
+    size_var: str
+    local_size_var: str
+    manager: str
+    detect: Callable[[Mapping[str, str]], bool]
+
+
+ORIGINS = (  # asked in this order; the first that detects itself is the origin
+    Origin("launcher", "our launcher", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "",
+           lambda env: bool(env.get("HOROVOD_RANK") or env.get("HOROVOD_SIZE"))),
+    Origin("mpirun", "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun",
+           lambda env: "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env),
+    Origin("srun", "srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "",
+           lambda env: bool(env.get("SLURM_STEP_ID") and env.get("SLURM_PROCID"))),
+    Origin("hydra", "hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "hydra",
+           lambda env: bool(env.get("PMI_RANK") or env.get("PMI_SIZE"))),
+    Origin("alone", "a lone process", "", "", "", "", lambda env: True),
+)
+
+
+def origin(env: Mapping[str, str], srun: bool = True) -> Origin:
+    """The first origin of ``ORIGINS`` that detects itself in ``env`` (``srun=False``: a Slurm
+    task is not asked, its variables being another launcher's)."""
+    return next(o for o in ORIGINS if (srun or o.name != "srun") and o.detect(env))
+
+
+def layout(env: Mapping[str, str], slurm: Callable[[Mapping[str, str]], Any] | None = None
+           ) -> tuple[Origin, int, int, Any]:
+    """``(origin, rank, size, slurm task or None)``, every value checked and a bad one named as
+    the origin set it (``OMPI_COMM_WORLD_SIZE='abc' is not a whole number``). ``slurm``: the
+    Slurm task reader; without it srun is no origin."""
+    o = origin(env, srun=slurm is not None)
+    if o.name == "alone":
+        return o, 0, 1, None
+    if o.name == "srun":
+        task = slurm(env)
+        if task is not None:
+            return o, task.rank, task.size, task
+        o = origin({k: v for k, v in env.items() if not k.startswith("SLURM_")}, srun=False)
+        if o.name == "alone":
+            return o, 0, 1, None
+    if o.name == "launcher":
+        rank, size = read(o.rank_var, env), read(o.size_var, env)
+        if rank is None or size is None:
+            raise ConfigError("HOROVOD_RANK and HOROVOD_SIZE must be set together")
+    else:
+        for have, need in ((o.rank_var, o.size_var), (o.size_var, o.rank_var)):
+            if not env.get(need):
+                raise ConfigError(f"{need} is {'empty' if need in env else 'not set'} though {have}="
+                                  f"{env.get(have)!r} is: {o.label} sets both for each rank")
+        rank, size = _int_var(env, o.rank_var), _int_var(env, o.size_var)
+    if size < 1:
+        raise ConfigError(f"{o.size_var}={size} is not a job size (at least 1)")
+    if not 0 <= rank < size:
+        raise ConfigError(f"{o.rank_var}={rank} is not below {o.size_var}={size}" if rank >= 0
+                          else f"{o.rank_var}={rank} is negative")
+    return o, rank, size, None
+
+
 def _int_var(env: Mapping[str, str], name: str) -> int:
     try:
-        return int(env[name])
+        return int(env[name].strip())
     except ValueError:
         raise ConfigError(f"{name}={env[name]!r} is not a whole number") from None
 

@@ -48,7 +48,7 @@ from typing import Callable, Mapping
 from appliance.common import rendezvous as rdv
 from appliance.common.knobs import ConfigError, read
 from appliance.runtime.errors import HorovodInternalError
-from appliance.runtime.procmgr import started_by
+from appliance.runtime.config import origin
 
 LAYOUT = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 _ENV_OF = {k: f"HOROVOD_{k.upper()}" for k in LAYOUT}
@@ -65,10 +65,11 @@ def fixed_note(env: Mapping[str, str] | None = None) -> str:
     """The line ``hvd.elastic.run`` prints (on the first rank) when mpirun or hydra started the job:
     their ranks are fixed; "" otherwise, and on the other ranks."""
     env = os.environ if env is None else env
-    if enabled(env) or not started_by(env) or (env.get("OMPI_COMM_WORLD_RANK") or env.get("PMI_RANK")) != "0":
+    src = origin(env)
+    if enabled(env) or not src.manager or env.get(src.rank_var, "").strip() != "0":
         return ""
-    return ("hvd.elastic.run under mpirun: the ranks are fixed, a lost rank ends the job (mpirun has no elastic "
-            "mode); for elastic training launch with `horovodrun --min-np N --max-np M "
+    return (f"hvd.elastic.run under {src.label}: the ranks are fixed, a lost rank ends the job ({src.label} has no "
+            "elastic mode); for elastic training launch with `horovodrun --min-np N --max-np M "
             "--host-discovery-script SCRIPT python train.py`")
 
 

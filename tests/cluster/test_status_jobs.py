@@ -79,6 +79,7 @@ CASES = {
     "updated NaN": (lambda p: p.write_text(json.dumps(live()).replace('"updated": ', '"updated": NaN, "x": ')),
                     "'updated' must be a finite number, got NaN"),
     "not JSON": (lambda p: p.write_text("{"), "not JSON (JSONDecodeError)"),
+    "a symlink loop": (lambda p: p.symlink_to(p.name), "Too many levels of symbolic links"),
     "a job name of rich markup": (None, None),
 }
 
@@ -120,6 +121,14 @@ def test_status_of_a_share_without_jobs_or_with_a_file_for_jobs(tmp_path):
     r = status(share)
     assert _ours(r.stderr) == [] and "Traceback" not in r.stderr, r.stderr
     assert f"jobs on {share}: not known (cannot read {share}/jobs: Not a directory)" in r.stdout, r.stdout
+    (share / "jobs").unlink()                               # beside a job: a file, a loop, a broken link
+    (share / "jobs" / "j1").mkdir(parents=True)
+    _write(share / "jobs" / "j1" / "live.json", live())
+    (share / "jobs" / "afile").write_text("")
+    (share / "jobs" / "loop").symlink_to("loop")
+    (share / "jobs" / "broken").symlink_to(tmp_path / "nowhere")
+    r = status(share)
+    assert _ours(r.stderr) == [] and _job_row(r.stdout, "j1")[:3] == ["j1", "localhost", "2"], (r.stdout, r.stderr)
     r = status(tmp_path / "missing")                                        # s10
     assert r.returncode == 2 and r.stderr.strip() == f"appliance status: error: --shared {tmp_path}/missing: " \
                                                       "no such directory", r.stderr

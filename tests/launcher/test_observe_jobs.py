@@ -195,3 +195,43 @@ def test_a_rank_that_joins_is_not_named_straggler_for_its_start():
     assert not [s for s in said if s.startswith("straggler")], said
     snap = state.snapshot()
     assert snap.step == 60 + 80 and [r.step for r in snap.ranks] == [140, 140, 140]
+
+
+# -- a collector that closes a working connection (a membership change) --------------------------------
+def test_a_connection_closed_after_it_worked_is_reopened_without_a_word(capfd):
+    """The rank's publisher loses a connection that carried its samples (the launcher closed it):
+    it opens a new one at once and goes on, and says nothing; a connection refused from the start
+    (a collector that closes each one after the hello) is still one warning."""
+    import threading
+
+    from appliance.runtime import metrics
+
+    def serve(srv: socket.socket, keep_lines: int, conns: list) -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            f = c.makefile("rb")
+            got = [f.readline() for _ in range(keep_lines)]
+            conns.append(got)
+            f.close()
+            c.close()
+
+    for keep, warned in ((4, False), (1, True)):
+        metrics._warned.clear()
+        srv = socket.create_server(("127.0.0.1", 0))
+        conns: list = []
+        threading.Thread(target=serve, args=(srv, keep, conns), daemon=True).start()
+        hello = {"kind": "hello", "rank": 0}
+        pub = metrics.Publisher(srv.getsockname(), 0.05, hello, lambda: {"kind": "sample", "step": 1}).start()
+        end = time.monotonic() + 10
+        while len(conns) < 3 and time.monotonic() < end:
+            time.sleep(0.05)
+        pub.stop({"kind": "bye"})
+        srv.close()
+        assert len(conns) >= 3, conns
+        err = capfd.readouterr().err
+        assert ("cannot send" in err) is warned, err
+        if not warned:  # every connection began with the hello
+            assert all(b'"hello"' in c[0] for c in conns), conns

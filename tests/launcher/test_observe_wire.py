@@ -347,7 +347,7 @@ def test_a_failed_record_write_costs_one_tick(tmp_path):
         assert json.load(open(tmp_path / LIVE))["step"] == 2
         assert said[1].endswith("is written again")
     rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
-    assert [r["step"] for r in rows if r["kind"] == "rank"] == [1, 2]
+    assert [(r["step"], r["job_step"]) for r in rows if r["kind"] == "rank"] == [(1, 1), (2, 2)]
 
 
 # -- the Prometheus endpoint -----------------------------------------------------------------------------

@@ -8,8 +8,10 @@ the ranks agree. Step s of rank r trains on a batch drawn from seed 1000·s + r,
 training is a pure function of the sizes its steps ran at: ``replay(sizes)`` recomputes it in one
 process from rank 0's first model.
 
-Usage: elastic_grow.py OUT STEPS [STEP_S] [top]. ``top``: the script also calls
-``hvd.broadcast_parameters`` before ``hvd.elastic.run`` (what Horovod's elastic docs forbid).
+Usage: elastic_grow.py OUT STEPS [STEP_S] [top] [check] [slow]. ``slow``: after ``hvd.init()`` the
+worker writes ``inited.W`` and takes 4 s before it builds its model (a big model's set-up). ``top``: the script also calls
+``hvd.broadcast_parameters`` before ``hvd.elastic.run`` (what Horovod's elastic docs forbid);
+``check``: every step also allgathers the sum of the parameters and raises if the ranks differ.
 ``OUT/stop`` (a step number): every rank finishes after that step instead of STEPS. Evidence per
 worker W (APPLIANCE_ELASTIC_WORKER): ``pid.W``; ``log.W``, one JSON line per step (step, size,
 rank, the sum of the model's parameters after the step, HOROVOD_ELASTIC); ``done.W`` at the end
@@ -57,7 +59,7 @@ def main():
 
     out, steps = sys.argv[1], int(sys.argv[2])
     step_s = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
-    top = "top" in sys.argv[4:]
+    top, check, slow = "top" in sys.argv[4:], "check" in sys.argv[4:], "slow" in sys.argv[4:]
     wid = os.environ.get("APPLIANCE_ELASTIC_WORKER", "x")
 
     def write(name, data):
@@ -75,6 +77,9 @@ def main():
 
     write(f"pid.{wid}", str(os.getpid()))
     hvd.init()
+    if slow:
+        write(f"inited.{wid}", str(hvd.size()))
+        time.sleep(4.0)
     model, opt = model_and_optimizer(1234 + hvd.rank())
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     if top:
@@ -93,6 +98,10 @@ def main():
             state.sizes = state.sizes + [hvd.size()]
             state.step = step
             total = checksum(model)
+            if check:
+                everyone = hvd.allgather(torch.tensor([total], dtype=torch.float64), name="check").tolist()
+                if max(everyone) - min(everyone) > 1e-9 * max(1.0, abs(total)):
+                    raise RuntimeError(f"step {step}: the ranks hold different models: {everyone}")
             log.write(json.dumps({"step": step, "size": hvd.size(), "rank": hvd.rank(), "sum": total,
                                   "elastic": os.environ.get("HOROVOD_ELASTIC")}) + "\n")
             log.flush()

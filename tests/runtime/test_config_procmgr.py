@@ -63,3 +63,30 @@ def test_process_manager_failures_name_the_rank_and_manager():
         RuntimeConfig.from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, procmgr=broken)
     with pytest.raises(ConfigError, match=r"^PMI_RANK='x' is not a whole number"):
         RuntimeConfig.from_env({"PMI_RANK": "x", "PMI_SIZE": "2"}, procmgr=broken)
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "abc"}, "OMPI_COMM_WORLD_SIZE='abc' is not a whole number"),
+    ({"OMPI_COMM_WORLD_RANK": "1"}, "OMPI_COMM_WORLD_SIZE is not set though OMPI_COMM_WORLD_RANK='1' is"),
+    ({"OMPI_COMM_WORLD_RANK": "x1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='x1' is not a whole number"),
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK=5 is not below OMPI_COMM_WORLD_SIZE=2"),
+    ({"OMPI_COMM_WORLD_RANK": "-1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK=-1 is negative"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "0"}, "PMI_SIZE=0 is not a job size (at least 1)"),
+    ({"PMI_RANK": "0", "PMI_SIZE": ""}, "PMI_SIZE is empty though PMI_RANK='0' is"),
+    ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "2"}, "HOROVOD_RANK=3 is not below HOROVOD_SIZE=2"),
+])
+def test_layout_names_the_variable_as_its_origin_set_it(env, line):
+    with pytest.raises(ConfigError) as e:
+        RuntimeConfig.from_env(env, procmgr=fake([]))
+    assert str(e.value).startswith(line), str(e.value)
+
+
+def test_one_origin_table_in_its_order():
+    from appliance.runtime.config import ORIGINS, layout, origin
+    assert [o.name for o in ORIGINS] == ["launcher", "mpirun", "srun", "hydra", "alone"]
+    both = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}
+    assert origin(both).name == "launcher" and layout(both)[1:3] == (1, 2)
+    assert origin({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"}).name == "srun"
+    assert origin({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"}, srun=False).name == "hydra"
+    assert layout({})[0].name == "alone" and layout({})[1:3] == (0, 1)
+    assert origin({"PMI_SIZE": "2", "PMI_RANK": "1"}).manager == "hydra"

@@ -5,7 +5,8 @@ What it owns: the files ``RecordWriter`` writes under the job directory and ``re
     metrics.jsonl    one JSON object a line: ``{"kind":"job",...}`` first (id, size, hosts, start),
                      then ``{"kind":"rank","rank":R,"host":H,...}`` rows (each rank's newest cumulative
                      counters, as on the wire, written when they changed, at most every
-                     ``every_s`` seconds), ``{"kind":"event","t":T,"text":...,"source":S}`` lines
+                     ``every_s`` seconds, and ``job_step``: its step as the job counts it,
+                     across elastic rounds), ``{"kind":"event","t":T,"text":...,"source":S}`` lines
                      (elastic rounds, hosts, stragglers, stalls), ``{"kind":"round",...}`` and a last
                      ``{"kind":"end","t":T,"returncode":C,"summary":...}``
     events.out.tfevents.*   TensorBoard scalars (``tensorboardX``): the job's steps/s, samples/s,
@@ -121,7 +122,7 @@ class RecordWriter:
             if r.last is None or self._written.get(r.rank) == r.last.t:
                 continue
             self._written[r.rank] = r.last.t
-            self._write({"kind": "rank", "rank": r.rank, "host": r.host, **r.last.to_json()})
+            self._write({"kind": "rank", "rank": r.rank, "host": r.host, **r.last.to_json(), "job_step": r.step})
         self._flush()
         self._tensorboard(snap)
         if self._live(snap, ended=None) and self._flushed:

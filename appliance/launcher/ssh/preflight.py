@@ -5,7 +5,9 @@ by every launch (inside ``--start-timeout``). Per host, concurrently: the name r
 reaches host:port (refused and timed out are different failures); the SSH handshake, host key
 and key authentication succeed; the remote Python runs and imports ``appliance`` of the
 primary's version; the working directory exists; the shared directory is really shared (a nonce
-file written on the primary is read on the host); /dev/shm has room; then, across hosts, the
+file written on the primary is read on the host; in a Kubernetes launcher pod, ``RemoteConfig.per_pod_share``,
+a directory that is each pod's own, an emptyDir, is a note unless --shared asked for one share,
+and the failure names the fix there: a ReadWriteMany persistentVolumeClaim); /dev/shm has room; then, across hosts, the
 hostnames are unique and every host gets its address (``network.py``). The result is a
 ``Preflight`` that owns the open connections (the launch reuses them for its ranks) and lists
 one actionable line per failure, prefixed with the host.
@@ -151,10 +153,11 @@ def _probe_remote(report: HostReport, remote: RemoteConfig, python: str, params:
         return
 
 
-def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, python: str) -> None:
+def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, python: str) -> str | None:
+    """Turn the probe's facts into the host's steps and failures; returns a note line, if any."""
     facts = report.facts
     if not facts:
-        return
+        return None
     report.steps["python"] = facts.get("python_version", "?")
     if "appliance_error" in facts:
         report.steps["appliance"] = "missing"
@@ -169,16 +172,24 @@ def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, pytho
     if not facts.get("cwd_ok", True):
         report.fail(f"the working directory {os.getcwd()} does not exist there: start the launcher from a "
                     "directory that exists on every host (e.g. under the shared mount)")
-    shared = facts.get("shared")
+    shared, note = facts.get("shared"), None
     if nonce is not None and shared is not None:
         if not shared.get("exists"):
             report.steps["shared"] = "missing"
             report.fail(f"the shared directory {remote.shared_dir} does not exist there: mount the share at the "
                         "same path on every host (or pass --shared DIR)")
+        elif shared.get("nonce") != nonce and remote.per_pod_share and not remote.shared_explicit:
+            report.steps["shared"] = "its own"
+            note = (f"{report.host}: {remote.shared_dir} there is its pod's own, not the launcher pod's (an emptyDir "
+                    "is per pod): each pod's ranks write into their own; for one share, mount a ReadWriteMany "
+                    f"persistentVolumeClaim at {remote.shared_dir} in every pod template")
         elif shared.get("nonce") != nonce:
             report.steps["shared"] = "not shared"
+            fix = (f"on Kubernetes, mount one ReadWriteMany persistentVolumeClaim at {remote.shared_dir} in every pod "
+                   "template (volumes: persistentVolumeClaim.claimName; an emptyDir is per pod)"
+                   if remote.per_pod_share else f"mount the same share at {remote.shared_dir}")
             report.fail(f"{remote.shared_dir} there is not the primary's {remote.shared_dir} (a file written on "
-                        f"the primary is not visible there): mount the same share at {remote.shared_dir}")
+                        f"the primary is not visible there): {fix}")
         else:
             report.steps["shared"] = "ok"
     free = facts.get("shm_free")
@@ -186,6 +197,7 @@ def _evaluate(report: HostReport, remote: RemoteConfig, nonce: str | None, pytho
     if free is not None and free < remote.min_shm:
         report.fail(f"only {free / 2**20:.0f} MiB free in /dev/shm (need {remote.min_shm / 2**20:.0f} MiB): "
                     "give the container more (--shm-size=1g or --ipc=host) or remove stale files in /dev/shm")
+    return note
 
 
 def _resolve_waiting(host: str, remote: RemoteConfig, until: float) -> Target:
@@ -352,7 +364,9 @@ def run_preflight(hosts: Sequence[str], local: set[str], remote: RemoteConfig, t
                    "sshd responds, or raise --start-timeout")
     warnings.extend(policy.warnings)
     for h in hosts:
-        _evaluate(reports[h], remote, nonce, python)
+        note = _evaluate(reports[h], remote, nonce, python)
+        if note:
+            notes.append(note)
     _unique_hostnames(reports)
     _addresses(hosts, reports, remote, targets, primary_addr, primary_dev)
     if on_report is not None:
