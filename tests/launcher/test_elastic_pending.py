@@ -10,6 +10,7 @@ import time
 import pytest
 
 from appliance.launcher.elastic.events import Discovered, HostOpened, Joined, Notify, OpenHosts, Spawn, Tick
+from appliance.launcher.elastic.hosts import target_slots
 from appliance.launcher.elastic.membership import Membership
 from appliance.launcher.elastic.pending import CHECK_AHEAD, PendingHosts
 from appliance.launcher.elastic.records import Phase
@@ -81,7 +82,7 @@ def test_a_pending_host_listed_first_does_not_keep_a_ready_one_out_of_max_np():
     job.feed(HostOpened("worker-0.nosuch.invalid", None))
     job.feed(Tick(), dt=1.0)
     assert "answers now" in job.said() and not job.of(Notify) and len(job.of(Spawn)) == 2
-    assert job.m.target(job.now) == [("localhost", 0), ("localhost", 1)]
+    assert target_slots(job.m, job.now) == [("localhost", 0), ("localhost", 1)]
 
 
 def test_thousands_of_pending_pods_before_a_ready_host_are_walked_past_in_seconds():

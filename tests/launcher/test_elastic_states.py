@@ -17,7 +17,8 @@ from appliance.common.ranks import Slot
 from appliance.launcher.elastic.events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited,
                                                HostOpened, Joined, Kill, Leaving, Notify, OpenHosts, Release, Remove,
                                                Spawn, SpawnFailed, Tick, Watching)
-from appliance.launcher.elastic.machine import HOROVOD_FAILED, LOST_GRACE_S, TRANSITIONS
+from appliance.launcher.elastic.failures import HOROVOD_FAILED, LOST_GRACE_S
+from appliance.launcher.elastic.machine import TRANSITIONS
 from appliance.launcher.elastic.membership import MAX_HOST_SLOTS, Membership
 from appliance.launcher.elastic.records import Phase
 from fixtures.elastic_machine import Job
@@ -206,7 +207,7 @@ def test_every_host_failing_ends_the_job_at_once_even_with_ranks_still_stopping(
     job.feed(Exited(2, 3))
     assert job.phase is Phase.FAILING and job.m.outcome is None   # ranks 1 and 3 are being stopped
     job.feed(Exited(1, -15))
-    job.feed(Tick(), dt=job.m.s.stop_grace_s + 0.1)                 # rank 3 does not exit in time
+    job.feed(Tick(), dt=job.m.config.stop_grace_s + 0.1)                 # rank 3 does not exit in time
     end = job.m.outcome
     assert end is not None and HOROVOD_FAILED in end.reason and "every host failed" in end.reason
     assert end.code == 1 and end.rank == 0

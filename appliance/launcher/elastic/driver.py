@@ -8,11 +8,15 @@ what the machine must not: the mechanism's worker handles, the rendezvous server
 (``rendezvous.RendezvousServer``) with its held joins (``Ticket``) and notification streams, the
 discovery poller, the host checks and the signal trap.
 
-Threads: the main thread runs the machine and every action; the rendezvous connections, the
-discovery poller (whose first run is off the main thread too, so SIGTERM or Ctrl-C during a hung
-first run ends the launcher at once) and host checks only post events to a queue. When the job
-ends, for whatever reason, the discovery is closed (a run in flight is killed with its process
-group), every held join answered, and the rendezvous closed.
+Threads and the one inbox: the main thread runs the machine and every action; every other thread
+only posts events to one queue, the inbox, that the main thread drains: the rendezvous
+connections (joins, streams, leaves), the discovery poller (whose first run is off the main
+thread too, so SIGTERM or Ctrl-C during a hung first run ends the launcher at once), the host
+checks and the worker waiter (``wait_exits``: every rank's exit as the mechanism reports it). A
+``Tick`` follows every drain (at least every ``POLL_S``), with the signal trap and the deadline
+checked before it. When the job ends, for whatever reason, the waiter stops, the discovery is
+closed (a run in flight is killed with its process group), every held join answered, and the
+rendezvous closed.
 
 Env vars: APPLIANCE_ELASTIC_LEAVE_ON_TERM (``env``, then the launcher's environment); the rest
 come read (``LaunchConfig``/``ElasticConfig``). Workers get HOROVOD_ELASTIC=1,
@@ -44,12 +48,12 @@ from ..workers import SpawnError
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
 from .events import (Answer, CloseHosts, Discovered, DiscoveryFailed, End, Exited, HostOpened, Joined, Kill, Leaving,
                      Notify, OpenHosts, Release, Remove, Say, Spawn, SpawnFailed, Tick, Watching)
-from .machine import Machine, Settings
+from .failures import SILENT_S
+from .machine import Machine
 from .records import Phase
 from .rendezvous import RendezvousServer, Stream, Ticket
 
 POLL_S = 0.02
-SILENT_S = 2.5  # in a round that ended, a member whose host has said nothing over SSH for this long is gone
 
 
 class ElasticDriver:
@@ -64,9 +68,7 @@ class ElasticDriver:
         self.deadline, self.fault_dir, self.clock = deadline, fault_dir, clock
         self.job_id, self.secret = job or (envmod.new_job_id(), envmod.new_secret())
         self.observer = observer  # observe.Observer: told every line said and every round formed
-        self.machine = Machine(Settings(config.np, self.e.min_np, self.e.max_np, self.e.timeout_s, self.e.reset_limit,
-                                        self.e.cooldown_range, config.stop_grace_s, bool(config.verbose), SILENT_S,
-                                        self.e.discovery_interval_s, self.e.kubernetes))
+        self.machine = Machine(config)  # the launch configuration whole, its ElasticConfig within
         self.discovery = (ScriptDiscovery(self.e.discovery_script, self.e.slots_per_host, self.e.discovery_timeout_s,
                                           config.environ, config.cwd)
                           if self.e.discovery_script is not None else
@@ -74,7 +76,7 @@ class ElasticDriver:
                                                                                None if mech.name == "local"
                                                                                else config.slurm, config.np,
                                                                                config.default_slots)}))
-        self.events: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue = queue.Queue()  # every thread's events, (event, its ticket or stream or handle)
         self.leave_on_term = self.e.kubernetes or bool(read("APPLIANCE_ELASTIC_LEAVE_ON_TERM",
                                                             {**config.environ, **config.env}))
         self.handles: dict[int, Any] = {}
@@ -85,7 +87,7 @@ class ElasticDriver:
         self.outcome: Outcome | None = None
         self.server: RendezvousServer | None = None
         self._stop = threading.Event()
-        self._started = False
+        self._waiter: threading.Thread | None = None  # the worker waiter, from the first start on
 
     def say(self, text: str) -> None:
         self.sink.message(f"appliance launch: elastic: {text}")
@@ -95,27 +97,29 @@ class ElasticDriver:
     # -- the rendezvous handler (server threads) ------------------------------------------------
     def join(self, worker: int, message: dict) -> Ticket:
         ticket = Ticket()
-        self.events.put((Joined(worker, dict(message)), ticket))
+        self.inbox.put((Joined(worker, dict(message)), ticket))
         return ticket
 
     def watch(self, worker: int, stream: Stream) -> None:
-        self.events.put((Watching(worker), stream))
+        self.inbox.put((Watching(worker), stream))
 
     def leave(self, worker: int) -> Ticket:
-        self.events.put((Leaving(worker), ticket := Ticket()))
+        self.inbox.put((Leaving(worker), ticket := Ticket()))
         return ticket
 
     # -- the job ------------------------------------------------------------------------------
     def run(self) -> Outcome:
         self.server = RendezvousServer(self, bytes.fromhex(self.secret), self.job_id)
         try:
-            threading.Thread(target=poll_discovery, args=(self.discovery, self.events, self._stop, self.e.discovery_interval_s),
+            threading.Thread(target=poll_discovery, args=(self.discovery, self.inbox, self._stop, self.e.discovery_interval_s),
                              name="elastic-discovery", daemon=True).start()
             while self.outcome is None:
                 self._step()
             return self.outcome
         finally:
             self._stop.set()
+            if self._waiter is not None:  # back to this thread: _end_all waits for the exits itself
+                self._waiter.join(timeout=1.0)
             self.discovery.close()
             self._end_all()
             self.server.close()
@@ -129,19 +133,13 @@ class ElasticDriver:
         if self.deadline is not None and now >= self.deadline:
             self.outcome = Outcome(EXIT_TIMEOUT, reason=f"timed out after {self.config.timeout_s:g} s", timed_out=True)
             return
-        if self._started:
-            exit_ = self.mech.wait(POLL_S)
-            while exit_ is not None and self.outcome is None:
-                self._exited(exit_[0], exit_[1])
-                exit_ = self.mech.wait(0)
-        else:
-            try:
-                self._event(*self.events.get(timeout=POLL_S))
-            except queue.Empty:
-                pass
+        try:
+            self._event(*self.inbox.get(timeout=POLL_S))
+        except queue.Empty:
+            pass
         while self.outcome is None:
             try:
-                event, extra = self.events.get_nowait()
+                event, extra = self.inbox.get_nowait()
             except queue.Empty:
                 break
             self._event(event, extra)
@@ -152,16 +150,6 @@ class ElasticDriver:
                                    if getattr(h, "silent_s", None) is not None and h.silent_s() > SILENT_S)
             self._feed(Tick(silent))
 
-    def _exited(self, handle: Any, code: int) -> None:
-        wid = handle.rank
-        ticket = self.tickets.pop(wid, None)
-        if ticket is not None:
-            ticket.set({"error": "exited"})
-        stream = self.streams.pop(wid, None)
-        if stream is not None:
-            stream.close()
-        self._feed(Exited(wid, code, getattr(handle, "cause", None) or ""))
-
     def _event(self, event: Any, extra: Any) -> None:
         if isinstance(event, Joined):
             old = self.tickets.get(event.wid)
@@ -170,6 +158,13 @@ class ElasticDriver:
             self.tickets[event.wid] = extra
         elif isinstance(event, Leaving):
             self.tickets[("leave", event.wid)] = extra
+        elif isinstance(event, Exited):  # from the waiter: its held join and its stream end with it
+            ticket = self.tickets.pop(event.wid, None)
+            if ticket is not None:
+                ticket.set({"error": "exited"})
+            stream = self.streams.pop(event.wid, None)
+            if stream is not None:
+                stream.close()
         elif isinstance(event, Watching):
             w = self.machine.workers.get(event.wid)
             if w is None or not w.alive:
@@ -240,7 +235,7 @@ class ElasticDriver:
         except Exception as e:  # noqa: BLE001 - reported as that host's failure
             result = {h: f"{h}: {type(e).__name__}: {e}" for h in hosts}
         for host in hosts:
-            self.events.put((HostOpened(host, result.get(host, f"{host}: no answer from the check")), None))
+            self.inbox.put((HostOpened(host, result.get(host, f"{host}: no answer from the check")), None))
 
     def _spawn(self, a: Spawn) -> Any:
         spec = mech_mod.RankSpec(a.slot, a.wid, {
@@ -254,7 +249,10 @@ class ElasticDriver:
                               start_timeout_s=self.config.start_timeout_s, verbose=self.config.verbose,
                               fault_dir=self.fault_dir)
         try:
-            self._started = True
+            if self._waiter is None:
+                self._waiter = threading.Thread(target=wait_exits, args=(self.mech, self.inbox, self._stop),
+                                                name="elastic-waiter", daemon=True)
+                self._waiter.start()
             self.mech.start([spec], plan, self.sink, self.reaper)
         except SpawnError as e:
             return SpawnFailed(a.wid, e.returncode, str(e))
@@ -287,6 +285,16 @@ class ElasticDriver:
         end = self.clock() + self.config.failure_grace_s
         while mech_mod.running(self.mech) and self.clock() < end and not self.trap.received:
             self.mech.wait(POLL_S)
+
+
+def wait_exits(mech: Any, inbox: queue.Queue, stop: threading.Event) -> None:
+    """The worker waiter: every rank's exit, as the mechanism reports it, posted to the inbox as
+    ``Exited`` (its handle alongside) until ``stop``."""
+    while not stop.is_set():
+        got = mech.wait(POLL_S)
+        if got is not None:
+            handle, code = got
+            inbox.put((Exited(handle.rank, code, getattr(handle, "cause", None) or ""), handle))
 
 
 def poll_discovery(discovery: Any, events: queue.Queue, stop: threading.Event, interval_s: float) -> None:

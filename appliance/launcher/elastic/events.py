@@ -75,7 +75,7 @@ class HostOpened:
 
 @dataclasses.dataclass(frozen=True)
 class Tick:
-    """Time passed; ``silent``: workers whose host has sent nothing over SSH for ``SILENT_S``."""
+    """Time passed; ``silent``: workers whose host has sent nothing over SSH for ``failures.SILENT_S``."""
     silent: frozenset = frozenset()
 
 

@@ -1,6 +1,6 @@
 """Hosts that discovery lists but that do not answer yet: pending, retried, never blacklisted.
 
-What it owns: ``PendingHosts``, the part of an elastic job's state (``machine.Machine.pending``)
+What it owns: ``PendingHosts``, the part of an elastic job's state (``state.MachineState.pending``)
 that a Kubernetes launcher pod needs (``ElasticConfig.kubernetes``): the MPI Operator's
 ``discover_hosts.sh`` lists every worker pod in phase Running, which says nothing of its sshd (or
 of its DNS record) being up. A listed host whose check fails is pending: it is checked again
