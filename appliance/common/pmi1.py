@@ -25,6 +25,7 @@ from appliance.common.knobs import ConfigError
 
 
 ABORT_GRACE_S = 3.0  # how long a rank that asked hydra to abort the job waits to be killed
+FORWARD_S = 1.0      # what hydra gets to forward a failing rank's last line before the abort (it lost it at once)
 
 
 class Pmi1Error(ConfigError):
@@ -161,6 +162,7 @@ def exchange(env: Mapping[str, str], publish: Mapping[str, str], keys: Sequence[
         except Pmi1Error as e:
             if on_fail is not None:
                 on_fail(e)
+                time.sleep(FORWARD_S)  # hydra forwards the line before the abort tears its pipes down
                 c.abort(1)
                 time.sleep(ABORT_GRACE_S)  # hydra kills the job's processes, this one with them
             raise
