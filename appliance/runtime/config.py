@@ -126,7 +126,7 @@ ORIGINS = (  # asked in this order; the first that detects itself is the origin
            lambda env: bool(env.get("HOROVOD_RANK") or env.get("HOROVOD_SIZE"))),
     Origin("mpirun", "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun",
            lambda env: "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env),
-    Origin("srun", "srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "",
+    Origin("srun", "srun", "SLURM_PROCID", "SLURM_NTASKS", "", "",  # all read by appliance.common.slurm
            lambda env: bool(env.get("SLURM_STEP_ID") and env.get("SLURM_PROCID"))),
     Origin("hydra", "hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "hydra",
            lambda env: bool(env.get("PMI_RANK") or env.get("PMI_SIZE"))),
