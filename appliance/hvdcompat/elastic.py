@@ -69,9 +69,13 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Called by ``run`` after the runtime was reset: drops queued notifications, calls
-        ``reset()`` then the registered callbacks in order."""
+        """Called by ``run`` after the runtime was reset: drops queued notifications (but those
+        of the new round, which may have come during the reset), calls ``reset()`` then the
+        registered callbacks in order."""
         self._host_messages = queue.Queue()
+        session = _runtime_elastic.current()
+        if session is not None:
+            session.replay(self.on_hosts_updated)
         self.reset()
         for callback in self._reset_callbacks:
             callback()

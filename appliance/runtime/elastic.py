@@ -19,9 +19,12 @@ Notifications: after the first round a daemon thread keeps a ``watch`` connectio
 and calls every listener (``add_listener``: ``hvd.elastic.run`` registers its ``State``) with
 ``(timestamp, HostUpdateResult flags)`` when hosts change while this worker's round runs; a
 notice for an earlier round is dropped. The current round's notices are kept (as one: the newest
-timestamp, every change), and a listener added later gets them at once: a host found while the first round starts (between
-``init()`` and ``hvd.elastic.run``, while the model is built) is not lost, or the job would never
-grow onto it while the new worker waited for the next round until ``--elastic-timeout``.
+timestamp, every change; one for a round whose answer has not reached this worker yet is kept
+for that round), a listener added later gets them at once, and ``replay`` hands them again to a
+state whose queue a reset emptied: a host found while a round starts (between the driver's answer
+and the state's reset, or before ``hvd.elastic.run`` while the model is built) is not lost, or
+the job would never grow onto it while the new worker waited for the next round until
+``--elastic-timeout``.
 
 Leaving on SIGTERM (APPLIANCE_ELASTIC_LEAVE_ON_TERM, set by the launcher on Kubernetes, where a
 pod being deleted gets SIGTERM): after the first round a SIGTERM handler (installed from the
@@ -197,9 +200,16 @@ class Session:
     # -- notifications ------------------------------------------------------------------------
     def add_listener(self, fn: Callable[[int, int], None]) -> None:
         """Call ``fn(timestamp, result)`` for every notice from now on, and now for the current
-        round's notice if one came before (a repeat is harmless: a state acts on a newer timestamp only)."""
+        round's notices if some came before (``replay``)."""
         with self._lock:
             self._listeners.append(fn)
+        self.replay(fn)
+
+    def replay(self, fn: Callable[[int, int], None]) -> None:
+        """Call ``fn(timestamp, result)`` for the current round's notices so far, if any: for a
+        listener that was not listening when they came, or whose queue a reset emptied (a repeat is
+        harmless: a state acts on a newer timestamp only)."""
+        with self._lock:
             note = self._note if self._note and self._note[0] == int(self.round.get("round", 0)) else None
         if note is not None:
             fn(note[1], note[2])
@@ -219,16 +229,17 @@ class Session:
                 chan.send({"op": "watch"})
                 while True:
                     note = chan.recv(rdv.SILENCE_S).get("hosts_updated")
-                    if not note or int(note.get("round", -1)) != int(self.round.get("round", 0)):
+                    # a notice of a later round than this worker has taken in yet (its answer is on
+                    # its way) is kept for that round; one of an earlier round is dropped
+                    if not note or int(note.get("round", -1)) < int(self.round.get("round", 0)):
                         continue
-                    stamp, result = int(note["timestamp"]), int(note["result"])
+                    rnd, stamp, result = int(note["round"]), int(note["timestamp"]), int(note["result"])
                     with self._lock:
-                        rnd = int(note["round"])
                         if self._note is None or self._note[0] != rnd:
                             self._note = (rnd, stamp, result)
                         else:  # the round's notices so far, as one: the newest stamp, every change
                             self._note = (rnd, max(stamp, self._note[1]), self._note[2] | result)
-                        listeners = list(self._listeners)
+                        listeners = list(self._listeners) if rnd == int(self.round.get("round", 0)) else []
                     for fn in listeners:
                         fn(stamp, result)
             except rdv.RendezvousError:

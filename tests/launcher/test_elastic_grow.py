@@ -97,6 +97,29 @@ def test_a_host_found_while_the_first_round_starts_is_grown_onto(tmp_path):
         assert job.leftovers() == []
 
 
+def test_a_host_found_just_as_a_round_is_released_is_grown_onto(tmp_path):
+    """1 -> 2 ranks, and the third host is listed the moment the launcher says round 2 is
+    formed: its notice reaches the members while they are still taking in the round (before
+    their state's reset), is kept for that round and acted on at its first commit (a lost notice
+    left the job at 2 ranks for good, the new worker waiting until --elastic-timeout)."""
+    with GrowJob(tmp_path, f"{A}:1") as job:
+        job.start(["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "3"])
+        job.steps(1)
+        job.set_hosts(f"{A}:1,{B}:1")
+        end = time.monotonic() + 60
+        while "round 2:" not in job.tail(1_000_000):
+            assert time.monotonic() < end and job.proc.poll() is None, job.tail()
+            time.sleep(0.02)
+        job.set_hosts(f"{A}:1,{B}:1,{C}:1")
+        job.steps(3)
+        job.stop()
+        assert job.wait() == 0, job.tail()
+        sizes = job.check_equal()
+        assert [s for i, s in sorted(sizes.items()) if i == 1 or s != sizes[i - 1]] == [1, 2, 3], sizes
+        job.check_replay(sizes)
+        assert job.leftovers() == []
+
+
 @pytest.mark.parametrize("case", ["g02", "g03", "g04", "g05"])
 def test_the_probe_cases_of_a_job_grown_on_one_host(tmp_path, case):
     """The bad-input probe's cases, as it ran them (one host whose slots grow, horovodrun): g02 an
