@@ -211,7 +211,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_ELASTIC_TIMEOUT", _pos_float, 600.0, "seconds an elastic job waits for at least --min-np slots (and for the members of a new round) before it fails (launch: --elastic-timeout)"),
     Knob("APPLIANCE_DISCOVERY_INTERVAL", _pos_float, 1.0, "seconds between two runs of the host discovery script of an elastic job"),
     Knob("APPLIANCE_DISCOVERY_TIMEOUT", _pos_float, 10.0, "seconds one run of the host discovery script may take before it counts as failed"),
-    Knob("HOROVOD_ELASTIC", _bool, False, "set by the launcher for the workers of an elastic job: init() asks the driver for its round"),
+    Knob("HOROVOD_ELASTIC", _bool, False, "set by the launcher for the workers of an elastic job: init() asks the driver for its round, and DistributedOptimizer registers its gradient hooks at any size, one rank included (as Horovod's), so a job started at one rank allreduces once it grows"),
     Knob("APPLIANCE_ELASTIC_ADDR", str, "", "set by the launcher for the workers of an elastic job: host:port of its driver's rendezvous"),
     Knob("APPLIANCE_ELASTIC_WORKER", _rank_int, None, "set by the launcher for the workers of an elastic job: this worker's number (unique for the job's life)"),
     Knob("APPLIANCE_ELASTIC_LEAVE_ON_TERM", _bool, False, "a worker of an elastic job sent SIGTERM leaves the job at its next commit (exit 0, no blacklist) instead of dying; a second SIGTERM is handled as without it (set for the workers on Kubernetes; set it for the launcher to have it elsewhere)"),
