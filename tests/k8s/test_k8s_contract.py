@@ -1,7 +1,8 @@
 """The re-enactment lays out what the MPI Operator v0.8.2 and Trainer v2 controllers give a job
 (/work/shared/k8s/README.md 1.2-1.5, 2.2), byte for byte: the hostfile in both dialects,
 discover_hosts.sh (Running workers only, sorted, launcher first with runLauncherAsWorker, no slots),
-the launcher's environment, the Secret's modes, and the kubelet-style atomic update of a volume.
+the launcher's environment, the Secret's modes, the kubelet-style atomic update of a volume, and
+volumes as a cluster gives them (an emptyDir each pod's own, a ReadWriteMany claim one for all).
 No engine needed: these check the harness the scenarios stand on (pure logic, files only).
 """
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from fixtures import ROOT
 from fixtures.k8s import AtomicDir, MPIJob, Pod, one_of_kind
 from fixtures.k8s_trainer import TrainJob
+from fixtures.k8s_volumes import Volumes
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(60)]
 
@@ -107,3 +110,51 @@ def test_a_volume_update_is_an_atomic_swap_of_dot_dot_data(tmp_path):
     t.join(30)
     assert seen <= {"a\n", "a\nb\n"}, seen
     assert os.readlink(d.root / "..data") != first and not (d.root / first).exists()
+
+
+def test_an_emptydir_is_each_pods_own_and_a_readwritemany_claim_is_one_for_all(tmp_path):
+    tpl = {"spec": {"containers": [{"volumeMounts": [{"name": "share", "mountPath": "/mnt/share"},
+                                                     {"name": "dshm", "mountPath": "/dev/shm"}]}],
+                    "volumes": [{"name": "share", "emptyDir": {}},
+                                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]}}
+    vols = Volumes(tmp_path, "MPIJob pi", [])
+    a, a_tmpfs = vols.mounts("pi-worker-0", tpl)
+    b, _ = vols.mounts("pi-worker-1", tpl)
+    again, _ = vols.mounts("pi-worker-0", tpl)  # the pod re-created under its name: a new, empty one
+    assert len({*a, *b, *again}) == 3 and all(v == {"bind": "/mnt/share", "mode": "rw"} for v in a.values())
+    assert a_tmpfs == {"/dev/shm": f"mode=1777,size={8 << 30}"}  # memory: a tmpfs of the pod's own, not a bind
+    assert vols.dirs("share") == [Path(p) for p in (*a, *b, *again)] and vols.of("pi-worker-0", "share") == Path(*again)
+    claim = {"metadata": {"name": "ckpt"}, "spec": {"accessModes": ["ReadWriteMany"]}}
+    rwx = {"spec": {"containers": [{"volumeMounts": [{"name": "share", "mountPath": "/mnt/share"}]}],
+                    "volumes": [{"name": "share", "persistentVolumeClaim": {"claimName": "ckpt"}}]}}
+    vols = Volumes(tmp_path / "2", "MPIJob pi", [claim])
+    (tmp_path / "2").mkdir()
+    assert vols.mounts("pi-launcher", rwx)[0] == vols.mounts("pi-worker-0", rwx)[0]  # one directory for both
+    assert vols.dirs("share") == [vols.of("pi-worker-0", "share")] == [vols.of("pi-launcher", "share")]
+    rwo = {"metadata": {"name": "ckpt"}, "spec": {"accessModes": ["ReadWriteOnce"]}}
+    with pytest.raises(ValueError, match="'ckpt' is \\['ReadWriteOnce'\\]: only ReadWriteMany"):
+        Volumes(tmp_path, "MPIJob pi", [rwo]).mounts("pi-worker-0", rwx)
+    with pytest.raises(ValueError, match="'ckpt': no such claim given to the job"):
+        Volumes(tmp_path, "MPIJob pi", []).mounts("pi-worker-0", rwx)
+    host = {"spec": {"containers": [{"volumeMounts": [{"name": "h", "mountPath": "/h"}]}],
+                     "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}}
+    with pytest.raises(ValueError, match="volume 'h': only emptyDir and persistentVolumeClaim"):
+        Volumes(tmp_path, "MPIJob pi", []).mounts("pi-worker-0", host)
+
+
+@pytest.mark.parametrize("manifest", sorted(p.name for p in DEPLOY.glob("mpijob-*.yaml")) + ["trainjob.yaml"])
+def test_every_shipped_manifest_maps_under_per_pod_volumes(tmp_path, manifest):
+    """Every pod of every shipped job gets its volumes as a cluster gives them (nothing refused),
+    and no two pods share an emptyDir."""
+    if manifest == "trainjob.yaml":
+        job = TrainJob(None, "img", DEPLOY / manifest, DEPLOY / "trainer-runtime.yaml")
+        pods = [job.launcher_pod_name()] + [job.node_pod_name(i) for i in range(job.nodes)]
+    else:
+        job = MPIJob(None, "img", DEPLOY / manifest)
+        pods = [job.launcher_pod_name()] + [job.worker_pod_name(i) for i in range(job.replicas)]
+    vols = Volumes(tmp_path, f"{job.kind} {job.name}", job.claims)
+    seen: list[str] = []
+    for pod in pods:
+        binds, _ = vols.mounts(pod, job.launcher_template() if pod == pods[0] else job.worker_template())
+        seen += list(binds)
+    assert len(seen) == len(set(seen)), seen

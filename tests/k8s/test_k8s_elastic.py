@@ -4,8 +4,8 @@ scale-up, scale-down, a crashed worker re-created under the same name, a listed 
 is late. The manifest runs as written except the program: tests/ranks/elastic_steps.py (numpy, starts
 in well under a second; its committed state records the job size of every step), mounted read-only.
 
-Effects asserted for each: the launcher's exit code; the record the ranks leave on the shared
-volume: every step of the job committed exactly once (``sizes`` has one entry per step and ``w`` is
+Effects asserted for each: the launcher's exit code; the record the ranks leave in their pods'
+own /mnt/share (an emptyDir each; the test reads every pod's): every step of the job committed exactly once (``sizes`` has one entry per step and ``w`` is
 their sum: no committed step lost, none counted twice) and the sizes the job ran at; no rank program
 left on a worker; no container left. The lags (a worker appearing in discover_hosts.sh to its first
 step; replicas lowered to the survivors' first step) are printed; their medians are in
@@ -37,11 +37,23 @@ def elastic_job(k8s_jobs, steps: int, *, replicas: int = 2, np_: int = 2, commit
     return job
 
 
+def records(job, pattern: str):
+    """The files elastic_steps.py wrote in every pod's own /mnt/share (an emptyDir each)."""
+    return [f for d in job.volume_dirs("share") for f in d.glob(pattern)]
+
+
+def switch(job, name: str, value) -> None:
+    """A switch file for elastic_steps.py, put in every pod's /mnt/share (each reads its own)."""
+    for d in job.volume_dirs("share"):
+        (d / f".{name}.tmp").write_text(str(value))
+        (d / f".{name}.tmp").rename(d / name)
+
+
 def steps_at(job, size: int, after: float = 0.0) -> float | None:
     """The earliest time in the workers' step files (each holds its worker's last step) of a step
     at ``size`` taken after ``after``, or None."""
     firsts = []
-    for f in job.volumes["share"].glob("step.*"):
+    for f in records(job, "step.*"):
         try:
             rec = json.loads(f.read_text())
         except (OSError, ValueError):
@@ -80,17 +92,16 @@ class FirstStep:
 
 def stop_soon(job, extra: int = 20) -> int:
     """End the job ``extra`` steps from now (elastic_steps.py's ``stop`` file): the step it ends at."""
-    steps = [json.loads(f.read_text())["step"] for f in job.volumes["share"].glob("step.*")]
+    steps = [json.loads(f.read_text())["step"] for f in records(job, "step.*")]
     stop = max(steps) + extra
-    (job.volumes["share"] / ".stop.tmp").write_text(str(stop))
-    (job.volumes["share"] / ".stop.tmp").rename(job.volumes["share"] / "stop")
+    switch(job, "stop", stop)
     return stop
 
 
 def finish(job, steps: int, timeout: float = 240) -> list[dict]:
     rc, out = job.wait_launcher(timeout)
     assert rc == 0, job.all_logs()
-    done = [json.loads(f.read_text()) for f in sorted(job.volumes["share"].glob("done.*"))]
+    done = [json.loads(f.read_text()) for f in sorted(records(job, "done.*"), key=lambda f: f.name)]
     assert done, out[-3000:]
     for d in done:  # every rank ends with the same committed state
         assert d["step"] == steps and len(d["sizes"]) == steps, d
@@ -205,8 +216,8 @@ def test_a_crashed_rank_in_a_running_pod_rejoins_after_the_cool_down(k8s_jobs):
     permanent blacklist would strand it; the cool-down lets it back."""
     job = elastic_job(k8s_jobs, steps=5000)  # ended by stop_soon once the host is back
     started(job)
-    step = max(json.loads(f.read_text())["step"] for f in job.volumes["share"].glob("step.*"))
-    (job.volumes["share"] / "kill.1").write_text(str(step + 5))  # worker 1 SIGKILLs itself there
+    step = max(json.loads(f.read_text())["step"] for f in records(job, "step.*"))
+    switch(job, "kill.1", step + 5)  # worker 1 SIGKILLs itself there
     wait_for("a step at size 1", lambda: steps_at(job, 1), job)
     crashed = time.time()
     first = FirstStep(job, 2, after=crashed)

@@ -2,8 +2,9 @@
 tests/fixtures/k8s.py: pods as containers with the operator's names, files, modes, env and uid),
 the GPU one included, on these GPU-less machines (its ranks train on the CPU).
 
-Effects asserted for each: the launcher's exit code, the training record rank 0 left on the shared
-volume (every epoch of the job, none lost), no rank program left on a worker, no container left.
+Effects asserted for each: the launcher's exit code, the training record rank 0 left in its own
+pod's /mnt/share (an emptyDir, each pod's own: every epoch of the job, none lost), no rank program
+left on a worker, no container left.
 """
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark
 DEPLOY = ROOT / "deploy" / "kubernetes"
 
 
-def epochs_recorded(job) -> list[int]:
-    metrics = json.loads((job.volumes["share"] / "models" / "digits" / "metrics.json").read_text())
+def epochs_recorded(job, pod: str) -> list[int]:
+    """The epochs in the record rank 0 left in its pod's own /mnt/share (an emptyDir: no other pod
+    sees it, and no other pod has one)."""
+    found = [d for d in job.volume_dirs("share") if (d / "models" / "digits" / "metrics.json").exists()]
+    assert found == [job.volume_of(pod, "share")], (found, pod)
+    metrics = json.loads((found[0] / "models" / "digits" / "metrics.json").read_text())
     return [e["epoch"] for e in metrics["epochs"]]
 
 
-def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, **kw):
+def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, rank0: str = "worker-0", **kw):
     """Run a shipped MPIJob (with ``epochs`` instead of the manifest's 8, when given less) to its end."""
     m = one_of_kind(DEPLOY / manifest, "MPIJob")
     args = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
@@ -37,7 +42,7 @@ def run_fixed(k8s_jobs, manifest: str, epochs: int = 8, **kw):
     job.start()
     rc, out = job.wait_launcher(300)
     assert rc == 0, job.all_logs()
-    assert epochs_recorded(job) == list(range(1, epochs + 1)), out[-3000:]
+    assert epochs_recorded(job, f"{job.name}-{rank0}") == list(range(1, epochs + 1)), out[-3000:]
     for pod in job.workers.values():
         assert job.job_processes(pod) == [], pod.name
     job.close()
@@ -122,7 +127,7 @@ def test_horovodrun_mpijob_trains_as_written(k8s_jobs):
 
 
 def test_launcher_as_worker_mpijob_trains_as_written(k8s_jobs):
-    out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml", epochs=2)  # the launcher trains too
+    out = run_fixed(k8s_jobs, "mpijob-launcher-as-worker.yaml", epochs=2, rank0="launcher")  # the launcher trains too
     hosts = [ln for ln in out.splitlines() if "devices: " in ln]  # mpirun: bare; horovodrun: [0]<stdout>: first
     assert hosts and all(f"appliance-launcher-worker-{p}" in hosts[0] for p in ("launcher", "worker-0", "worker-1")), out[-3000:]
 
@@ -136,3 +141,28 @@ def test_gpu_mpijob_runs_as_written_on_nodes_without_gpus(k8s_jobs):
     for p in range(2):
         assert devices.count(f"@appliance-gpu-worker-{p}") == 4, devices
     assert "rank 7 " in devices and "rank 8 " not in devices, devices
+
+
+def test_launcher_as_worker_with_a_readwritemany_claim_shares_one_directory(k8s_jobs):
+    """mpijob-launcher-as-worker.yaml with what docs/kubernetes.md says for one share: a
+    ReadWriteMany claim at /mnt/share in both templates, and `--shared /mnt/share` so the launcher
+    insists on it. The preflight finds it shared (rank 0's record lands in the claim's directory,
+    which every pod sees)."""
+    m = one_of_kind(DEPLOY / "mpijob-launcher-as-worker.yaml", "MPIJob")
+    for role in ("Launcher", "Worker"):
+        m["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["volumes"] = [
+            {"name": "share", "persistentVolumeClaim": {"claimName": "appliance-share"}}]
+    c = m["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    c["args"] = ["--shared", "/mnt/share", "--verbose", *c["args"][:-1], "1"]  # 1 epoch
+    claim = {"metadata": {"name": "appliance-share"}, "spec": {"accessModes": ["ReadWriteMany"]}}
+    job = k8s_jobs(MPIJob, m, claims=[claim])
+    job.start()
+    rc, out = job.wait_launcher(300)
+    assert rc == 0, job.all_logs()
+    assert "its pod's own" not in out and "not the primary's" not in out, out[-3000:]
+    (share,) = job.volume_dirs("share")
+    assert share == job.volume_of(job.launcher_pod_name(), "share") == job.volume_of(job.worker_pod_name(1), "share")
+    metrics = json.loads((share / "models" / "digits" / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1], out[-3000:]
+    job.close()
+    assert job.leftovers() == [] and not job.tmp.exists()
