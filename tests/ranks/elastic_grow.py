@@ -15,7 +15,7 @@ worker writes ``inited.W`` and takes 4 s before it builds its model (a big model
 ``check``: every step also allgathers the sum of the parameters and raises if the ranks differ.
 ``OUT/stop`` (a step number): every rank finishes after that step instead of STEPS. Evidence per
 worker W (APPLIANCE_ELASTIC_WORKER): ``pid.W``; ``log.W``, one JSON line per step (step, size,
-rank, the sum of the model's parameters after the step, HOROVOD_ELASTIC); ``done.W`` at the end
+rank, the sum of the model's parameters after the step, HOROVOD_ELASTIC, the time); ``done.W`` at the end
 (sizes, parameters). Every step also prints ``step S size N rank R sum X``.
 """
 import json
@@ -105,7 +105,7 @@ def main():
                 if max(everyone) - min(everyone) > 1e-9 * max(1.0, abs(total)):
                     raise RuntimeError(f"step {step}: the ranks hold different models: {everyone}")
             log.write(json.dumps({"step": step, "size": hvd.size(), "rank": hvd.rank(), "sum": total,
-                                  "elastic": os.environ.get("HOROVOD_ELASTIC")}) + "\n")
+                                  "elastic": os.environ.get("HOROVOD_ELASTIC"), "t": time.time()}) + "\n")
             log.flush()
             print(f"step {step} size {hvd.size()} rank {hvd.rank()} sum {total:+.9f}", flush=True)
             time.sleep(step_s)
