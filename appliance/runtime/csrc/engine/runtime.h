@@ -189,6 +189,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   void read_control(bool in_collective);
   // Hands what arrived to the negotiator and carries out what it says, until nothing is left.
   void negotiate(Clock::time_point now);
+  // Tells the negotiator whether this rank's callers are stuck (negotiator.h's waiting()).
+  void note_waiting(Clock::time_point now);
   void carry_out(Negotiated& out);
   // Publishes the negotiator's counters (Stats::ready_full, ready_ids).
   void count_ready();

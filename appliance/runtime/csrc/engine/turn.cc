@@ -53,6 +53,7 @@ void Runtime::step() {
   }
   read_control(false);
   negotiate(now);
+  if (handles_.long_waits() || negotiator_->waiting_matters()) note_waiting(now);
   if (cfg_.size > 1) control_->heartbeats(now);
   profile_.turn_ends(mark, took);
 }
@@ -119,6 +120,14 @@ void Runtime::negotiate(Clock::time_point now) {
     carry_out(out);
   } while (!arrived_.frames.empty() || !arrived_.left.empty());  // plans run may have read more
   count_ready();
+}
+
+void Runtime::note_waiting(Clock::time_point now) {
+  const int64_t us = handles_.stuck_since_us();
+  const Clock::time_point since = us < 0 ? Clock::time_point::max() : Clock::time_point(std::chrono::microseconds(us));
+  Negotiated out;
+  negotiator_->waiting(since, now, out);
+  carry_out(out);
 }
 
 void Runtime::count_ready() {
