@@ -62,6 +62,14 @@ def case_order():
         blocking(rt.allreduce, x(), name=name)
 
 
+def case_join():
+    """Rank 0 joins; rank 1 allreduces 'a', the others 'b'."""
+    if RANK == 0:
+        blocking(rt.join)
+    else:
+        blocking(rt.allreduce, x(), name="a" if RANK == 1 else "b")
+
+
 def case_sets():
     """Process set {0, 1} mismatched ('a' vs 'b'); set {2, 3} allreduces on until the job fails."""
     first, second = process_sets.ProcessSet([0, 1]), process_sets.ProcessSet([2, 3])

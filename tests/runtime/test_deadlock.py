@@ -1,6 +1,7 @@
 """A deadlock is named within seconds, over real ranks (processes, sockets): when every rank of a
 group is blocked waiting on collectives that can never match (another operation, another name,
-another order; within one process set while another set goes on), every rank fails within
+another order; within one process set while another set goes on; a joined rank; either
+negotiation protocol), every rank fails within
 APPLIANCE_DEADLOCK_SECONDS (5 s) plus a little, bounded here at 10 s from the last rank blocking,
 and prints one line per deadlocked rank naming what it waits on. A rank that is only slow (a
 15 s checkpoint, a 15 s step while the others wait on asynchronous handles) is not in a wait, so
@@ -45,6 +46,16 @@ def test_an_allreduce_against_a_broadcast_of_another_name_fails_every_rank_withi
     waits = ["rank 0 waits on: allreduce 'grads'"] + [f"rank {r} waits on: broadcast 'state' (root 0)"
                                                       for r in range(1, np_)]
     _named(np_, *_run(tmp_path, np_, "names"), waits)
+
+
+def test_the_star_negotiation_names_a_deadlock_too(tmp_path):
+    waits = ["rank 0 waits on: allreduce 'grads'", "rank 2 waits on: broadcast 'state' (root 0)"]
+    _named(3, *_run(tmp_path, 3, "names", env={"APPLIANCE_NEGOTIATION": "star"}), waits)
+
+
+def test_a_joined_rank_waits_on_the_join(tmp_path):
+    waits = ["rank 0 waits on: join", "rank 1 waits on: allreduce 'a'", "rank 2 waits on: allreduce 'b'"]
+    _named(3, *_run(tmp_path, 3, "join"), waits)
 
 
 @pytest.mark.parametrize("np_", [2, 3])
