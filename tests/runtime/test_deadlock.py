@@ -35,7 +35,7 @@ def _named(np_, rcs, reports, stderr, everything, waits):
         assert rep["code"] == "stalled" and "deadlock" in rep["error"], (r, rep)
         for line in waits:
             assert line in rep["error"], (r, line, rep["error"])
-            assert line in stderr[r], f"rank {r} did not print {line!r}\n{stderr[r]}"
+            assert f"deadlock:   {line}" in stderr[r], f"rank {r} did not print {line!r}\n{stderr[r]}"
     took = max(rep["at"] for rep in reports) - max(rep["blocked_at"] for rep in reports)
     assert 4.0 <= took <= BOUND_S, f"named {took:.1f} s after the last rank blocked\n{everything}"
     return took
@@ -79,7 +79,7 @@ def test_a_mismatch_within_a_process_set_fails_the_job_while_the_other_set_goes_
     for r, rep in enumerate(reports):
         assert rep["code"] == "stalled" and "deadlock" in rep["error"], (r, rep)
         for line in waits:
-            assert line in rep["error"] and line in stderr[r], (r, line, rep["error"])
+            assert line in rep["error"] and f"deadlock:   {line}" in stderr[r], (r, line, rep["error"])
         assert "rank 2 waits" not in rep["error"], rep["error"]
     assert min(reports[r]["steps"] for r in (2, 3)) > 20, [rep["steps"] for rep in reports]  # set 2 went on
     took = max(rep["at"] for rep in reports) - max(reports[r]["blocked_at"] for r in (0, 1))

@@ -184,6 +184,9 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     return false;
   }
   void fail_engine(Status s);  // a failure caught by guard(): abort the job, end the engine
+  // Before an ABORT from a peer ends the engine: the lines the control messages that came before
+  // it carry (a stall or deadlock report) are printed; nothing else of them is carried out.
+  void print_before_abort();
   void intake(Clock::time_point now);
   // Reads the control links (in a collective too: its Watch), keeping what came for the turn.
   void read_control(bool in_collective);
