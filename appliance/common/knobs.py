@@ -171,6 +171,7 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "do not warn about ranks that lag behind on a tensor", core="stall_check_disable"),
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", _nonneg_float, 60.0, "warn when a tensor waits this long for some ranks", core="stall_check_s"),
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _nonneg_float, 300.0, "fail the job on every rank when a tensor waits this long for some ranks (0 = never)", core="stall_shutdown_s"),
+    Knob("APPLIANCE_DEADLOCK_SECONDS", _nonneg_float, 5.0, "fail the job on every rank, naming what each waits on, when every rank of a group has been blocked this long in a wait on collectives that can never match (different operations, names or order; a rank that computes, e.g. checkpoints, never counts); 0 = never", core="deadlock_s"),
     Knob("HOROVOD_DYNAMIC_PROCESS_SETS", _bool, False, "allow hvd.add_process_set/remove_process_set after init (as hvd.init(process_sets='dynamic'))"),
     Knob("HOROVOD_TIMELINE", str, "", "rank 0 writes a Chrome-trace timeline of every tensor to this file from init (empty or DYNAMIC: only between hvd.start_timeline and stop_timeline)", core="timeline"),
     Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "mark each wake of rank 0's background thread (CYCLE_START) in the timeline started at init", core="timeline_mark_cycles"),

@@ -86,6 +86,7 @@ class RuntimeConfig:
     stall_check_disable: bool
     stall_check_s: float
     stall_shutdown_s: float
+    deadlock_s: float
     hierarchical_allreduce: str
     hierarchical_allgather: str
     chunk_bytes: int

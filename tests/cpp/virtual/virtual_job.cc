@@ -110,6 +110,12 @@ void VirtualJob::tick(Time now) {
   }
 }
 
+void VirtualJob::waiting(int rank, Time since, Time now) {
+  Negotiated out;
+  timed(rank, [&] { ranks_[rank].n->waiting(since, now, out); });
+  take(rank, out);
+}
+
 void VirtualJob::settle(Time now, int max_rounds) {
   for (int round = 0; round < max_rounds; ++round) {
     bool moved = false;

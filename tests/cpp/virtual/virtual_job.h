@@ -55,6 +55,8 @@ class VirtualJob {
   void settle(Time now, int max_rounds = 100000);
   // Ticks every rank once at `now` (deadlines: fusion cycles, stall checks).
   void tick(Time now);
+  // Rank `rank`'s callers wait since `since` (Time::max(): none does), as its engine says.
+  void waiting(int rank, Time since, Time now);
 
   // Everything rank `rank` produced so far.
   const std::vector<Plan>& plans(int rank) const { return ranks_[rank].plans; }

@@ -47,7 +47,10 @@
   /* seconds a tensor may wait for some ranks before a warning */                                       \
   X(double, stall_check_s, 60.0)                                                                       \
   /* seconds a tensor may wait for some ranks before the job fails (0: never) */                        \
-  X(double, stall_shutdown_s, 300.0)
+  X(double, stall_shutdown_s, 300.0)                                                                   \
+  /* seconds every rank of a group may wait, nothing moving, on operations that can never match */    \
+  /* before the job fails as deadlocked (coordinator/deadlock.h; 0: never) */                           \
+  X(double, deadlock_s, 5.0)
 
 // Scheduling (engine/scheduler.h): which thread does the engine's work.
 #define APPLIANCE_SCHEDULE_OPTIONS(X)                                                                   \
@@ -108,6 +111,8 @@ struct NegotiationOptions {
   // The stall warning's period (0: no warnings).
   double stall_warning_s() const { return stall_check_disable ? 0.0 : stall_check_s; }
   int64_t cycle_us() const { return static_cast<int64_t>(cycle_time_ms * 1000); }
+  // A rank tells rank 0 that its callers wait after half the deadlock time (0: never).
+  double wait_report_s() const { return deadlock_s > 0 ? deadlock_s / 2 : 0.0; }
 };
 
 struct ScheduleOptions {

@@ -19,7 +19,7 @@ std::string rank_list(const std::vector<int>& v) {
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions o)
-    : o_(o), joined_(o.size, 0), left_(o.size, 0), late_until_(o.size), late_us_(o.size, 0) {
+    : o_(o), joined_(o.size, 0), left_(o.size, 0), late_until_(o.size), late_us_(o.size, 0), waiting_(o.size, o.deadlock_s) {
   for (int r = 0; r < o_.size; ++r) all_.push_back(r);
 }
 
@@ -68,6 +68,7 @@ void Coordinator::on_request(int rank, Request req, Time now) {
       e.joined_last = last_joined_;
       if (ready_.empty()) first_ready_ = now;
       ready_.push_back(std::move(e));
+      waiting_.progress(all_, now);
       std::fill(joined_.begin(), joined_.end(), 0);
       joined_count_ = 0;
       return;
@@ -133,6 +134,7 @@ bool Coordinator::promote_if_complete(const std::string& name, Time now) {
   if (it == readiness_.end() || !complete(it->second)) return false;
   PlanEntry e = validate(it->second);
   readiness_.erase(it);
+  on_progress(e.sigs[0].process_set, now);
   if (ready_.empty() && groups_.empty()) first_ready_ = now;
   const Signature& s = e.sigs[0];
   if (s.group_size > 1) {
@@ -337,6 +339,82 @@ Coordinator::Time Coordinator::next_stall_event() const {
   }
   if (warn != Time::max() && reported_) warn = std::max(warn, after(last_report_, o_.stall_warning_s()));
   return std::min(t, warn);
+}
+
+// --- the deadlock check (coordinator/deadlock.h) --------------------------------------------
+
+void Coordinator::on_waiting(int rank, Time since, std::vector<Request> also) {
+  APPLIANCE_ASSERT(rank >= 0 && rank < o_.size, "rank out of range");
+  waiting_.waiting(rank, since, std::move(also));
+}
+
+void Coordinator::on_not_waiting(int rank) {
+  APPLIANCE_ASSERT(rank >= 0 && rank < o_.size, "rank out of range");
+  waiting_.not_waiting(rank);
+}
+
+void Coordinator::on_progress(int32_t set, Time now) {
+  if (!waiting_.any()) return;
+  const std::vector<int>* m = members(set);
+  waiting_.progress(m ? *m : all_, now);
+}
+
+std::vector<std::string> Coordinator::deadlock(Time now, Status* abort) {
+  if (o_.deadlock_s <= 0 || now < waiting_.next_check()) return {};
+  waiting_.checked(now);
+  const std::vector<int> candidates = waiting_.settled(now);
+  if (candidates.empty()) return {};
+  // Every operation a rank is ready for and no plan has run: the readiness table, the validated
+  // ones not issued yet (complete), the join, and what waiting ranks announced by cache id.
+  std::vector<PendingOp> ops;
+  std::unordered_map<std::string, size_t> at;
+  auto op_of = [&](const Request& req) -> PendingOp& {
+    auto it = at.find(req.name);
+    if (it != at.end()) return ops[it->second];
+    at.emplace(req.name, ops.size());
+    ops.push_back(PendingOp::of(req, o_.size));
+    return ops.back();
+  };
+  for (const auto& kv : readiness_)
+    for (int r = 0; r < o_.size; ++r)
+      if (kv.second.reqs[r]) op_of(*kv.second.reqs[r]).ready[r] = 1;
+  auto complete = [&](const PlanEntry& e) {  // every member of its set is ready for it
+    for (size_t i = 0; i < e.names.size(); ++i) {
+      PendingOp& p = op_of(Request{e.names[i], e.sigs[i], {}});
+      const std::vector<int>* m = members(p.set);
+      for (int r : m ? *m : all_) p.ready[r] = 1;
+    }
+  };
+  for (const PlanEntry& e : ready_) complete(e);
+  for (const auto& kv : groups_)
+    for (const PlanEntry& e : kv.second) complete(e);
+  if (joined_count_ > 0) {
+    Request join;
+    join.name = "__join__";
+    join.sig.kind = OpKind::kJoin;
+    op_of(join).ready = joined_;
+  }
+  const std::vector<int> waiting = waiting_.settled(Time::max());
+  for (int r : waiting)
+    for (const Request& q : waiting_.also(r)) op_of(q).ready[r] = 1;
+  auto set_of = [this](int32_t set) { return members(set); };
+  if (find_deadlock(ops, candidates, set_of, joined_, left_).empty()) return {};
+  // Named: every waiting rank stuck with them, also those that have not waited as long yet.
+  const std::vector<int> stuck = find_deadlock(ops, waiting, set_of, joined_, left_);
+  std::sort(ops.begin(), ops.end(), [](const PendingOp& a, const PendingOp& b) { return a.name < b.name; });
+  const std::vector<std::string> waits = describe_waits(ops, stuck);
+  std::ostringstream head;
+  head << "deadlock: rank(s) " << rank_list(stuck) << " are all blocked waiting on collectives that no other of them "
+       << "will submit (different operations, names or order on different ranks); nothing moved for " << o_.deadlock_s
+       << " s (APPLIANCE_DEADLOCK_SECONDS), so the job stops";
+  std::vector<std::string> lines{head.str()};
+  std::string text = "deadlock: ";
+  for (size_t i = 0; i < waits.size(); ++i) {
+    lines.push_back("deadlock:   " + waits[i]);
+    text += (i ? "; " : "") + waits[i];
+  }
+  if (abort && abort->ok()) *abort = Status{Code::kStalled, stuck[0], "", text};
+  return lines;
 }
 
 }  // namespace appliance

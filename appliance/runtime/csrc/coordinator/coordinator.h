@@ -15,6 +15,9 @@
 // Stall check: names waiting on some ranks for too long are reported, at most one report per
 // warning period listing every stalled name (oldest first) with its missing ranks; past the shutdown time
 // the job aborts with Code::kStalled, blaming the lowest missing rank of the oldest name.
+// Deadlock check (coordinator/deadlock.h): ranks say when their callers wait on operations still
+// in negotiation; when every rank of a group has waited so for the deadlock time and nothing it
+// waits on can complete, the job aborts with Code::kStalled at once, naming what each rank waits on.
 #pragma once
 
 #include <chrono>
@@ -26,6 +29,7 @@
 
 #include "common/options.h"
 #include "common/status.h"
+#include "coordinator/deadlock.h"
 #include "coordinator/request.h"
 
 namespace appliance {
@@ -70,6 +74,20 @@ class Coordinator {
 
   bool idle() const { return readiness_.empty() && ready_.empty(); }
 
+  // Deadlock check (coordinator/deadlock.h). Rank `rank`'s callers wait since `since`, nothing
+  // moving there, on operations still in negotiation; `also`: requests it is ready for that this
+  // coordinator may not have seen (announced by cache id in the tree).
+  void on_waiting(int rank, Time since, std::vector<Request> also);
+  void on_not_waiting(int rank);
+  // Operations of process set `set` completed at `now` outside this coordinator (the tree's
+  // cached ones; its own count as they complete).
+  void on_progress(int32_t set, Time now);
+  // The lines every rank prints when a group of ranks is deadlocked (empty: none is), with *abort
+  // (when ok) set to a kStalled status naming what each of them waits on.
+  std::vector<std::string> deadlock(Time now, Status* abort);
+  // When deadlock() has something new to look at (Time::max(): nothing).
+  Time next_deadlock_check() const { return o_.deadlock_s > 0 ? waiting_.next_check() : Time::max(); }
+
   // Lateness since the last call (see Plan::late): for each name completed by one rank's
   // readiness after every other member was ready, the time since the previous member became
   // ready, counted once per rank where such intervals overlap. Joins and departures are not lateness.
@@ -110,6 +128,7 @@ class Coordinator {
   bool any_late_ = false;
   bool reported_ = false;  // a stall report was made, at last_report_
   Time last_report_{};
+  WaitingRanks waiting_;   // the deadlock check's view of the ranks
 };
 
 }  // namespace appliance

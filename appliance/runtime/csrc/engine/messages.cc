@@ -41,6 +41,7 @@ std::vector<uint8_t> encode_ready(const ReadyMsg& m) {
   w.u32(static_cast<uint32_t>(m.full.size()));
   for (auto& q : m.full) q.encode(w);
   put_ids(w, m.ids);
+  w.i64(m.waiting_ms);
   return w.take();
 }
 
@@ -53,6 +54,8 @@ ReadyMsg decode_ready(const std::vector<uint8_t>& p, const std::string& from) {
   if (n > kMaxItems) r.fail(std::to_string(n) + " requests");
   for (uint32_t i = 0; i < n; ++i) m.full.push_back(Request::decode(r));
   m.ids = get_ids(r);
+  m.waiting_ms = r.i64();
+  if (m.waiting_ms < ReadyMsg::kNoNews) r.fail("waited " + std::to_string(m.waiting_ms) + " ms");
   r.expect_done();
   return m;
 }
@@ -249,6 +252,13 @@ std::vector<uint8_t> encode_up(const UpMsg& m) {
     if (i < m.carried.size()) w.bytes(m.carried[i].data(), m.carried[i].size());
     else w.u32(0);
   }
+  w.u32(static_cast<uint32_t>(m.waiting.size()));
+  for (const UpMsg::Waiting& x : m.waiting) {
+    w.i32(x.rank);
+    w.i64(x.ms);
+    w.u32(static_cast<uint32_t>(x.also.size()));
+    for (const Request& q : x.also) q.encode(w);
+  }
   return w.take();
 }
 
@@ -290,6 +300,19 @@ UpMsg decode_up(const std::vector<uint8_t>& p, int size, const std::string& from
   if (n != m.ids.size()) r.fail(std::to_string(n) + " carried inputs for " + std::to_string(m.ids.size()) + " ids");
   m.carried.resize(n);
   for (uint32_t i = 0; i < n; ++i) m.carried[i] = r.bytes(256u << 20);
+  n = r.u32();
+  if (n > static_cast<uint32_t>(size)) r.fail(std::to_string(n) + " waiting ranks");
+  for (uint32_t i = 0; i < n; ++i) {
+    UpMsg::Waiting x;
+    x.rank = r.i32();
+    if (x.rank < 0 || x.rank >= size) r.fail("waiting rank " + std::to_string(x.rank));
+    x.ms = r.i64();
+    if (x.ms < ReadyMsg::kNotWaiting) r.fail("waited " + std::to_string(x.ms) + " ms");
+    const uint32_t k = r.u32();
+    if (k > kMaxItems) r.fail(std::to_string(k) + " requests of a waiting rank");
+    for (uint32_t j = 0; j < k; ++j) x.also.push_back(Request::decode(r));
+    m.waiting.push_back(std::move(x));
+  }
   r.expect_done();
   return m;
 }

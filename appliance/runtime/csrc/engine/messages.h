@@ -1,7 +1,8 @@
 // Control messages between the ranks' negotiators (CONTROL frames).
 //
 // The star protocol (engine/star_negotiator.h), between each rank and rank 0:
-//   READY   rank -> 0   {epoch, full requests, cache ids}   names this rank is ready for
+//   READY   rank -> 0   {epoch, full requests, cache ids,   names this rank is ready for; and
+//                        ms its callers waited}             whether they wait (deadlock check)
 //   PLAN    0 -> ranks  {seq, entries, lateness}             what everyone runs next, in order; who
 //                                                            the others waited for (Plan::late)
 //   RESEND  0 -> rank   {cache ids}                          ids the coordinator no longer knows
@@ -10,7 +11,9 @@
 //   UP      child -> parent  {seq, ids complete in its subtree, full requests (rank, request,
 //                             ms waited), ranks that left, ids pending for long (stale),
 //                             per id the subtree's last member and its lag, and per id the
-//                             subtree's combined input of a carried allreduce (or none)}
+//                             subtree's combined input of a carried allreduce (or none),
+//                             ranks whose callers wait: ms waited, their requests announced
+//                             by cache id (the deadlock check)}
 //   DOWN    parent -> child  {seq, slow?, ids evicted, lines to print, PLAN}: the root's
 //                             decisions, forwarded down unchanged
 //   GONE    parent -> child  {rank}: negotiation ended (that rank left in order)
@@ -38,6 +41,8 @@ struct ReadyMsg {
   uint64_t epoch = 0;  // plans applied by the sender so far
   std::vector<Request> full;
   std::vector<uint32_t> ids;
+  int64_t waiting_ms = kNoNews;  // the sender's callers have waited this long (kNotWaiting: no longer)
+  static constexpr int64_t kNoNews = -2, kNotWaiting = -1;
 };
 
 CtrlType peek_ctrl_type(const std::vector<uint8_t>& payload, const std::string& from);
@@ -74,6 +79,12 @@ struct UpMsg {
   std::vector<uint32_t> stale;  // ids some rank has waited on for long (the root evicts them)
   std::vector<Late> late;       // per id: the subtree's last member, and how long the rest waited for it (us; UINT32_MAX: nobody)
   std::vector<std::vector<uint8_t>> carried;  // per id: the subtree's combined input (empty: none; missing rows: none)
+  struct Waiting {               // a rank of the subtree whose callers wait (coordinator/deadlock.h)
+    int32_t rank = 0;
+    int64_t ms = 0;              // waited so far (ReadyMsg::kNotWaiting: no longer waits)
+    std::vector<Request> also;   // what it announced by cache id (rank 0's coordinator never saw it)
+  };
+  std::vector<Waiting> waiting;
 };
 std::vector<uint8_t> encode_up(const UpMsg& m);
 UpMsg decode_up(const std::vector<uint8_t>& payload, int size, const std::string& from);

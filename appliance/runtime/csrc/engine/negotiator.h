@@ -10,8 +10,13 @@
 // to print, and an abort. Plans come out in the same order on every rank; the response cache
 // (coordinator/response_cache.h) lives inside, updated as plans come out.
 //
+// The engine also says, while it may matter, whether this rank's callers are stuck (waiting()):
+// a rank reports it to rank 0's coordinator after half the deadlock time, and again when it
+// changes (WaitReport), for the deadlock check (coordinator/deadlock.h).
+//
 // Failure modes: receive() throws Error(kProtocol) naming the sender for malformed or unexpected
-// bytes; an abort (stall past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) comes out in Negotiated::abort.
+// bytes; an abort (stall past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, a deadlock) comes out in
+// Negotiated::abort.
 #pragma once
 
 #include <chrono>
@@ -80,9 +85,30 @@ class NegotiationObserver {
   virtual void planned(const std::vector<PlanEntry>& entries) = 0;
 };
 
+// What this rank tells rank 0's coordinator of its own callers: that they wait (since when), once
+// they have waited `report_s` (NegotiationOptions::wait_report_s; 0: never), and that they no
+// longer do, when rank 0 was told they did. Pure: time passed in.
+class WaitReport {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+  explicit WaitReport(double report_s);
+  // The state now: callers wait since `since` (Time::max(): none does). True when a report is
+  // due; *report: the since to report (Time::max(): they no longer wait).
+  bool update(Time since, Time now, Time* report);
+  Time next() const;  // when a report falls due (Time::max(): none)
+  bool active() const { return since_ != Time::max() || told_ != Time::max(); }
+
+ private:
+  bool on_;
+  Time::duration after_;
+  Time since_ = Time::max();
+  Time told_ = Time::max();  // the since rank 0 was told (Time::max(): not waiting)
+};
+
 class Negotiator {
  public:
   using Time = std::chrono::steady_clock::time_point;
+  explicit Negotiator(const NegotiationOptions& o) : wait_(o.wait_report_s()) {}
   virtual ~Negotiator() = default;
 
   virtual const char* name() const = 0;
@@ -105,6 +131,13 @@ class Negotiator {
   virtual void remove_process_set(int32_t id) = 0;
   // Carried allreduces (see Carry): the tree carries them, the star does not.
   virtual void set_carry(Carry) {}
+  // This rank's callers wait since `since` on an operation still in negotiation, nothing
+  // submitted or completed here since (Time::max(): none does). The engine says so at the end of
+  // every turn while a caller has waited long (ops.h's long_waits) or waiting_matters(); the
+  // negotiator tells rank 0 when a report is due (WaitReport); next_deadline() includes when it
+  // falls due, so that a turn comes then.
+  virtual void waiting(Time since, Time now, Negotiated& out) = 0;
+  bool waiting_matters() const { return wait_.active(); }
 
   // Counters (requests announced in full, and as cache ids).
   uint64_t ready_full() const { return ready_full_; }
@@ -112,6 +145,7 @@ class Negotiator {
 
  protected:
   uint64_t ready_full_ = 0, ready_ids_ = 0;
+  WaitReport wait_;
 };
 
 }  // namespace appliance

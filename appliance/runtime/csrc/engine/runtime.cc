@@ -40,6 +40,9 @@ Runtime::Runtime(RuntimeConfig cfg) : cfg_(std::move(cfg)), timeline_(cfg_.rank)
   else control_ = std::make_unique<ControlPlane>(cfg_.rank, cfg_.size, cfg_.heartbeat_timeout_s, layout_.hosts);
   comm_ = std::make_unique<Comm>(cfg_.rank, cfg_.size, kDataFrameMax, [this](int peer) { return open_data(peer); });
   handles_.set_spin_us(cfg_.spin_us);
+  // A caller blocked long enough to matter to the deadlock check wakes the engine, which looks.
+  if (cfg_.size > 1 && cfg_.wait_report_s() > 0)
+    handles_.watch_waits(static_cast<int64_t>(cfg_.wait_report_s() * 1e6), [this] { sched_.wake_always(); });
   // The Watch first: the registry's views of the job's Comm (hosts, process sets) copy it.
   comm_->set_watch(Watch{control_->epoll_fd(), [this] { read_control(true); }, [this] { return control_->arm(); }});
   backends_ = std::make_unique<BackendRegistry>(cfg_.backends(layout_.hosts), *comm_, store_.client.get(), &timeline_);

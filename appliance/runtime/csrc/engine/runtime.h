@@ -184,11 +184,16 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
     return false;
   }
   void fail_engine(Status s);  // a failure caught by guard(): abort the job, end the engine
+  // Before an ABORT from a peer ends the engine: the lines the control messages that came before
+  // it carry (a stall or deadlock report) are printed; nothing else of them is carried out.
+  void print_before_abort();
   void intake(Clock::time_point now);
   // Reads the control links (in a collective too: its Watch), keeping what came for the turn.
   void read_control(bool in_collective);
   // Hands what arrived to the negotiator and carries out what it says, until nothing is left.
   void negotiate(Clock::time_point now);
+  // Tells the negotiator whether this rank's callers are stuck (negotiator.h's waiting()).
+  void note_waiting(Clock::time_point now);
   void carry_out(Negotiated& out);
   // Publishes the negotiator's counters (Stats::ready_full, ready_ids).
   void count_ready();

@@ -8,7 +8,8 @@
 namespace appliance {
 
 StarNegotiator::StarNegotiator(NegotiatorOptions o, NegotiationObserver* observer)
-    : o_(o), observer_(observer), cache_(o.cache_capacity) {
+    : Negotiator(o),
+      o_(o), observer_(observer), cache_(o.cache_capacity) {
   if (o_.rank == 0) coord_ = make_coordinator(o_);
 }
 
@@ -82,6 +83,24 @@ void StarNegotiator::on_ready(int from, const std::vector<uint8_t>& payload, Tim
     coord_->on_request(from, Request{c->name, c->sig, {}}, now);
   }
   if (!unknown.empty()) out.send.push_back(Outgoing{from, encode_resend(unknown)});
+  if (m.waiting_ms >= 0) coord_->on_waiting(from, now - std::chrono::milliseconds(m.waiting_ms), {});
+  else if (m.waiting_ms == ReadyMsg::kNotWaiting) coord_->on_not_waiting(from);
+}
+
+void StarNegotiator::waiting(Time since, Time now, Negotiated& out) {
+  Time report;
+  if (!wait_.update(since, now, &report)) return;
+  if (coord_) {  // rank 0 tells its own coordinator
+    if (report == Time::max()) coord_->on_not_waiting(0);
+    else coord_->on_waiting(0, report, {});
+    return;
+  }
+  ReadyMsg m;  // every request is at rank 0's coordinator already: the state alone
+  m.epoch = plans_;
+  m.waiting_ms = report == Time::max()
+                     ? ReadyMsg::kNotWaiting
+                     : std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(now - report).count());
+  out.send.push_back(Outgoing{0, encode_ready(m)});
 }
 
 void StarNegotiator::on_resend(const std::vector<uint8_t>& payload, Negotiated& out) {
@@ -136,6 +155,20 @@ void StarNegotiator::tick(Time now, Negotiated& out) {
   if (!coord_) return;
   issue_plans(now, out);
   stall_check(now, out);
+  deadlock_check(now, out);
+}
+
+void StarNegotiator::deadlock_check(Time now, Negotiated& out) {
+  Status abort;
+  std::vector<std::string> lines = coord_->deadlock(now, &abort);
+  if (!lines.empty()) notice(std::move(lines), out);
+  if (!abort.ok() && out.abort.ok()) out.abort = abort;
+}
+
+void StarNegotiator::notice(std::vector<std::string> lines, Negotiated& out) {
+  std::vector<uint8_t> bytes = encode_notice(lines);
+  for (int r = 1; r < o_.size; ++r) out.send.push_back(Outgoing{r, bytes});
+  for (std::string& line : lines) out.log.push_back(std::move(line));
 }
 
 void StarNegotiator::stall_check(Time now, Negotiated& out) {
@@ -145,20 +178,15 @@ void StarNegotiator::stall_check(Time now, Negotiated& out) {
   // Next check at the next warning or shutdown time: at most a second away, at least 1 ms.
   next_stall_check_ = std::max(now + std::chrono::milliseconds(1),
                                std::min(now + std::chrono::seconds(1), coord_->next_stall_event()));
-  if (!report.empty()) {
-    // Every rank prints the report: the ranks that wait and the ones they wait for.
-    std::vector<uint8_t> notice = encode_notice(report);
-    for (int r = 1; r < o_.size; ++r) out.send.push_back(Outgoing{r, notice});
-    for (std::string& line : report) out.log.push_back(std::move(line));
-  }
+  if (!report.empty()) notice(std::move(report), out);  // every rank prints it: who waits, for whom
   if (!abort.ok()) out.abort = abort;
 }
 
 Negotiator::Time StarNegotiator::next_deadline() const {
-  if (!coord_) return Time::max();
-  Time t = coord_->next_deadline();
+  if (!coord_) return wait_.next();
+  Time t = std::min(coord_->next_deadline(), wait_.next());
   if (!coord_->idle()) t = std::min(t, next_stall_check_);
-  return t;
+  return std::min(t, coord_->next_deadlock_check());
 }
 
 void StarNegotiator::add_process_set(int32_t id, const std::vector<int>& members) {

@@ -6,7 +6,8 @@
 //                response cache; RESEND -> the named ids again in full; NOTICE -> lines to print.
 //   rank 0:      its own requests and every READY feed the Coordinator (coordinator/); plans it
 //                takes are encoded once and sent to every rank, then run here; the stall check
-//                prints its report here and sends it to every rank in a NOTICE.
+//                prints its report here and sends it to every rank in a NOTICE; so does the
+//                deadlock check (coordinator/deadlock.h), which every READY's waiting field feeds.
 //
 // Rank 0 issues plans in tick() only, after the engine handed it every message that arrived, so
 // readiness that comes in together is planned (and fused) together.
@@ -40,6 +41,7 @@ class StarNegotiator final : public Negotiator {
   Time next_deadline() const override;
   void add_process_set(int32_t id, const std::vector<int>& members) override;
   void remove_process_set(int32_t id) override;
+  void waiting(Time since, Time now, Negotiated& out) override;
 
  private:
   struct Pending {  // a request of this rank announced to rank 0 and not planned yet
@@ -50,6 +52,9 @@ class StarNegotiator final : public Negotiator {
   void on_resend(const std::vector<uint8_t>& payload, Negotiated& out);
   void issue_plans(Time now, Negotiated& out);
   void stall_check(Time now, Negotiated& out);
+  void deadlock_check(Time now, Negotiated& out);
+  // Lines every rank prints: sent in a NOTICE, printed here.
+  void notice(std::vector<std::string> lines, Negotiated& out);
   // A plan comes out: its names are no longer pending, its successful entries enter the cache.
   void emit(Plan plan, Negotiated& out);
 

@@ -34,7 +34,7 @@ std::vector<int> tree_subtree(int rank, int size) {
 }
 
 TreeNegotiator::TreeNegotiator(NegotiatorOptions o, NegotiationObserver* observer)
-    : o_(o), observer_(observer), cache_(o.cache_capacity), parent_(tree_parent(o.rank)), children_(tree_children(o.rank, o.size)) {
+    : Negotiator(o), o_(o), observer_(observer), cache_(o.cache_capacity), parent_(tree_parent(o.rank)), children_(tree_children(o.rank, o.size)) {
   if (root()) coord_ = make_coordinator(o_);
 }
 
@@ -133,6 +133,7 @@ void TreeNegotiator::complete(uint32_t id, Time now, Late last, std::vector<uint
   e.result = std::move(carried);
   if (ready_.empty()) first_ready_ = now;
   ready_.push_back(std::move(e));
+  coord_->on_progress(c->sig.process_set, now);  // the deadlock check: these ranks moved
 }
 
 void TreeNegotiator::full(int rank, Request req, int64_t waited_ms, Time now) {
@@ -159,6 +160,30 @@ void TreeNegotiator::stale(uint32_t id) {
   evict_.insert(id);
 }
 
+void TreeNegotiator::waiting(Time since, Time now, Negotiated& out) {
+  if (ended_) return;
+  report_waiting(since, now);
+  if (!root()) send_up(out);
+}
+
+void TreeNegotiator::report_waiting(Time since, Time now) {
+  Time report;
+  if (!wait_.update(since, now, &report)) return;
+  UpMsg::Waiting w;
+  w.rank = o_.rank;
+  w.ms = report == Time::max() ? ReadyMsg::kNotWaiting : ms_between(report, now);
+  if (report != Time::max())
+    for (const auto& kv : mine_)
+      if (kv.second.id) w.also.push_back(kv.second.req);
+  if (root()) on_waiting(std::move(w), now);
+  else up_.waiting.push_back(std::move(w));
+}
+
+void TreeNegotiator::on_waiting(UpMsg::Waiting w, Time now) {
+  if (w.ms < 0) return coord_->on_not_waiting(w.rank);
+  coord_->on_waiting(w.rank, now - std::chrono::milliseconds(w.ms), std::move(w.also));
+}
+
 void TreeNegotiator::flush(Time now, Negotiated& out) {
   if (ended_) return;
   if (root()) issue(now, out);
@@ -166,7 +191,7 @@ void TreeNegotiator::flush(Time now, Negotiated& out) {
 }
 
 void TreeNegotiator::send_up(Negotiated& out) {
-  if (up_.ids.empty() && up_.full.empty() && up_.left.empty() && up_.stale.empty()) return;
+  if (up_.ids.empty() && up_.full.empty() && up_.left.empty() && up_.stale.empty() && up_.waiting.empty()) return;
   up_.seq = seq_;
   out.send.push_back(Outgoing{parent_, encode_up(up_)});
   up_ = UpMsg{};
@@ -214,6 +239,10 @@ void TreeNegotiator::on_up(int from, const std::vector<uint8_t>& payload, Time n
   for (uint32_t id : m.stale) {
     if (root()) stale(id);
     else up_.stale.push_back(id);
+  }
+  for (UpMsg::Waiting& w : m.waiting) {  // after the requests that came with it
+    if (root()) on_waiting(std::move(w), now);
+    else up_.waiting.push_back(std::move(w));
   }
 }
 
@@ -356,6 +385,10 @@ void TreeNegotiator::tick(Time now, Negotiated& out) {
     lines_.insert(lines_.end(), report.begin(), report.end());  // printed everywhere with the next DOWN
     if (!abort.ok()) out.abort = abort;
   }
+  Status deadlock;
+  std::vector<std::string> lines = coord_->deadlock(now, &deadlock);
+  lines_.insert(lines_.end(), lines.begin(), lines.end());
+  if (!deadlock.ok() && out.abort.ok()) out.abort = deadlock;
   issue(now, out);
 }
 
@@ -381,8 +414,9 @@ void TreeNegotiator::end(int rank, Negotiated& out) {
 Negotiator::Time TreeNegotiator::next_deadline() const {
   Time t = Time::max();
   if (ended_) return t;
-  t = std::min(t, next_stale_);
+  t = std::min(t, std::min(next_stale_, wait_.next()));
   if (!root()) return t;
+  t = std::min(t, coord_->next_deadlock_check());
   if (!ready_.empty()) t = std::min(t, first_ready_ + std::chrono::microseconds(static_cast<int64_t>(o_.cycle_time_ms * 1000)));
   t = std::min(t, coord_->next_deadline());
   if (!coord_->idle()) t = std::min(t, next_stall_check_);

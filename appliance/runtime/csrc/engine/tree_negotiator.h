@@ -40,6 +40,10 @@
 // (PlanEntry::result: not fused, issued at once), up to message_bytes of results per DOWN;
 // every rank applies it instead of running the collective. Whatever drops the bytes (a limit, a
 // rank without them, an eviction, a mode change) leaves the entry to run as any other.
+// Waiting callers (the deadlock check, coordinator/deadlock.h): a rank's report (negotiator.h's
+// WaitReport) goes up in its next UP with the requests it announced by cache id (the root's
+// coordinator never saw them), forwarded unchanged by every parent; the root's coordinator also
+// hears of every cached entry it plans (progress), and its lines go down as a stall report's do.
 // Departures: a rank whose parent leaves ends its negotiation (as rank 0's departure ends
 // everyone's) and tells its children; a parent reports a departed child's subtree up as left.
 #pragma once
@@ -78,6 +82,7 @@ class TreeNegotiator final : public Negotiator {
   void add_process_set(int32_t id, const std::vector<int>& members) override;
   void remove_process_set(int32_t id) override;
   void set_carry(Carry c) override { carry_ = std::move(c); }
+  void waiting(Time since, Time now, Negotiated& out) override;
 
  private:
   struct Mine {  // a request of this rank, announced and not planned yet
@@ -99,6 +104,8 @@ class TreeNegotiator final : public Negotiator {
   void full(int rank, Request req, int64_t waited_ms, Time now);
   void left(int rank, Time now);
   void stale(uint32_t id);  // root: some rank waits on it for long
+  void report_waiting(Time since, Time now);    // this rank's WaitReport, when due: up (or to the root's coordinator)
+  void on_waiting(UpMsg::Waiting w, Time now);  // root: a rank's report reached it
   void on_up(int from, const std::vector<uint8_t>& payload, Time now);
   void on_down(const std::vector<uint8_t>& payload, Time now, Negotiated& out);
   // Applies one DOWN here (the root: as it issues it): evictions, plan, mode, lines.

@@ -53,6 +53,7 @@ void Runtime::step() {
   }
   read_control(false);
   negotiate(now);
+  if (handles_.long_waits() || negotiator_->waiting_matters()) note_waiting(now);
   if (cfg_.size > 1) control_->heartbeats(now);
   profile_.turn_ends(mark, took);
 }
@@ -119,6 +120,14 @@ void Runtime::negotiate(Clock::time_point now) {
     carry_out(out);
   } while (!arrived_.frames.empty() || !arrived_.left.empty());  // plans run may have read more
   count_ready();
+}
+
+void Runtime::note_waiting(Clock::time_point now) {
+  const int64_t us = handles_.stuck_since_us();
+  const Clock::time_point since = us < 0 ? Clock::time_point::max() : Clock::time_point(std::chrono::microseconds(us));
+  Negotiated out;
+  negotiator_->waiting(since, now, out);
+  carry_out(out);
 }
 
 void Runtime::count_ready() {
@@ -188,8 +197,23 @@ void Runtime::fail_engine(Status s) {
   // status that came in an ABORT already names the origin.
   if (s.code == Code::kPeerLost && control_->abort_from() < 0 && !control_->silence_seen() && cfg_.size > 1)
     s = control_->await_better_cause(s, arrived_.frames, arrived_.left);
+  print_before_abort();
   abort_job(s, control_->abort_from());
   ended_ = true;
+}
+
+void Runtime::print_before_abort() {
+  if (cfg_.size < 2 || control_->abort_from() < 0) return;
+  for (ControlPlane::Inbound& m : arrived_.frames) {
+    Negotiated out;
+    try {
+      negotiator_->receive(m.from, m.payload, Clock::now(), out);
+    } catch (const std::exception&) {
+      continue;  // the job ends anyway
+    }
+    for (const std::string& line : out.log) log_line(cfg_.rank, line);
+  }
+  arrived_.frames.clear();
 }
 
 void Runtime::abort_job(const Status& s, int skip_peer) {

@@ -3,6 +3,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -28,6 +29,7 @@ int HandleTable::add(const OpPtr& op, size_t* outstanding) {
     throw std::invalid_argument("a " + std::string(op_kind_name(op->req.sig.kind)) + " named '" + op->req.name +
                                 "' is already in flight on this rank; a name is free again once its operation completes");
   op->handle = next_++;
+  if (!blocked_.empty()) last_change_us_ = steady_us();  // only a stuck caller reads it
   ops_[op->handle] = op;
   names_[op->req.name] = op->handle;
   return op->handle;
@@ -38,6 +40,7 @@ void HandleTable::complete(const OpPtr& op, Status s) { complete_all({op}, s); }
 void HandleTable::complete_all(const std::vector<OpPtr>& ops, const Status& s) {
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (!blocked_.empty()) last_change_us_ = steady_us();  // only a stuck caller reads it
     for (const OpPtr& op : ops) {
       if (!op || op->done) continue;
       op->status = s;
@@ -101,7 +104,22 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished, int64_t
     }
     g.lock();
   }
-  cv_.wait(g, ready);
+  if (!ready()) {  // it blocks: registered while it lasts (stuck_since_us)
+    const int64_t began = steady_us();
+    blocked_[handle] = began;
+    bool long_wait = false;
+    if (watch_after_us_ > 0 &&
+        !cv_.wait_until(g, std::chrono::steady_clock::time_point(std::chrono::microseconds(began + watch_after_us_)), ready)) {
+      long_wait = true;
+      ++long_waits_;
+      g.unlock();
+      if (poke_) poke_();
+      g.lock();
+    }
+    cv_.wait(g, ready);
+    blocked_.erase(handle);
+    if (long_wait) --long_waits_;
+  }
   ops_.erase(handle);
   auto n = names_.find(op->req.name);
   if (n != names_.end() && n->second == handle) names_.erase(n);
@@ -111,6 +129,19 @@ OpPtr HandleTable::wait(int handle, bool until_launched, bool* finished, int64_t
     *now_us = waiting.now;
   }
   return op;
+}
+
+int64_t HandleTable::stuck_since_us() {
+  std::lock_guard<std::mutex> g(mu_);
+  int64_t oldest = -1;
+  for (const auto& kv : blocked_) {
+    auto it = ops_.find(kv.first);
+    if (it == ops_.end()) continue;
+    const OpState& op = *it->second;
+    if (op.done.load(std::memory_order_acquire) || op.planned_us != 0) continue;  // done, or running
+    if (oldest < 0 || kv.second < oldest) oldest = kv.second;
+  }
+  return oldest < 0 ? -1 : std::max(oldest, last_change_us_);
 }
 
 void HandleTable::fail_all(const Status& s) {

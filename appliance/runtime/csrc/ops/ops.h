@@ -1,6 +1,9 @@
 // OpState: one enqueued operation, from enqueue() to wait(). HandleTable: the map from
 // handle ints to operations, which Python threads wait on and the background thread
 // completes. Names in flight are unique per process (a duplicate is a ValueError at submit).
+// It also knows when this rank's callers are stuck: the waits that block are registered while
+// they last, so the engine can tell a rank blocked on operations still in negotiation (which
+// the deadlock check counts) from one that computes (engine/negotiator.h's waiting()).
 #pragma once
 
 #include <time.h>
@@ -10,6 +13,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -105,6 +109,20 @@ class HandleTable {
   // Whether a caller is in wait() now (a caller that waits has stopped issuing a burst).
   bool waiting() const { return waiters_.load(std::memory_order_relaxed) > 0; }
 
+  // Stuck callers. A wait that blocks (its op not done once the spin is over) and lasts
+  // `after_us` calls `poke` once, from the waiting thread, without the table's lock (the engine
+  // then looks: stuck_since_us). Set before any wait; after_us <= 0: never.
+  void watch_waits(int64_t after_us, std::function<void()> poke) {
+    watch_after_us_ = after_us;
+    poke_ = std::move(poke);
+  }
+  // Whether a blocked wait has lasted the watch's time (one atomic load: the engine's every turn).
+  bool long_waits() const { return long_waits_.load(std::memory_order_relaxed) > 0; }
+  // The steady_us since which a caller waits on an op not yet planned here (planned_us 0, not
+  // done) and no op was added or completed here; -1 when no caller waits so. On the engine's
+  // side only (planned_us is written there).
+  int64_t stuck_since_us();
+
  private:
   std::mutex mu_;
   std::condition_variable cv_;
@@ -114,6 +132,13 @@ class HandleTable {
   std::atomic<int64_t> last_wait_us_{0};  // steady clock, when a wait() last returned
   std::unordered_map<int, OpPtr> ops_;
   std::unordered_map<std::string, int> names_;
+  // Stuck callers (watch_waits): handle -> when its blocking wait began; the latest add or
+  // completion; waits past the watch's time.
+  std::unordered_map<int, int64_t> blocked_;
+  int64_t last_change_us_ = 0;
+  std::atomic<int> long_waits_{0};
+  int64_t watch_after_us_ = 0;
+  std::function<void()> poke_;
 };
 
 }  // namespace appliance
