@@ -12,7 +12,7 @@ import pytest
 from appliance.launcher.elastic.events import Discovered, HostOpened, Joined, Notify, OpenHosts, Spawn, Tick
 from appliance.launcher.elastic.hosts import target_slots
 from appliance.launcher.elastic.membership import Membership
-from appliance.launcher.elastic.pending import CHECK_AHEAD, PendingHosts
+from appliance.launcher.elastic.pending import CHECK_AHEAD, SAY_HOSTS, PendingHosts
 from appliance.launcher.elastic.records import Phase
 from fixtures.elastic_machine import Job
 
@@ -60,6 +60,14 @@ def test_to_check_walks_past_pending_hosts_in_doubling_batches():
     assert p.to_check(listed, [], set(), True, 0.5)[:1] != ["w0"]  # its pause (1 s) is not over
     again = [h for h in p.to_check(listed, [], set(), True, 5.0) if h in p.hosts]
     assert again == [f"w{i}" for i in range(CHECK_AHEAD)]
+
+
+def test_many_pending_hosts_are_said_a_few_a_minute_not_one_line_each():
+    p = PendingHosts()
+    said = [h for h in (f"w{i}" for i in range(1000)) if p.failed(h, 0.0)]
+    assert said == [f"w{i}" for i in range(SAY_HOSTS)]
+    assert not p.failed("w999", 30.0)                      # the minute is not over
+    assert p.failed("w999", 61.0) and p.failed("w0", 61.0)  # then the next ones, each once a minute
 
 
 # -- the state machine ------------------------------------------------------------------------------

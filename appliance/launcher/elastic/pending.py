@@ -6,10 +6,11 @@ that a Kubernetes launcher pod needs (``ElasticConfig.kubernetes``): the MPI Ope
 of its DNS record) being up. A listed host whose check fails is pending: it is checked again
 after a pause that doubles from ``FIRST_PAUSE_S`` to ``MAX_PAUSE_S``, its slots are not used
 meanwhile (they leave their places in --max-np to the hosts after them), and one line says so
-at most every ``SAY_EVERY_S`` per host (a name that never resolves says it once a minute, never
-more). ``to_check`` chooses the hosts to check next: the target's, a batch ahead of it while some
-are pending, and pending ones again only while the target is short. A host that discovery drops
-is forgotten.
+at most every ``SAY_EVERY_S`` per host, and ``SAY_HOSTS`` lines in that time in all (a name
+that never resolves says it once a minute, never more; a thousand pods listed at once, five).
+``to_check`` chooses the hosts to check next: the target's, a batch ahead of it while some are
+pending, and pending ones again only while the target is short. A host that discovery drops is
+forgotten.
 
 Env vars: none. Failure modes: none (pure bookkeeping; the clock is passed in).
 """
@@ -22,6 +23,7 @@ from typing import Collection, Iterable, Sequence
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 10.0
 SAY_EVERY_S = 60.0
+SAY_HOSTS = 5  # pending-host lines a minute at most, all hosts together (a thousand pods listed at once)
 CHECK_AHEAD = 64  # hosts checked at once beyond the target while some are pending, and pending ones rechecked
 
 
@@ -38,15 +40,19 @@ class PendingHosts:
 
     def __init__(self) -> None:
         self.hosts: dict[str, Pending] = {}
+        self._said: list[float] = []  # when the lines of the last SAY_EVERY_S were due
 
     def failed(self, host: str, now: float) -> bool:
-        """``host``'s check failed: pending until its next try. True when a line is due now."""
+        """``host``'s check failed: pending until its next try. True when a line is due now (once
+        a minute per host, and ``SAY_HOSTS`` lines a minute at most in all)."""
         p = self.hosts.get(host)
         if p is None:
             p = self.hosts[host] = Pending(now, FIRST_PAUSE_S, since=now)
         p.retry_at, p.pause = now + p.pause, min(p.pause * 2, MAX_PAUSE_S)
-        if now - p.said_at >= SAY_EVERY_S:
+        self._said = [t for t in self._said if now - t < SAY_EVERY_S]
+        if now - p.said_at >= SAY_EVERY_S and len(self._said) < SAY_HOSTS:
             p.said_at = now
+            self._said.append(now)
             return True
         return False
 
@@ -84,4 +90,4 @@ class PendingHosts:
             del self.hosts[host]
 
 
-__all__ = ["PendingHosts", "CHECK_AHEAD", "FIRST_PAUSE_S", "MAX_PAUSE_S", "SAY_EVERY_S"]
+__all__ = ["PendingHosts", "CHECK_AHEAD", "FIRST_PAUSE_S", "MAX_PAUSE_S", "SAY_EVERY_S", "SAY_HOSTS"]
