@@ -1,6 +1,9 @@
-// OpState: one enqueued operation, from enqueue() to wait(). HandleTable: the map from
-// handle ints to operations, which Python threads wait on and the background thread
-// completes. Names in flight are unique per process (a duplicate is a ValueError at submit).
+// OpState: one enqueued operation, from enqueue() to wait() (or to its completion callback).
+// HandleTable: the map from handle ints to operations, which Python threads wait on and the
+// background thread completes. Names in flight are unique per process (a duplicate is a
+// ValueError at submit). An operation with a completion callback (OpState::on_done, the C
+// door's way: capi/) is never waited for: the table forgets it when it completes and then
+// calls the callback, outside its lock, on the completing thread.
 #pragma once
 
 #include <time.h>
@@ -10,6 +13,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,6 +71,8 @@ struct OpState {
   // thread that completes the op. Release/acquire: what was written before is visible.
   std::atomic<bool> launched{false};
   std::atomic<bool> done{false};
+  // Called once, after `done` is set, outside the table's lock (then dropped): see the top.
+  std::function<void(const std::shared_ptr<OpState>&)> on_done;
 
   // Allocate the output without zeroing it (the collective overwrites every byte).
   uint8_t* allocate_output(size_t bytes, std::vector<int64_t> shape);
@@ -106,6 +112,8 @@ class HandleTable {
   bool waiting() const { return waiters_.load(std::memory_order_relaxed) > 0; }
 
  private:
+  void run_callbacks(std::vector<OpPtr>& ops);  // outside mu_
+
   std::mutex mu_;
   std::condition_variable cv_;
   int next_ = 1;
