@@ -1,0 +1,58 @@
+"""Broadcasting variables from a root rank: ``broadcast_variables`` (eager, ``tf.function`` and
+v1 graphs), ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook`` (v1 sessions).
+Eagerly, the broadcasts of one call run inside one ``tf.function``, so they are in flight
+together. Failure modes: as ``mpi_ops.broadcast``."""
+import tensorflow as tf
+
+from appliance.runtime import process_sets as _ps
+from appliance.tensorflow.mpi_ops import broadcast, global_process_set
+
+_groups: dict = {}  # (root_rank, process set id) -> tf.function broadcasting a list of variables
+
+
+def _assign_all(variables, root_rank, process_set):
+    return tf.group(*[v.assign(broadcast(v, root_rank, process_set=process_set)) for v in variables])
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assign every variable root_rank's value. Returns the op that does it in a graph (None
+    eagerly, where it is done on return)."""
+    variables = list(variables)
+    if not tf.executing_eagerly():
+        return _assign_all(variables, root_rank, process_set)
+    key = (root_rank, _ps.resolve(process_set))
+    fn = _groups.get(key)
+    if fn is None:
+        def assign(vs):
+            _assign_all(vs, root_rank, process_set)  # a tf.function returns no Operation
+
+        fn = _groups[key] = tf.function(assign)
+    fn(variables)
+    return None
+
+
+def broadcast_global_variables(root_rank):
+    """The op broadcasting every global variable of a v1 graph from ``root_rank``."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                           "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """A v1 session hook that broadcasts every global variable from ``root_rank`` once the session
+    is created (a checkpoint restored, or fresh initial values)."""
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op = None
+
+    def begin(self):
+        if not self.bcast_op or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
