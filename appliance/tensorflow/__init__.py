@@ -3,7 +3,7 @@
 The same names, defaults and semantics as Horovod's TensorFlow 2 API, eager and inside
 ``tf.function`` and ``tf.compat.v1`` graphs: ``init``/``shutdown`` and the layout, ``allreduce``
 (an ``IndexedSlices`` as two allgathers, as Horovod does), ``grouped_allreduce``, ``allgather``,
-``broadcast``, ``broadcast_variables``, the scalar ops, ``Compression``,
+``broadcast``, ``reducescatter``, ``alltoall``, ``join``, ``broadcast_variables``, the scalar ops, ``Compression``,
 ``DistributedGradientTape`` and ``DistributedOptimizer`` (``tf.compat.v1`` optimizers). The
 collectives are asynchronous kernels of an op library compiled against the installed TensorFlow
 (``appliance.tensorflow._library``) that submit through the core's C door, so a step's
@@ -21,13 +21,13 @@ from appliance.tensorflow.functions import broadcast_global_variables, broadcast
 from appliance.tensorflow.functions import BroadcastGlobalVariablesHook  # noqa: F401
 from appliance.tensorflow.mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum, add_process_set, allgather,
-    broadcast, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+    alltoall, broadcast, join, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
     gloo_enabled, handle_average_backwards_compatibility, init, is_homogeneous, is_initialized, local_rank,
     local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
     process_set_included_op, rank, rank_op, remove_process_set, rocm_built, shutdown, size, size_op,
     start_timeline, stop_timeline,
 )
-from appliance.tensorflow.mpi_ops import raw_allreduce, raw_grouped_allreduce
+from appliance.tensorflow.mpi_ops import raw_allreduce, raw_grouped_allreduce, raw_reducescatter
 from appliance.runtime import process_sets as _ps
 
 
@@ -79,6 +79,19 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
                                         postscale_factor=postscale_factor, process_set=process_set, name=name,
                                         ignore_name_scope=ignore_name_scope)
         return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's share of ``tensor`` reduced over the ranks (``op``: Average by default, or
+    Sum; rows split as evenly as possible, the first ranks taking one more)."""
+    _ps.size_of(process_set)  # ValueError before init
+    with tf.device(device_dense):
+        compressed, ctx = compression.compress(tensor)
+        reduced = raw_reducescatter(compressed, op=op, name=name, process_set=process_set,
+                                    ignore_name_scope=ignore_name_scope, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor)
+        return compression.decompress(reduced, ctx)
 
 
 from appliance.tensorflow.optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402,F401

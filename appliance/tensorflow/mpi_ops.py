@@ -2,8 +2,8 @@
 
 What it is: the lifecycle (``init``/``shutdown``, ranks and sizes: the runtime's, shared with
 ``appliance.torch`` in one process), the raw collectives on ``tf.Tensor`` (``raw_allreduce``,
-``raw_grouped_allreduce``, also under Horovod's names ``_allreduce``/``_grouped_allreduce``,
-``allgather``, ``broadcast``), the scalar ops evaluated when a graph
+``raw_grouped_allreduce``, ``raw_reducescatter``, also under Horovod's names ``_allreduce``...,
+``allgather``, ``broadcast``, ``alltoall``, ``join``), the scalar ops evaluated when a graph
 runs (``size_op``, ``rank_op``...), and the gradients that make the collectives differentiable
 (allreduce's is an allreduce; allgather's an averaged allreduce sliced back to this rank's rows;
 broadcast's an averaged allreduce, zero off the root). The ops are asynchronous kernels of the op
@@ -145,7 +145,38 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
                                     ignore_name_scope=ignore_name_scope, process_set_id=_set_id(process_set))
 
 
-_allreduce, _grouped_allreduce = raw_allreduce, raw_grouped_allreduce  # Horovod's names
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Rows of ``tensor`` sent to each rank (``splits[i]`` rows to rank i of the set; None: an
+    even split), the rows received concatenated in rank order. With ``splits``: (output, the
+    rows received from each rank); without: the output alone, as Horovod's."""
+    given = splits
+    splits = tf.convert_to_tensor(splits, dtype=tf.int32) if splits is not None else tf.constant([], dtype=tf.int32)
+    if name is None and not _executing_eagerly():
+        name = "HorovodAlltoall_%s" % _normalize_name(tensor.name)
+    output, received = _lib().horovod_alltoall(tensor, splits=splits, name=name, ignore_name_scope=ignore_name_scope,
+                                               process_set_id=_set_id(process_set))
+    return (output, received) if given is not None else output
+
+
+def raw_reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False, process_set=global_process_set,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's share of ``tensor`` reduced over the set (rows split as evenly as possible,
+    the first ranks taking one more)."""
+    if name is None and not _executing_eagerly():
+        name = "HorovodReducescatter_%s" % _normalize_name(tensor.name)
+    return _lib().horovod_reducescatter(tensor, name=name, reduce_op=op, ignore_name_scope=ignore_name_scope,
+                                        process_set_id=_set_id(process_set), prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor)
+
+
+def join():
+    """This rank has no more work: it joins every collective the others still run with zeros
+    until all have joined. Returns the last rank to join (an int32 tensor)."""
+    _api.size()  # ValueError before init
+    return _lib().horovod_join()
+
+
+_allreduce, _grouped_allreduce, _reducescatter = raw_allreduce, raw_grouped_allreduce, raw_reducescatter  # Horovod's names
 
 
 # --- the scalar ops: values when the graph runs --------------------------------------------------
@@ -201,6 +232,29 @@ def _allgather_grad(op, grad):
         rows = tf.reshape(tf.shape(op.inputs[0])[0], [1])
         rows = tf.reshape(allgather(rows, ignore_name_scope=ignore, process_set=ps), [ps.size()])
     return tf.split(grad, num_or_size_splits=rows, axis=0)[ps.rank()]
+
+
+@_tf_ops.RegisterGradient("HorovodAlltoall")
+def _alltoall_grad(op, grad, _grad_received_splits):
+    grad, _ = alltoall(grad, splits=op.outputs[1], ignore_name_scope=op.get_attr("ignore_name_scope"),
+                       process_set=_set_of(op))
+    return [grad, None]
+
+
+@_tf_ops.RegisterGradient("HorovodReducescatter")
+def _reducescatter_grad(op, grad):
+    ps = _set_of(op)
+    if op.get_attr("reduce_op") == Sum:  # Horovod's convention: the loss is the ranks' mean
+        grad *= ps.size()
+    for attr in ("prescale_factor", "postscale_factor"):
+        if op.get_attr(attr) != 1.0:
+            grad *= op.get_attr(attr)
+    return allgather(grad, ignore_name_scope=op.get_attr("ignore_name_scope"), process_set=ps)
+
+
+for _name in ("HorovodSize", "HorovodLocalSize", "HorovodRank", "HorovodLocalRank", "HorovodProcessSetIncluded",
+              "HorovodJoin"):
+    _tf_ops.NotDifferentiable(_name)
 
 
 @_tf_ops.RegisterGradient("HorovodBroadcast")

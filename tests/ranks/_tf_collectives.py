@@ -156,6 +156,59 @@ def case_gradients(hvd):
         assert np.allclose(bc, 5.0 if rank == 0 else 0.0), (mode, bc)
 
 
+def case_reducescatter(hvd):
+    rank, size = hvd.rank(), hvd.size()
+    for dtype in (tf.int32, tf.float32, tf.float64):
+        for rows in (size, 7):
+            shape = (rows, 3)
+            mine = tf.constant(data(rank, dtype, shape), dtype=dtype)
+            counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+            start = sum(counts[:rank])
+            for op in (hvd.Sum, hvd.Average) if dtype.is_floating else (hvd.Sum,):
+                want = reference(hvd, op, [data(r, dtype, shape) for r in range(size)])[start:start + counts[rank]]
+                for mode, fn in modes(lambda t: hvd.reducescatter(t, op=op)):
+                    close(fn(mine), want, dtype, f"reducescatter {mode} {dtype.name} rows {rows} op {op}")
+    x = tf.Variable(tf.ones([size * 2, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Average) * 3.0)
+    assert np.allclose(tape.gradient(loss, x).numpy(), 3.0), tape.gradient(loss, x)
+
+
+def case_alltoall(hvd):
+    rank, size = hvd.rank(), hvd.size()
+    for dtype in (tf.uint8, tf.int64, tf.float16, tf.float32, tf.bool):
+        # rank r sends (r + d + 1) rows to rank d, each row filled with (r, d)
+        def rows(src):
+            return [src + d + 1 for d in range(size)]
+        mine = np.concatenate([np.full((n, 2), 10 * rank + d) for d, n in enumerate(rows(rank))])
+        want = np.concatenate([np.full((rows(s)[rank], 2), 10 * s + rank) for s in range(size)])
+        if dtype == tf.bool:
+            mine, want = mine % 2 == 1, want % 2 == 1
+        for mode, fn in modes(lambda t, sp: hvd.alltoall(t, splits=sp)):
+            out, received = fn(tf.constant(mine, dtype=dtype), tf.constant(rows(rank), tf.int32))
+            assert np.array_equal(out.numpy().astype(want.dtype), want), (mode, dtype.name, out.numpy()[:3])
+            assert received.numpy().tolist() == [rows(s)[rank] for s in range(size)], (mode, received)
+    even = tf.constant(np.arange(size * 2, dtype=np.float32) + 100 * rank)
+    got = hvd.alltoall(even).numpy()  # no splits: an even split, the output alone
+    assert np.array_equal(got, np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * s for s in range(size)])), got
+    x = tf.Variable(tf.ones([size, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hvd.alltoall(x, splits=[1] * size)[0] * 2.0)
+    assert np.allclose(tape.gradient(loss, x).numpy(), 2.0), tape.gradient(loss, x)
+
+
+def case_join(hvd):
+    """The last rank joins after allreducing twice; the others see zeros from joined ranks and
+    every rank learns who joined last."""
+    rank, size = hvd.rank(), hvd.size()
+    if rank == size - 1:
+        for _ in range(2):
+            got = hvd.allreduce(tf.ones([3]), op=hvd.Sum, name="joined").numpy()
+            assert np.allclose(got, 1.0), got  # every other rank has joined: their zeros
+    last = int(hvd.join())
+    assert last == size - 1, last
+
+
 def case_errors(hvd):
     """Ranks that disagree on a shape: FailedPreconditionError on every rank naming it, and the
     runtime goes on; an element type the runtime lacks: refused by the op's type list."""

@@ -1,6 +1,10 @@
 """Cases for tf_hvd.py: one training step eagerly, inside tf.function and in a tf.compat.v1
 session (DistributedOptimizer) gives the numbers of one process on the whole batch; a step's
 gradients negotiate in one round and fuse (the core's counters)."""
+import os
+import signal
+import time
+
 import numpy as np
 import tensorflow as tf
 
@@ -92,6 +96,21 @@ def case_fusion(hvd):
     for i, g in enumerate(out):
         assert np.allclose(g.numpy(), float(i)), (i, g.numpy()[:3])
     return {"fusion_rounds": rounds}
+
+
+def case_killed(hvd):
+    """The last rank dies (SIGKILL) after a first allreduce; every other rank's next allreduce
+    fails with UnknownError naming it, within the bound the test sets."""
+    rank, size = hvd.rank(), hvd.size()
+    hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+    if rank == size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+    except tf.errors.UnknownError as e:
+        return {"error": str(e), "seconds": time.monotonic() - t0}
+    raise AssertionError("an allreduce with a dead rank did not fail")
 
 
 CASES = {name[5:]: fn for name, fn in dict(globals()).items() if name.startswith("case_")}

@@ -107,19 +107,7 @@ class AllgatherOp : public AsyncOpKernel {
     std::vector<appliance_core_request> reqs{describe(in, APPLIANCE_ALLGATHER, &shape)};
     reqs[0].process_set = static_cast<int32_t>(common_.process_set_id);
     reqs[0].name = name.c_str();
-    auto finish = [ctx](int32_t, appliance_core_op* op) -> absl::Status {
-      appliance_core_output o;
-      api()->output(op, &o);
-      TensorShape out_shape;
-      for (int32_t d = 0; d < o.ndim; ++d) out_shape.AddDim(o.shape[d]);
-      Tensor* out = nullptr;
-      absl::Status s = ctx->allocate_output(0, out_shape, &out);
-      if (!s.ok()) return s;
-      const size_t bytes = out->tensor_data().size();
-      if (bytes != o.bytes) return absl::InternalError("allgather: the core's output has " + std::to_string(o.bytes) + " bytes, the tensor " + std::to_string(bytes));
-      if (bytes) std::memcpy(const_cast<char*>(out->tensor_data().data()), o.data, bytes);
-      return absl::OkStatus();
-    };
+    auto finish = [ctx](int32_t, appliance_core_op* op) { return copy_output(ctx, 0, op); };
     (new Submission(ctx, std::move(done), finish))->submit(reqs);
   }
 

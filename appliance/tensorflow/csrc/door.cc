@@ -3,6 +3,7 @@
 #include "door.h"
 
 #include <atomic>
+#include <cstring>
 
 namespace appliance_tf {
 namespace {
@@ -61,6 +62,21 @@ appliance_core_request describe(const tensorflow::Tensor& t, int32_t kind, std::
   r.data = t.tensor_data().data();
   r.device = -1;
   return r;
+}
+
+absl::Status copy_output(tensorflow::OpKernelContext* ctx, int index, appliance_core_op* op) {
+  appliance_core_output o;
+  api()->output(op, &o);
+  tensorflow::TensorShape shape;
+  for (int32_t d = 0; d < o.ndim; ++d) shape.AddDim(o.shape[d]);
+  tensorflow::Tensor* out = nullptr;
+  absl::Status s = ctx->allocate_output(index, shape, &out);
+  if (!s.ok()) return s;
+  const size_t bytes = out->tensor_data().size();
+  if (bytes != o.bytes)
+    return absl::InternalError("the core's output has " + std::to_string(o.bytes) + " bytes, the tensor " + std::to_string(bytes));
+  if (bytes) std::memcpy(const_cast<char*>(out->tensor_data().data()), o.data, bytes);
+  return absl::OkStatus();
 }
 
 void Submission::submit(std::vector<appliance_core_request>& reqs) {

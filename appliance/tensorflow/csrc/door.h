@@ -30,6 +30,10 @@ std::string op_name(const tensorflow::OpKernel& k, bool ignore_name_scope);
 // The request describing `t` (its shape kept in `shape_store`, which must outlive the submit).
 appliance_core_request describe(const tensorflow::Tensor& t, int32_t kind, std::vector<int64_t>* shape_store);
 
+// The output the core kept for `op` (allgather, alltoall, reducescatter) copied into the
+// kernel's output `index`, allocated with the core's shape.
+absl::Status copy_output(tensorflow::OpKernelContext* ctx, int index, appliance_core_op* op);
+
 // One kernel's operations in flight: submits them (a group when more than one), and when the
 // last completes runs `finish` (for outputs the core kept) unless one failed, sets the
 // kernel's status and calls done(). Deletes itself.
