@@ -209,6 +209,26 @@ def case_join(hvd):
     assert last == size - 1, last
 
 
+def case_process_sets(hvd):
+    """A set of the even ranks (added dynamically): its collectives, eager and in tf.function,
+    and its scalar ops; the odd ranks see themselves outside it."""
+    rank, size = hvd.rank(), hvd.size()
+    evens = hvd.add_process_set(list(range(0, size, 2)))
+    inside = int(hvd.process_set_included_op(evens.process_set_id))
+    assert inside == (rank % 2 == 0), (rank, inside)
+    if inside:
+        members = evens.ranks
+        for mode, fn in modes(lambda t: (hvd.allreduce(t, op=hvd.Sum, process_set=evens),
+                                         hvd.allgather(tf.reshape(t, [1]), process_set=evens),
+                                         hvd.broadcast(t, root_rank=members[-1], process_set=evens),
+                                         hvd.size_op(process_set_id=evens.process_set_id),
+                                         hvd.rank_op(process_set_id=evens.process_set_id))):
+            ar, ag, bc, n, me = fn(tf.constant(float(rank)))
+            assert float(ar) == sum(members) and ag.numpy().tolist() == [float(r) for r in members], (mode, ar, ag)
+            assert float(bc) == members[-1] and int(n) == len(members) and int(me) == evens.rank(), (mode, bc, n, me)
+    hvd.remove_process_set(evens)
+
+
 def case_errors(hvd):
     """Ranks that disagree on a shape: FailedPreconditionError on every rank naming it, and the
     runtime goes on; an element type the runtime lacks: refused by the op's type list."""
