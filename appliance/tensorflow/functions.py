@@ -1,5 +1,5 @@
 """Broadcasting variables from a root rank: ``broadcast_variables`` (eager, ``tf.function`` and
-v1 graphs), ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook`` (v1 sessions).
+v1 graphs), ``broadcast_`` (Horovod's in-place form, eager), ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook`` (v1 sessions).
 Eagerly, the broadcasts of one call run inside one ``tf.function``, so they are in flight
 together. Failure modes: as ``mpi_ops.broadcast``."""
 import tensorflow as tf
@@ -29,6 +29,17 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         fn = _groups[key] = tf.function(assign)
     fn(variables)
     return None
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Horovod's in-place broadcast: every variable takes root_rank's value; returns their new
+    values. Done as assignments of broadcast values (one copy more than an in-place kernel), in
+    one tf.function eagerly, so the broadcasts are in flight together."""
+    variables = list(variables)
+    broadcast_variables(variables, root_rank, process_set=process_set)
+    if not tf.executing_eagerly():
+        raise NotImplementedError("broadcast_ in a tf.compat.v1 graph: use hvd.broadcast_variables (an op)")
+    return [v.read_value() for v in variables]
 
 
 def broadcast_global_variables(root_rank):

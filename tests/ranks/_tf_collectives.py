@@ -115,6 +115,9 @@ def case_broadcast(hvd):
     v = tf.Variable(tf.fill([4], float(rank)))
     hvd.broadcast_variables([v], root_rank=size - 1)
     assert np.all(v.numpy() == size - 1), v.numpy()
+    vs = [tf.Variable(tf.fill([3], float(rank))), tf.Variable(tf.fill([2, 2], tf.constant(rank, tf.int64)))]
+    got = hvd.broadcast_(vs, root_rank=0)
+    assert all(np.all(x.numpy() == 0) for x in got) and all(np.all(x.numpy() == 0) for x in vs), got
 
 
 def case_indexed_slices(hvd):
