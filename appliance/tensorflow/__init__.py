@@ -17,7 +17,9 @@ failures inside ops surface as ``tf.errors`` (``mpi_ops`` says which).
 import tensorflow as tf
 
 from appliance.tensorflow.compression import Compression  # noqa: F401
-from appliance.tensorflow.functions import broadcast_, broadcast_global_variables, broadcast_variables  # noqa: F401
+from appliance.tensorflow.functions import (  # noqa: F401
+    allgather_object, broadcast_, broadcast_global_variables, broadcast_object, broadcast_variables,
+)
 from appliance.tensorflow.functions import BroadcastGlobalVariablesHook  # noqa: F401
 from appliance.tensorflow.mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum, add_process_set, allgather,

@@ -1,11 +1,16 @@
 """Broadcasting variables from a root rank: ``broadcast_variables`` (eager, ``tf.function`` and
-v1 graphs), ``broadcast_`` (Horovod's in-place form, eager), ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook`` (v1 sessions).
+v1 graphs), ``broadcast_`` (Horovod's in-place form, eager), ``broadcast_object`` and
+``allgather_object`` (picklable objects, eager), ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook`` (v1 sessions).
 Eagerly, the broadcasts of one call run inside one ``tf.function``, so they are in flight
 together. Failure modes: as ``mpi_ops.broadcast``."""
+import io
+import pickle
+
+import numpy as np
 import tensorflow as tf
 
 from appliance.runtime import process_sets as _ps
-from appliance.tensorflow.mpi_ops import broadcast, global_process_set
+from appliance.tensorflow.mpi_ops import allgather, broadcast, global_process_set, rank
 
 _groups: dict = {}  # (root_rank, process set id) -> tf.function broadcasting a list of variables
 
@@ -40,6 +45,44 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     if not tf.executing_eagerly():
         raise NotImplementedError("broadcast_ in a tf.compat.v1 graph: use hvd.broadcast_variables (an op)")
     return [v.read_value() for v in variables]
+
+
+def _dumps(obj) -> tf.Tensor:
+    buf = io.BytesIO()
+    pickle.dump(obj, buf)
+    return tf.constant(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+
+
+def _loads(t) -> object:
+    return pickle.loads(t.numpy().tobytes())
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Root's ``obj`` (anything picklable) on every rank of ``process_set`` (eagerly; ranks may
+    pass objects of different types)."""
+    if not tf.executing_eagerly():
+        raise NotImplementedError("broadcast_object in a tf.compat.v1 graph is not supported by appliance.tensorflow yet")
+    if rank() == root_rank:
+        payload = _dumps(obj)
+        broadcast(tf.constant([int(payload.shape[0])], tf.int64), root_rank, process_set=process_set)
+        broadcast(payload, root_rank, process_set=process_set)
+        return obj
+    n = int(broadcast(tf.zeros([1], tf.int64), root_rank, process_set=process_set)[0])
+    return _loads(broadcast(tf.zeros([n], tf.uint8), root_rank, process_set=process_set))
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Every rank's ``obj`` (anything picklable), as a list in rank order (eagerly)."""
+    if not tf.executing_eagerly():
+        raise NotImplementedError("allgather_object in a tf.compat.v1 graph is not supported by appliance.tensorflow yet")
+    payload = _dumps(obj)
+    lengths = allgather(tf.constant([int(payload.shape[0])], tf.int64), process_set=process_set).numpy().tolist()
+    gathered = allgather(payload, process_set=process_set)
+    out, start = [], 0
+    for n in lengths:
+        out.append(_loads(gathered[start:start + n]))
+        start += n
+    return out
 
 
 def broadcast_global_variables(root_rank):

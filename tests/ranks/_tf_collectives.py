@@ -118,6 +118,9 @@ def case_broadcast(hvd):
     vs = [tf.Variable(tf.fill([3], float(rank))), tf.Variable(tf.fill([2, 2], tf.constant(rank, tf.int64)))]
     got = hvd.broadcast_(vs, root_rank=0)
     assert all(np.all(x.numpy() == 0) for x in got) and all(np.all(x.numpy() == 0) for x in vs), got
+    obj = {"from": rank, "list": list(range(rank + 2))} if rank == size - 1 else None
+    assert hvd.broadcast_object(obj, root_rank=size - 1) == {"from": size - 1, "list": list(range(size + 1))}
+    assert hvd.allgather_object(("r", rank) * (rank + 1)) == [("r", r) * (r + 1) for r in range(size)]
 
 
 def case_indexed_slices(hvd):
