@@ -5,7 +5,8 @@
 #   bash tests/run.sh tests/launcher -x   # a part: tests/ mirrors the packages
 #   bash tests/run.sh -m "not docker"     # by tier: the markers ssh, docker, k8s, slurm, gpu
 #
-# It creates .venv (Python packages from PyPI; torch pinned to 2.13.0) and installs the
+# It creates .venv (Python packages from PyPI; torch pinned to 2.13.0, tensorflow-cpu to 2.21.0,
+# whose op library, appliance.tensorflow's, it compiles once before pytest) and installs the
 # project into it in editable mode with the test and bench extras (bench: matplotlib, and mpi4py,
 # whose PyPI wheel runs on Debian's OpenMPI, so the benchmarks' OpenMPI legs need no
 # libopenmpi-dev), which compiles the C++ core, here with APPLIANCE_BUILD_TESTS=ON: also the
@@ -63,6 +64,10 @@ fi
 say "installing the project (compiles the C++ core)"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test,bench]' --config-settings=cmake.define.APPLIANCE_BUILD_TESTS=ON
+if .venv/bin/python -c 'import tensorflow' 2>/dev/null; then
+  say "compiling the TensorFlow op library (appliance.tensorflow; once per TensorFlow and source)"
+  TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -m appliance.tensorflow.build >/dev/null
+fi
 
 say "running pytest $*"
 exec .venv/bin/python -m pytest "${strict[@]}" "$@"

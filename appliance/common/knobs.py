@@ -227,6 +227,8 @@ KNOBS: dict[str, Knob] = {k.env: k for k in [
     Knob("APPLIANCE_SECONDARY_HEARTBEAT", _nonneg_float, 1.0, "seconds between two heartbeats of a secondary's registration on the shared mount (SHARED/secondaries/NAME.json)"),
     Knob("APPLIANCE_SECONDARY_STALE", _nonneg_float, 5.0, "seconds after its last heartbeat a secondary's registration stops counting: the elastic primary's discovery drops it"),
     Knob("APPLIANCE_CONTAINER", str, "", "set by appliance for each container it starts: <name>@<engine id>; lock owners record it (read from the container's init), so a lock whose container is gone is taken over at once"),
+    # TensorFlow.
+    Knob("APPLIANCE_TF_OPS_DIR", str, "", "where appliance.tensorflow keeps its op library, compiled against the installed TensorFlow at first import (default: ~/.cache/appliance/tf-ops; one subfolder per TensorFlow build and source)"),
 ]}
 
 

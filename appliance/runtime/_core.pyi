@@ -207,6 +207,13 @@ class Runtime:
     def shutdown(self) -> None:
         """Stop; every pending handle fails. Idempotent."""
 
+def c_api() -> object:
+    """The C door (csrc/capi/appliance_core.h): a PyCapsule named "appliance_core_api" holding
+    the ``appliance_core_api`` table, for framework op libraries (appliance/tensorflow)."""
+
+def set_process_runtime(runtime: Optional[Runtime]) -> None:
+    """The runtime the C door reaches (None: none); appliance.runtime.engine sets it."""
+
 def address(obj: object) -> int:
     """Data address of a contiguous buffer (a numpy array)."""
 

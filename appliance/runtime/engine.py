@@ -37,6 +37,10 @@ broadcast, barrier), else a ``Result``; for a list of handles, None or a list of
 Outputs whose size is known only after negotiation (allgather, alltoall, reducescatter) are
 allocated by the core and returned as a flat ``uint8`` numpy array in ``Result.output``, with
 ``Result.shape`` in elements; adapters view them as their dtype without copying.
+
+A running engine is also the one the core's C door reaches (``_core.set_process_runtime``;
+csrc/capi/appliance_core.h), so an op library of another framework (``appliance.tensorflow``)
+submits to the same runtime.
 """
 from __future__ import annotations
 
@@ -67,6 +71,8 @@ _NUMPY = {np.dtype(np.uint8): DType.UINT8, np.dtype(np.int8): DType.INT8, np.dty
 
 # Address of a contiguous buffer (a numpy array); much cheaper than numpy's ``.ctypes.data``.
 address = _core.address
+# The core's C door for framework op libraries: a PyCapsule "appliance_core_api" (csrc/capi).
+c_api = _core.c_api
 
 
 def numpy_dtype(dt) -> DType:
@@ -152,6 +158,7 @@ class Engine:
             raise HorovodInternalError(f"rank {cfg.rank} of {cfg.size} could not join the job: {e}") from None
         if _device_allocator is not None:
             self.core.set_device_allocator(_device_allocator)
+        _core.set_process_runtime(self.core)  # the C door's runtime (csrc/capi): framework op libraries
         self._sequences: dict = {}          # next_in_sequence
         self._mu = threading.Lock()
         self._keep: dict[int, Any] = {}     # handle -> objects whose memory the core may use
@@ -268,6 +275,7 @@ class Engine:
 
     def shutdown(self) -> None:
         self.core.shutdown()  # every pending handle completes (fails): the core uses no memory now
+        _core.set_process_runtime(None)
         with self._mu:
             self._keep.clear()
         self._abandoned.clear()

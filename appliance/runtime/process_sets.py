@@ -243,6 +243,17 @@ def resolve(process_set) -> int:
     return set_id
 
 
+def by_id(set_id: int) -> ProcessSet:
+    """The registered set with core id ``set_id`` (0: the global set); ValueError for none (a
+    framework's op carries the id, and its gradient needs the set back)."""
+    if set_id == 0:
+        return global_process_set
+    ps = _table.get(set_id)
+    if ps is None:
+        raise ValueError(f"process set id {set_id} is not registered")
+    return ps
+
+
 def size_of(process_set) -> int:
     """Number of ranks an operation on ``process_set`` runs on."""
     set_id = resolve(process_set)

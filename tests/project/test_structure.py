@@ -6,8 +6,8 @@ module level or inside a function (a lazy import still makes a loop, it only hid
 run time). ``from P import N`` is an edge to the module ``P.N`` when N is a module (a ``.py``
 file, a package, or, as Python decides, any name package P's ``__init__`` does not bind: a
 compiled extension such as ``runtime/_core``, built or not), else to ``P``. Only appliance
-modules count. Loops are allowed inside ``appliance/torch`` only (Horovod's module shape puts
-two there).
+modules count. Loops are allowed inside ``appliance/torch`` and ``appliance/tensorflow`` only
+(Horovod's module shape puts some there).
 
 Planes: every module belongs to one (``appliance.<plane>...``; ``appliance.__main__`` is the
 CLI's; the root package ``appliance`` holds the version, imports nothing, and anyone may import
@@ -29,11 +29,12 @@ from fixtures import ROOT
 PKG = ROOT / "appliance"
 
 # plane -> the planes its modules may import (besides their own plane and the root package).
-PLANES = ("common", "runtime", "torch", "hvdcompat", "launcher", "cluster", "mount", "examples", "cli")
+PLANES = ("common", "runtime", "torch", "tensorflow", "hvdcompat", "launcher", "cluster", "mount", "examples", "cli")
 MAY_IMPORT: dict[str, set[str]] = {
     "common": set(),                                   # the ground floor
     "runtime": {"common"},                             # the collective engine
     "torch": {"runtime", "hvdcompat", "common"},       # Horovod's torch API over the runtime
+    "tensorflow": {"runtime", "hvdcompat", "common"},  # Horovod's TensorFlow API over the runtime (the C door)
     "hvdcompat": {"runtime", "launcher", "common"},    # Horovod's framework-free layer (no torch), horovodrun
     "launcher": {"common", "mount"},                   # hosts, ranks, SSH, Slurm: no tensors, no Horovod API
     "cluster": {"launcher", "mount", "common"},        # Docker containers around the launcher
@@ -43,7 +44,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 ROOT_PACKAGE = "appliance"
 
-# Loops that are allowed outside appliance/torch (none), each a set of modules forming one
+# Loops that are allowed outside appliance/torch and appliance/tensorflow (none), each a set of modules forming one
 # strongly connected component, and private names allowed across modules: (user, owner, name).
 ALLOWED_LOOPS: list[set[str]] = []
 ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
@@ -279,11 +280,15 @@ def test_planes_import_only_the_planes_below():
     assert not bad, "imports against the plane rule (tests/project/test_structure.py, MAY_IMPORT):\n" + "\n".join(bad)
 
 
-def test_no_import_loops_outside_appliance_torch():
+def _in_framework(module: str) -> bool:
+    return any(module == f"appliance.{fw}" or module.startswith(f"appliance.{fw}.") for fw in ("torch", "tensorflow"))
+
+
+def test_no_import_loops_outside_the_framework_adapters():
     scans = _scan()
     graph = {m: s.edges for m, s in scans.items()}
     bad = [c for c in _cycles(graph)
-           if not all(m == "appliance.torch" or m.startswith("appliance.torch.") for m in c)
+           if not (all(_in_framework(m) for m in c) and len({m.split(".")[1] for m in c}) == 1)
            and not any(c == allowed for allowed in ALLOWED_LOOPS)]
     assert not bad, "import loops:\n" + "\n".join(_path_in(c, graph) for c in bad)
 
@@ -338,6 +343,12 @@ def test_the_plane_rule_sees_lazy_relative_and_upward_imports():
     assert bad("appliance.launcher.hosts", "import appliance.hvdcompat.horovodrun\n") == [
         "1: launcher imports hvdcompat (appliance.hvdcompat.horovodrun)"]
     assert bad("appliance.hvdcompat.util", "import appliance.torch\n") == ["1: hvdcompat imports torch (appliance.torch)"]
+    # appliance.tensorflow is a framework adapter like appliance.torch: above the runtime, beside torch
+    assert bad("appliance.launcher.run", "import appliance.tensorflow\n") == [
+        "1: launcher imports tensorflow (appliance.tensorflow)"]
+    assert bad("appliance.runtime.engine", "from appliance.tensorflow import mpi_ops\n")
+    assert bad("appliance.tensorflow.mpi_ops", "import appliance.torch\n")
+    assert not bad("appliance.tensorflow.mpi_ops", "from appliance.runtime import api\nfrom appliance.hvdcompat import util\n")
     assert bad("appliance.cluster.primary", "from appliance.runtime import api\n")
     assert bad("appliance.common.slurm", "from appliance.mount import Layout\n")
     assert bad("appliance", "from appliance import cli\n")  # the root package imports no plane
@@ -370,6 +381,7 @@ CORE_FLOORS: list[set[str]] = [
     {"store", "collectives", "ops"},         # rendezvous store; algorithms over a Comm; op state
     {"bootstrap", "backends"},               # store + links -> mesh; plan entries -> collectives
     {"engine"},                              # the Runtime
+    {"capi"},                                # the C door: frameworks' op libraries
     {"bindings"},                            # Python
 ]
 _CORE_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_api.h"
 #include "backends/nccl/nccl_api.h"
+#include "capi/capi.h"
 #include "engine/runtime.h"
 
 namespace py = pybind11;
@@ -315,7 +316,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("splits", &CoreResult::splits)
       .def_readonly("value", &CoreResult::value);
 
-  py::class_<Runtime>(m, "Runtime")
+  py::class_<Runtime, std::shared_ptr<Runtime>>(m, "Runtime")
       .def(py::init<RuntimeConfig>(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &Runtime::rank)
       .def_property_readonly("size", &Runtime::size)
@@ -407,6 +408,16 @@ PYBIND11_MODULE(_core, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("stop_timeline", &Runtime::stop_timeline, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Runtime::shutdown, py::call_guard<py::gil_scoped_release>());
+
+  // The C door (capi/appliance_core.h): its table as a capsule, and the runtime it reaches.
+  m.def("c_api", [] {
+    return py::capsule(static_cast<const void*>(core_api()), APPLIANCE_CORE_CAPSULE);
+  });
+  m.def("set_process_runtime", [](py::object rt) {
+    std::shared_ptr<Runtime> old = set_process_runtime(rt.is_none() ? nullptr : rt.cast<std::shared_ptr<Runtime>>());
+    py::gil_scoped_release nogil;  // the last reference may go here: ~Runtime joins threads
+    old.reset();
+  }, py::arg("runtime"));
 
   // Address of a contiguous buffer (a numpy array), cheaper than numpy's .ctypes.data, which
   // the per-op path would otherwise pay twice per operation.

@@ -47,6 +47,19 @@ void Runtime::remove_process_set(int32_t id) {
   sched_.wake_always();
 }
 
+bool Runtime::process_set_members(int32_t id, std::vector<int>* members) {
+  if (id == 0) {
+    members->resize(static_cast<size_t>(cfg_.size));
+    for (int r = 0; r < cfg_.size; ++r) (*members)[static_cast<size_t>(r)] = r;
+    return true;
+  }
+  std::lock_guard<std::mutex> g(callers_.mu);
+  auto it = callers_.known_sets.find(id);
+  if (it == callers_.known_sets.end()) return false;
+  *members = it->second;
+  return true;
+}
+
 void Runtime::apply_set_changes(std::deque<SetChange>& changes) {
   for (SetChange& c : changes) {
     if (!c.add) {

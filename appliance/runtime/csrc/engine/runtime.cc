@@ -151,7 +151,7 @@ uint32_t Runtime::new_group(int32_t process_set) {
   return ++callers_.groups[process_set];
 }
 
-int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
+int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out, std::function<void(const OpPtr&)> on_done) {
   Signature& s = req.sig;
   auto bad = [&](const std::string& why) {
     throw std::invalid_argument(std::string(op_kind_name(s.kind)) + (req.name.empty() ? "" : " '" + req.name + "'") + ": " + why);
@@ -226,6 +226,7 @@ int Runtime::enqueue(Request req, TensorDesc in, TensorDesc out) {
   op->req = std::move(req);
   op->in = std::move(in);
   op->out = std::move(out);
+  op->on_done = std::move(on_done);
   if (s.kind == OpKind::kAllgather || s.kind == OpKind::kAlltoall || s.kind == OpKind::kReducescatter) op->pool = outputs_;
   size_t outstanding = 0;
   int h = handles_.add(op, &outstanding);

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,7 +59,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   std::string link_kind(int rank) const { return rank >= 0 && rank < cfg_.size ? layout_.link_kinds[rank].load() : ""; }
 
   // Validates locally (std::invalid_argument -> Python ValueError) and queues the operation.
-  int enqueue(Request req, TensorDesc in, TensorDesc out);
+  // With on_done, nobody waits for it: on_done is called once it completes (ops/ops.h).
+  int enqueue(Request req, TensorDesc in, TensorDesc out, std::function<void(const OpPtr&)> on_done = nullptr);
   // The id of a new group of operations on `process_set` (the members' Signature carries it
   // with their number): 1, 2, 3... per set, so ranks that make the same calls agree on it; a
   // set added again counts afresh.
@@ -139,6 +141,8 @@ class Runtime final : private SchedulerHost, private NegotiationObserver {
   // std::invalid_argument for a bad id or rank list; ops on a set are ordered after its add.
   void add_process_set(int32_t id, std::vector<int> members);
   void remove_process_set(int32_t id);
+  // The members of process set `id` as callers see it (0: every rank); false when unknown.
+  bool process_set_members(int32_t id, std::vector<int>* members);
   // Where CUDA outputs of allgather/alltoall/reducescatter come from (set by the adapter before
   // its first CUDA operation; called on the background thread).
   void set_device_allocator(DeviceAllocator a) { backends_->set_device_allocator(std::move(a)); }

@@ -38,6 +38,7 @@ int HandleTable::add(const OpPtr& op, size_t* outstanding) {
 void HandleTable::complete(const OpPtr& op, Status s) { complete_all({op}, s); }
 
 void HandleTable::complete_all(const std::vector<OpPtr>& ops, const Status& s) {
+  std::vector<OpPtr> callbacks;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!blocked_.empty()) last_change_us_ = steady_us();  // only a stuck caller reads it
@@ -47,9 +48,22 @@ void HandleTable::complete_all(const std::vector<OpPtr>& ops, const Status& s) {
       op->done.store(true, std::memory_order_release);
       auto it = names_.find(op->req.name);
       if (it != names_.end() && it->second == op->handle) names_.erase(it);
+      if (op->on_done) {
+        ops_.erase(op->handle);  // nobody waits for it
+        callbacks.push_back(op);
+      }
     }
   }
   cv_.notify_all();
+  run_callbacks(callbacks);
+}
+
+void HandleTable::run_callbacks(std::vector<OpPtr>& ops) {
+  for (OpPtr& op : ops) {
+    auto fn = std::move(op->on_done);  // once; and what it captured goes with it
+    op->on_done = nullptr;
+    fn(op);
+  }
 }
 
 bool HandleTable::poll(int handle) { return find(handle)->done.load(std::memory_order_acquire); }
@@ -145,17 +159,28 @@ int64_t HandleTable::stuck_since_us() {
 }
 
 void HandleTable::fail_all(const Status& s) {
+  std::vector<OpPtr> callbacks;
   {
     std::lock_guard<std::mutex> g(mu_);
-    for (auto& kv : ops_) {
-      OpState& op = *kv.second;
-      if (op.done.load()) continue;
+    for (auto it = ops_.begin(); it != ops_.end();) {
+      OpState& op = *it->second;
+      if (op.done.load()) {
+        ++it;
+        continue;
+      }
       op.status = s;
       op.done.store(true, std::memory_order_release);
+      if (op.on_done) {
+        callbacks.push_back(it->second);
+        it = ops_.erase(it);
+      } else {
+        ++it;
+      }
     }
     names_.clear();
   }
   cv_.notify_all();
+  run_callbacks(callbacks);
 }
 
 }  // namespace appliance

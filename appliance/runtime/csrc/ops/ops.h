@@ -1,6 +1,9 @@
-// OpState: one enqueued operation, from enqueue() to wait(). HandleTable: the map from
-// handle ints to operations, which Python threads wait on and the background thread
-// completes. Names in flight are unique per process (a duplicate is a ValueError at submit).
+// OpState: one enqueued operation, from enqueue() to wait() (or to its completion callback).
+// HandleTable: the map from handle ints to operations, which Python threads wait on and the
+// background thread completes. Names in flight are unique per process (a duplicate is a
+// ValueError at submit). An operation with a completion callback (OpState::on_done, the C
+// door's way: capi/) is never waited for: the table forgets it when it completes and then
+// calls the callback, outside its lock, on the completing thread.
 // It also knows when this rank's callers are stuck: the waits that block are registered while
 // they last, so the engine can tell a rank blocked on operations still in negotiation (which
 // the deadlock check counts) from one that computes (engine/negotiator.h's waiting()).
@@ -71,6 +74,8 @@ struct OpState {
   // thread that completes the op. Release/acquire: what was written before is visible.
   std::atomic<bool> launched{false};
   std::atomic<bool> done{false};
+  // Called once, after `done` is set, outside the table's lock (then dropped): see the top.
+  std::function<void(const std::shared_ptr<OpState>&)> on_done;
 
   // Allocate the output without zeroing it (the collective overwrites every byte).
   uint8_t* allocate_output(size_t bytes, std::vector<int64_t> shape);
@@ -124,6 +129,8 @@ class HandleTable {
   int64_t stuck_since_us();
 
  private:
+  void run_callbacks(std::vector<OpPtr>& ops);  // outside mu_
+
   std::mutex mu_;
   std::condition_variable cv_;
   int next_ = 1;

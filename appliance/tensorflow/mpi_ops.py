@@ -1,0 +1,264 @@
+"""Horovod's ``horovod.tensorflow.mpi_ops`` over the appliance's collective runtime.
+
+What it is: the lifecycle (``init``/``shutdown``, ranks and sizes: the runtime's, shared with
+``appliance.torch`` in one process), the raw collectives on ``tf.Tensor`` (``raw_allreduce``,
+``raw_grouped_allreduce``, ``raw_reducescatter``, also under Horovod's names ``_allreduce``...,
+``allgather``, ``broadcast``, ``alltoall``, ``join``), the scalar ops evaluated when a graph
+runs (``size_op``, ``rank_op``...), and the gradients that make the collectives differentiable
+(allreduce's is an allreduce; allgather's an averaged allreduce sliced back to this rank's rows;
+broadcast's an averaged allreduce, zero off the root). The ops are asynchronous kernels of the op
+library (``_library``), which the first op loads (compiling it once for the installed TensorFlow).
+
+Names: in a graph (``tf.function``, a v1 session) an op is negotiated by its node name, which
+Horovod derives from the tensor's name, so ranks that build the same graph agree; eagerly, ops
+run one at a time and share the kernel's name.
+
+Environment: none read here (``init`` reads the job layout through ``appliance.runtime.config``).
+Failure modes: Python calls before ``init`` raise ``ValueError`` (as Horovod's); an op that runs
+before ``init`` fails with ``tf.errors.FailedPreconditionError``; ranks that disagree on a tensor
+fail with ``FailedPreconditionError`` (the runtime stays usable); a failed job with
+``tf.errors.UnknownError`` naming the origin rank and host; an unsupported dtype with
+``InvalidArgumentError``.
+"""
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as _tf_ops
+
+from appliance.hvdcompat.util import get_average_backwards_compatibility_fun
+from appliance.runtime import api as _api
+from appliance.runtime import process_sets as _ps
+from appliance.runtime.engine import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from appliance.runtime.errors import HorovodInternalError  # noqa: F401
+from appliance.tensorflow import _library
+
+# --- process sets (appliance.runtime.process_sets; Horovod's names) ----------------------------
+ProcessSet = _ps.ProcessSet
+global_process_set = _ps.global_process_set
+add_process_set = _ps.add_process_set
+remove_process_set = _ps.remove_process_set
+
+
+# --- lifecycle and basics ----------------------------------------------------------------------
+def init(comm=None, process_sets=None) -> None:
+    """Join the job the environment describes (a single rank without a launcher); a second call
+    is a no-op. ``process_sets``: ``ProcessSet``s registered on every rank, or ``"dynamic"``."""
+    fresh = not _api.is_initialized()
+    _api.init()
+    if not fresh:
+        return
+    try:
+        _ps.check_comm(comm)
+        _ps.setup(process_sets)
+    except Exception:
+        shutdown()
+        raise
+
+
+shutdown = _api.shutdown
+is_initialized = _api.is_initialized
+size = _api.size
+rank = _api.rank
+local_size = _api.local_size
+local_rank = _api.local_rank
+cross_size = _api.cross_size
+cross_rank = _api.cross_rank
+start_timeline = _api.start_timeline
+stop_timeline = _api.stop_timeline
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks (judged from this rank's view)."""
+    return local_size() * cross_size() == size()
+
+
+handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(
+    type("_Ops", (), {"Average": Average, "Sum": Sum, "Adasum": Adasum}))
+
+
+def mpi_threads_supported() -> bool:
+    _api.size()  # ValueError before init, as Horovod's
+    return False
+
+
+def mpi_built() -> bool:
+    return False
+
+
+mpi_enabled = gloo_enabled = gloo_built = nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = mpi_built
+
+
+def _lib():
+    return _library.library()
+
+
+def _normalize_name(name: str) -> str:
+    """A name as TensorFlow allows it in a node name."""
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _executing_eagerly() -> bool:
+    return tf.executing_eagerly()
+
+
+def _set_id(process_set) -> int:
+    return _ps.resolve(process_set)
+
+
+# --- the raw collectives -----------------------------------------------------------------------
+def raw_allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False,
+               process_set=global_process_set):
+    """``tensor`` reduced over the ranks of ``process_set`` with ``op`` (scaled before and after)."""
+    if name is None and not _executing_eagerly():
+        name = "HorovodAllreduce_%s" % _normalize_name(tensor.name)
+    return _lib().horovod_allreduce(tensor, name=name, reduce_op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                                    process_set_id=_set_id(process_set))
+
+
+def raw_grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+                       ignore_name_scope=False, process_set=global_process_set):
+    """Each of ``tensors`` reduced as by ``_allreduce``, negotiated and run as one group."""
+    if name is None and not _executing_eagerly():
+        name = _normalize_name("HorovodGroupedAllreduce_%s_%s" % (tensors[0].name, tensors[-1].name))
+    return _lib().horovod_grouped_allreduce(tensors, name=name, reduce_op=op, prescale_factor=prescale_factor,
+                                            postscale_factor=postscale_factor,
+                                            ignore_name_scope=ignore_name_scope,
+                                            process_set_id=_set_id(process_set))
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """The ranks' tensors concatenated along the first dimension (which may differ per rank)."""
+    if name is None and not _executing_eagerly():
+        name = "HorovodAllgather_%s" % _normalize_name(tensor.name)
+    return _lib().horovod_allgather(tensor, name=name, ignore_name_scope=ignore_name_scope,
+                                    process_set_id=_set_id(process_set))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """``root_rank``'s tensor on every rank (``root_rank`` a job rank, as in Horovod)."""
+    if name is None and not _executing_eagerly():
+        name = "HorovodBroadcast_%s" % _normalize_name(tensor.name)
+    return _lib().horovod_broadcast(tensor, name=name, root_rank=_ps.root_of(process_set, root_rank),
+                                    ignore_name_scope=ignore_name_scope, process_set_id=_set_id(process_set))
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Rows of ``tensor`` sent to each rank (``splits[i]`` rows to rank i of the set; None: an
+    even split), the rows received concatenated in rank order. With ``splits``: (output, the
+    rows received from each rank); without: the output alone, as Horovod's."""
+    given = splits
+    splits = tf.convert_to_tensor(splits, dtype=tf.int32) if splits is not None else tf.constant([], dtype=tf.int32)
+    if name is None and not _executing_eagerly():
+        name = "HorovodAlltoall_%s" % _normalize_name(tensor.name)
+    output, received = _lib().horovod_alltoall(tensor, splits=splits, name=name, ignore_name_scope=ignore_name_scope,
+                                               process_set_id=_set_id(process_set))
+    return (output, received) if given is not None else output
+
+
+def raw_reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False, process_set=global_process_set,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's share of ``tensor`` reduced over the set (rows split as evenly as possible,
+    the first ranks taking one more)."""
+    if name is None and not _executing_eagerly():
+        name = "HorovodReducescatter_%s" % _normalize_name(tensor.name)
+    return _lib().horovod_reducescatter(tensor, name=name, reduce_op=op, ignore_name_scope=ignore_name_scope,
+                                        process_set_id=_set_id(process_set), prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor)
+
+
+def join():
+    """This rank has no more work: it joins every collective the others still run with zeros
+    until all have joined. Returns the last rank to join (an int32 tensor)."""
+    _api.size()  # ValueError before init
+    return _lib().horovod_join()
+
+
+_allreduce, _grouped_allreduce, _reducescatter = raw_allreduce, raw_grouped_allreduce, raw_reducescatter  # Horovod's names
+
+
+# --- the scalar ops: values when the graph runs --------------------------------------------------
+def size_op(process_set_id=0, name=None):
+    """The size of the process set, as an int32 op."""
+    return _lib().horovod_size(process_set_id=process_set_id, name=name)
+
+
+def local_size_op(name=None):
+    return _lib().horovod_local_size(name=name)
+
+
+def rank_op(process_set_id=0, name=None):
+    """This rank within the process set, as an int32 op."""
+    return _lib().horovod_rank(process_set_id=process_set_id, name=name)
+
+
+def local_rank_op(name=None):
+    return _lib().horovod_local_rank(name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 when this rank is in the process set, else 0, as an int32 op."""
+    return _lib().horovod_process_set_included(process_set_id=process_set_id, name=name)
+
+
+# --- gradients ------------------------------------------------------------------------------------
+def _set_of(op) -> ProcessSet:
+    return _ps.by_id(op.get_attr("process_set_id"))
+
+
+@_tf_ops.RegisterGradient("HorovodAllreduce")
+def _allreduce_grad(op, grad):
+    return _allreduce(grad, op=op.get_attr("reduce_op"), prescale_factor=op.get_attr("prescale_factor"),
+                      postscale_factor=op.get_attr("postscale_factor"),
+                      ignore_name_scope=op.get_attr("ignore_name_scope"), process_set=_set_of(op))
+
+
+@_tf_ops.RegisterGradient("HorovodGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    return _grouped_allreduce(list(grads), op=op.get_attr("reduce_op"),
+                              prescale_factor=op.get_attr("prescale_factor"),
+                              postscale_factor=op.get_attr("postscale_factor"),
+                              ignore_name_scope=op.get_attr("ignore_name_scope"), process_set=_set_of(op))
+
+
+@_tf_ops.RegisterGradient("HorovodAllgather")
+def _allgather_grad(op, grad):
+    ps = _set_of(op)
+    ignore = op.get_attr("ignore_name_scope")
+    grad = _allreduce(grad, op=Average, ignore_name_scope=ignore, process_set=ps)
+    with tf.device("/cpu:0"):
+        rows = tf.reshape(tf.shape(op.inputs[0])[0], [1])
+        rows = tf.reshape(allgather(rows, ignore_name_scope=ignore, process_set=ps), [ps.size()])
+    return tf.split(grad, num_or_size_splits=rows, axis=0)[ps.rank()]
+
+
+@_tf_ops.RegisterGradient("HorovodAlltoall")
+def _alltoall_grad(op, grad, _grad_received_splits):
+    grad, _ = alltoall(grad, splits=op.outputs[1], ignore_name_scope=op.get_attr("ignore_name_scope"),
+                       process_set=_set_of(op))
+    return [grad, None]
+
+
+@_tf_ops.RegisterGradient("HorovodReducescatter")
+def _reducescatter_grad(op, grad):
+    ps = _set_of(op)
+    if op.get_attr("reduce_op") == Sum:  # Horovod's convention: the loss is the ranks' mean
+        grad *= ps.size()
+    for attr in ("prescale_factor", "postscale_factor"):
+        if op.get_attr(attr) != 1.0:
+            grad *= op.get_attr(attr)
+    return allgather(grad, ignore_name_scope=op.get_attr("ignore_name_scope"), process_set=ps)
+
+
+for _name in ("HorovodSize", "HorovodLocalSize", "HorovodRank", "HorovodLocalRank", "HorovodProcessSetIncluded",
+              "HorovodJoin"):
+    _tf_ops.NotDifferentiable(_name)
+
+
+@_tf_ops.RegisterGradient("HorovodBroadcast")
+def _broadcast_grad(op, grad):
+    ps = _set_of(op)
+    reduced = _allreduce(grad, op=Average, ignore_name_scope=op.get_attr("ignore_name_scope"), process_set=ps)
+    return reduced if ps.rank() == op.get_attr("root_rank") else reduced * 0
