@@ -1,11 +1,9 @@
 """appliance.tensorflow's collectives on real ranks (2 and 3 processes through the launcher):
 every op (reducescatter, alltoall and join on fewer dtypes) x dtype x a few shapes eagerly and inside tf.function against numpy, grouped allreduce,
 IndexedSlices, the scalar ops, the gradients, a process set of the even ranks, a shape mismatch and an unsupported dtype, and
-calls before hvd.init(). Skipped without
-TensorFlow (pip install '.[tensorflow]')."""
+calls before hvd.init(). Needs TensorFlow (conftest.py)."""
 import pytest
 
-pytest.importorskip("tensorflow")
 
 CASES = (
     "before_init,allreduce,grouped_allreduce,allgather,broadcast,reducescatter,alltoall,join,indexed_slices,scalars,"

@@ -1,7 +1,7 @@
 """A killed rank under appliance.tensorflow: ranks started directly (no launcher, which would
 stop the survivors), the last one SIGKILLed after a first allreduce; every survivor's next
 allreduce fails with tf.errors.UnknownError naming the dead rank within seconds, and every
-process ends. Skipped without TensorFlow."""
+process ends. Needs TensorFlow (conftest.py)."""
 import sys
 from pathlib import Path
 
@@ -9,7 +9,6 @@ import pytest
 
 from fixtures import RANKS
 
-pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from rank_group import RankGroup  # noqa: E402
 

@@ -1,7 +1,7 @@
 """appliance.tensorflow in one process, without a launcher: ``import horovod.tensorflow as hvd``
 through the shim is ``appliance.tensorflow`` itself, and torch and TensorFlow in one process share
 one runtime (hvd.init() of either is the other's). Each check runs in a fresh interpreter.
-Skipped without TensorFlow."""
+Needs TensorFlow (conftest.py)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,6 @@ import pytest
 
 from fixtures import ROOT
 
-pytest.importorskip("tensorflow")
 
 
 def ok(code: str, timeout: float = 240) -> str:

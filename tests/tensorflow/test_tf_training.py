@@ -1,10 +1,9 @@
 """A training step with appliance.tensorflow on real ranks: eagerly (DistributedGradientTape),
 inside tf.function and in a tf.compat.v1 session (DistributedOptimizer, BroadcastGlobalVariablesHook)
 it gives the numbers of one process on every rank's rows; a step's gradients are planned in one
-round and fused. Skipped without TensorFlow."""
+round and fused. Needs TensorFlow (conftest.py)."""
 import pytest
 
-pytest.importorskip("tensorflow")
 
 
 @pytest.mark.slow
