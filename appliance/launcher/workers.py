@@ -110,8 +110,14 @@ class LocalWorker:
                              name=f"relay-{rank}-{name}", daemon=True)
             for pipe, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))
         ]
-        for t in self._relays:
-            t.start()
+        try:
+            for t in self._relays:
+                t.start()
+        except RuntimeError as e:  # "can't start new thread": out of threads or address space
+            self.signal(signal.SIGKILL)
+            self._proc.wait()
+            raise SpawnError(rank, host, f"cannot start a thread to relay its output ({e}): the launcher "
+                                         "is out of threads or memory (ulimit -u / -v)", 126) from None
 
     def wait(self) -> int:
         return self._proc.wait()
@@ -150,11 +156,16 @@ class WorkerGroup:
         self._watched: set[int] = set()  # process groups of local ranks the reaper still guards
 
     def add(self, worker: Worker) -> None:
-        self.workers.append(worker)
         if self.reaper is not None and isinstance(worker, LocalWorker):
             self.reaper.watch(worker.pid)
             self._watched.add(worker.pid)
-        threading.Thread(target=self._wait, args=(worker,), name=f"wait-{worker.rank}", daemon=True).start()
+        try:
+            threading.Thread(target=self._wait, args=(worker,), name=f"wait-{worker.rank}", daemon=True).start()
+        except RuntimeError as e:  # "can't start new thread": the rank would run unwatched, so stop it now
+            worker.signal(signal.SIGKILL)
+            raise SpawnError(worker.rank, worker.host, f"cannot start a thread to wait for it ({e}): the launcher "
+                                                       "is out of threads or memory (ulimit -u / -v)", 126) from None
+        self.workers.append(worker)
 
     def _forget_gone(self, workers: Sequence[Worker]) -> None:
         for w in workers:

@@ -167,3 +167,25 @@ def test_usage_errors_are_one_clear_line(job, tmp_path):
     assert job.files("pid") == {}
     p = subprocess.run([sys.executable, "-m", "appliance", "launch", "-np", "2"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "no command" in p.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("elastic", [[], ["--min-np", "1"]], ids=["static", "elastic"])
+def test_a_launcher_out_of_threads_names_it_and_leaves_no_rank(job, tmp_path, elastic, require_tool):
+    # 300 ranks under a 600 MB address-space cap: the launcher's relay and wait threads (8 MiB of
+    # stack each) run out long before the ranks do. One line naming the cause, no traceback, every
+    # rank it started stopped.
+    require_tool("prlimit", "caps the launcher's address space")
+    marker = tmp_path / "started"
+    body = f"open({str(marker)!r} + '.' + os.environ['HOROVOD_RANK'], 'w').close()\nimport time; time.sleep(30)\n"
+    p = subprocess.Popen(["prlimit", "--as=600000000", sys.executable, "-m", "appliance", "launch", "-np", "300",
+                          "-H", "localhost:300", *elastic, "--", *job.argv(body)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    job.launchers.append(p)
+    code, out, err = finish(p, limit=100)
+    assert code == 126, err[-2000:]
+    assert "Traceback" not in out + err, err[-3000:]
+    assert "cannot start a thread" in err and "out of threads or memory" in err, err[-2000:]
+    pids = [int(pid) for pid in subprocess.run(["pgrep", "-f", str(marker)], capture_output=True,
+                                text=True).stdout.split()]
+    assert job.wait_dead(pids, 5.0) == []
