@@ -384,3 +384,18 @@ def test_the_record_of_a_primary_job_goes_into_its_job_directory():
     assert record_dir_of("abc", {}, "/nonexistent") is None
     assert record_dir_of("abc", {"APPLIANCE_RECORD_DIR": "off"}, "/") is None
     assert record_dir_of("abc", {}, "/") == "/jobs/abc"
+
+
+def test_the_reports_step_is_the_jobs_step_after_a_growth():
+    # A job grown from 2 ranks to 3 at job step 50: the new rank's own counter says 30 when the job
+    # ends at 80; rank 5 left in round 0 at step 20. The report counts the job's 80 steps, as the
+    # closing summary does, from the newest round's job_step (the per-process step undercounts).
+    def row(rank, t, step, job_step, rnd):
+        return {"rank": rank, "host": "h", "t": t, "step": step, "job_step": job_step, "round": rnd,
+                "busy_s": 1.0, "wall_s": t, "wait_s": 0.0, "late_s": 0.0}
+    record = {"job": {"job": "grown", "t": 0.0}, "rounds": [], "events": [], "end": {"t": 10.0},
+              "ranks": [row(5, 2.0, 20, 20, 0), row(0, 10.0, 80, 80, 1), row(1, 10.0, 80, 80, 1),
+                        row(2, 10.0, 30, 80, 1)]}
+    assert summarize(record)["steps"] == 80
+    older = {**record, "ranks": [{k: v for k, v in r.items() if k != "job_step"} for r in record["ranks"]]}
+    assert summarize(older)["steps"] == 30  # a record without job_step: the least step of the newest round

@@ -35,7 +35,7 @@ REPORT = "report.png"
 BIN_S = 5.0  # seconds per time bin (the record has a row per rank every 2 s)
 MAX_T = 1e11  # a row's time is time.time() on the launcher: a later one is not a time
 COUNTERS = ("step", "busy_s", "wall_s", "wait_s", "late_s")    # cumulative: a missing one is 0
-OPTIONAL = ("samples", "rss", "gpu_util", "gpu_mem", "total_steps")
+OPTIONAL = ("samples", "rss", "gpu_util", "gpu_mem", "total_steps", "job_step")
 
 
 class ReportError(OSError):
@@ -133,13 +133,24 @@ def summarize(record: dict) -> dict:
     for r in rows:
         newest[int(r["rank"])] = r
     end_t = (record.get("end") or {}).get("t") or max(r["t"] for r in rows)
-    steps = min(float(r["step"]) for r in newest.values())
+    steps = job_steps(newest.values())
     shares = [float(r["busy_s"]) / float(r["wall_s"]) for r in newest.values() if float(r.get("wall_s", 0)) > 0]
     top = max(newest.values(), key=lambda r: float(r.get("late_s", 0)))
     return {"steps": steps, "elapsed_s": end_t - t0, "steps_per_s": steps / (end_t - t0) if end_t > t0 else None,
             "comm_share": statistics.mean(shares) if shares else None,
             "top": (int(top["rank"]), str(top.get("host", "?")), float(top.get("late_s", 0))),
             "ranks": len(newest), "hosts": len({r.get("host") for r in newest.values()})}
+
+
+def job_steps(newest) -> float:
+    """The job's step as the script counts it: the least ``job_step`` among the ranks of the newest
+    round (an elastic job's ranks count from their own start, so their ``step`` undercounts a job
+    that grew; ranks that left in an earlier round stopped counting). Rows without ``job_step``
+    (an older record) give the least ``step``."""
+    rows = list(newest)
+    last = max(int(r.get("round") or 0) for r in rows)
+    current = [r for r in rows if int(r.get("round") or 0) == last]
+    return min(float(r["job_step"]) if _num(r.get("job_step")) else float(r["step"]) for r in current)
 
 
 def start_of(record: dict) -> float:
