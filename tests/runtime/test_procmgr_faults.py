@@ -127,6 +127,18 @@ MPIRUN = [
      ["APPLIANCE_JOB_SECRET must be hexadecimal"]),
     ("m44", 2, "", {"APPLIANCE_STORE_ADDR": "192.0.2.77:5000", "APPLIANCE_JOB_SECRET": "00ff"}, None, {}, False,
      ["192.0.2.77"]),
+    # a script's mistakes under mpirun: named at once (a mismatch on one name) or as a deadlock in seconds
+    ("m45", 2, "", {"PM_MODE": "mismatch_op"}, None, {}, False,
+     ["operation differs: rank 0 submitted allreduce, rank 1 submitted broadcast"]),
+    ("m46", 2, "", {"PM_MODE": "mismatch_name"}, None, {}, False,
+     ["rank 0 waits on: allreduce 't0'", "rank 1 waits on: allreduce 't1'"]),
+    ("m47", 2, "", {"PM_MODE": "mismatch_shape"}, None, {}, False, ["shape differs: rank 0 has [2], rank 1 has [3]"]),
+    ("m48", 2, "", {"PM_MODE": "mismatch_kind"}, None, {}, False,
+     ["rank 0 waits on: allreduce 'a'", "rank 1 waits on: allgather 'g'"]),
+    ("m49", 2, "", {"PM_MODE": "extra"}, None, {}, False, ["allreduce 'b': rank(s) [1] shut down without submitting it"]),
+    ("m50", 2, "", {"PM_MODE": "init_twice"}, None, {}, True, ["OK rank 0 size 2", "OK rank 1 size 2"]),
+    ("m52", 2, "", {"PM_MODE": "reinit"}, None, {}, True, ["OK rank 0 size 2", "OK rank 1 size 2"]),
+    ("m53", 3, "", {}, None, {}, True, ["OK rank 2 size 3 local 2/3 val 6"]),
 ]
 
 HYDRA = [
@@ -147,6 +159,8 @@ HYDRA = [
     ("h11", 2, "", {}, "1", {"PM_FAULT": "never"}, False, [f"rank 0 of 2 under hydra: {BARRIER}"]),
     ("h12", 2, "", {}, "1", {"PM_SET": "PMI_FD=1"}, False,
      ["cannot reach the PMI-1 server (PMI_FD='1'", f"rank 0 of 2 under hydra: {BARRIER}"]),
+    ("h14", 2, "", {"PM_MODE": "init_twice"}, None, {}, True, ["OK rank 0 size 2", "OK rank 1 size 2"]),
+    ("h15", 2, "", {"PM_MODE": "reinit"}, None, {}, True, ["OK rank 0 size 2", "OK rank 1 size 2"]),
 ]
 
 
