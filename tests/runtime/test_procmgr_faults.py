@@ -137,6 +137,8 @@ MPIRUN = [
      ["rank 0 waits on: allreduce 'a'", "rank 1 waits on: allgather 'g'"]),
     ("m49", 2, "", {"PM_MODE": "extra"}, None, {}, False, ["allreduce 'b': rank(s) [1] shut down without submitting it"]),
     ("m50", 2, "", {"PM_MODE": "init_twice"}, None, {}, True, ["OK rank 0 size 2", "OK rank 1 size 2"]),
+    ("m51", 2, "", {}, "1", {"PM_FAULT": "never", "PM_SLEEP": "0"}, False,  # rank 1 exits 0 without init
+     [f"rank 0 of 2 under mpirun: {FENCE}: rank(s) 1 never arrived"]),
     ("m52", 2, "", {"PM_MODE": "reinit"}, None, {}, True, ["OK rank 0 size 2", "OK rank 1 size 2"]),
     ("m53", 3, "", {}, None, {}, True, ["OK rank 2 size 3 local 2/3 val 6"]),
 ]
