@@ -123,7 +123,7 @@ CASES = {
                                 "appliance report: {job}: the record has no sample of any rank to draw"),
     "r12 -o in a directory that does not exist": (None, ("-o", "{tmp}/nonexistent/dir/x.png"), 1, SUMMARY,
                                                   "appliance report: cannot write {tmp}/nonexistent/dir/x.png: No "
-                                                  "such file or directory (-o FILE writes the picture elsewhere)"),
+                                                  "such file or directory (appliance report -o FILE writes the picture elsewhere)"),
     "r13 -o naming a directory": (None, ("-o", "{tmp}/out"), 0, "{tmp}/out/report.png", None),
     "r14 metrics.jsonl a FIFO": (_fifo, (), 1, "", NOT_REGULAR),
     "r15 metrics.jsonl -> /dev/zero": (_dev_zero, (), 1, "", NOT_REGULAR),
@@ -190,7 +190,7 @@ PERMISSIONS = {
     "r08 job directory 000": (0o000, 0o644, 1, "appliance report: cannot read {job}/metrics.jsonl: Permission denied"),
     "r09 metrics.jsonl 000": (0o755, 0o000, 1, "appliance report: cannot read {job}/metrics.jsonl: Permission denied"),
     "r10 job directory read-only": (0o555, 0o644, 1, "appliance report: cannot write {job}/report.png: Permission "
-                                                     "denied (-o FILE writes the picture elsewhere)"),
+                                                     "denied (appliance report -o FILE writes the picture elsewhere)"),
 }
 
 

@@ -189,7 +189,7 @@ def draw(job_dir: str, path: Optional[str] = None, record: Optional[dict] = None
     try:
         save_atomically(lambda f: fig.savefig(f, format="png", dpi=90), path)
     except OSError as e:
-        raise ReportError(f"cannot write {path}: {e.strerror or e} (-o FILE writes the picture elsewhere)") from None
+        raise ReportError(f"cannot write {path}: {e.strerror or e} (appliance report -o FILE writes the picture elsewhere)") from None
     finally:
         plt.close(fig)
     return path
