@@ -60,7 +60,7 @@ class HorovodBasics:
         return api.cross_rank()
 
     def is_homogeneous(self):
-        return api.local_size() * api.cross_size() == api.size()
+        return api.is_homogeneous()
 
     def start_timeline(self, file_path, mark_cycles=False):
         api.start_timeline(file_path, mark_cycles)

@@ -11,7 +11,7 @@ Knobs: see ``appliance.common.knobs.KNOBS``.
 """
 from appliance.runtime.api import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async, barrier,
-    broadcast, broadcast_async, cross_rank, cross_size, grouped_allreduce, init, is_initialized, join,
+    broadcast, broadcast_async, cross_rank, cross_size, grouped_allreduce, init, is_homogeneous, is_initialized, join,
     local_rank, local_size, poll, rank, reducescatter, reducescatter_async, shutdown, size,
     start_timeline, stop_timeline, synchronize,
 )

@@ -145,6 +145,11 @@ def cross_rank() -> int:
     return engine.current().core.cross_rank
 
 
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks (judged from this rank's view)."""
+    return local_size() * cross_size() == size()
+
+
 # --- numpy API -----------------------------------------------------------------------------
 def _contig(a) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a))

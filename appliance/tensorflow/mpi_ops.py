@@ -65,13 +65,9 @@ local_size = _api.local_size
 local_rank = _api.local_rank
 cross_size = _api.cross_size
 cross_rank = _api.cross_rank
+is_homogeneous = _api.is_homogeneous
 start_timeline = _api.start_timeline
 stop_timeline = _api.stop_timeline
-
-
-def is_homogeneous() -> bool:
-    """True when every host runs the same number of ranks (judged from this rank's view)."""
-    return local_size() * cross_size() == size()
 
 
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(

@@ -88,11 +88,7 @@ local_size = _api.local_size
 local_rank = _api.local_rank
 cross_size = _api.cross_size
 cross_rank = _api.cross_rank
-
-
-def is_homogeneous() -> bool:
-    """True when every host runs the same number of ranks (judged from this rank's view)."""
-    return local_size() * cross_size() == size()
+is_homogeneous = _api.is_homogeneous
 
 
 # Horovod's name for the ``average=``/``op=`` resolution (horovod.torch.mpi_ops exports it).
