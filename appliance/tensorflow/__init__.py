@@ -96,4 +96,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
         return compression.decompress(reduced, ctx)
 
 
-from appliance.tensorflow.optimizer import DistributedGradientTape, DistributedOptimizer  # noqa: E402,F401
+from appliance.tensorflow.optimizer import (  # noqa: E402,F401
+    DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape,
+)
+from appliance.tensorflow import gradient_aggregation, gradient_aggregation_eager  # noqa: E402,F401
+from appliance.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402,F401
