@@ -101,3 +101,4 @@ from appliance.tensorflow.optimizer import (  # noqa: E402,F401
 )
 from appliance.tensorflow import gradient_aggregation, gradient_aggregation_eager  # noqa: E402,F401
 from appliance.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402,F401
+from appliance.tensorflow import elastic  # noqa: E402,F401  (hvd.elastic: one module under both names)
