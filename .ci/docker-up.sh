@@ -10,6 +10,9 @@
 #   DOCKER_UP_TIMEOUT   seconds to wait for the engine to answer (default 60)
 #   DOCKERD_LOG         daemon log file (default /var/log/appliance-dockerd.log)
 #   DOCKER_UP_LOCK      lock file (default /run/lock/appliance-docker-up.lock)
+#   DOCKERD_NICE        niceness of a dockerd this script starts, and so of every container
+#                       process (default 0; .ci/run sets 10: the image builds that overlap the
+#                       CPU tests yield the cores to them; the Docker tier runs last, alone)
 #
 # Failure modes: exits non-zero with one "docker-up: ERROR: ..." line, followed by the last lines
 # of the daemon log, when the packages cannot be installed, the daemon dies, or it does not answer
@@ -19,6 +22,8 @@ set -euo pipefail
 TIMEOUT="${DOCKER_UP_TIMEOUT:-60}"
 LOG="${DOCKERD_LOG:-/var/log/appliance-dockerd.log}"
 LOCK="${DOCKER_UP_LOCK:-/run/lock/appliance-docker-up.lock}"
+NICE="${DOCKERD_NICE:-0}"
+[[ "$NICE" =~ ^-?[0-9]+$ ]] || { echo "docker-up: ERROR: DOCKERD_NICE=$NICE: expected a whole number" >&2; exit 1; }
 PIDFILE=/var/run/docker.pid
 
 say() { echo "docker-up: $*" >&2; }
@@ -80,9 +85,9 @@ if ! pgrep -x dockerd >/dev/null; then
         "${SUDO[@]}" rm -f "$PIDFILE"
     fi
     "${SUDO[@]}" mkdir -p "$(dirname "$LOG")"
-    say "starting dockerd (log: $LOG)"
+    say "starting dockerd (log: $LOG, nice $NICE)"
     # Own session, no terminal, output only to the log: it outlives this script on purpose.
-    "${SUDO[@]}" setsid -f dockerd </dev/null >>"$LOG" 2>&1
+    "${SUDO[@]}" setsid -f nice -n "$NICE" dockerd </dev/null >>"$LOG" 2>&1
 else
     say "dockerd is running but not answering yet; waiting"
 fi

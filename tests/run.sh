@@ -17,7 +17,8 @@
 # Docker engine answers (.ci/docker-up.sh: docker.io, docker-compose, debootstrap, dockerd) and
 # runs pytest with --strict-prereqs, so a missing tool or engine fails its tests instead of
 # skipping them. The Docker tier (marker docker) builds its CPU image (build.sh --cpu, first time
-# ~4 min) and its GPU image (build.sh, ~6 min) once per run, then cached;
+# ~4 min) and its GPU image (build.sh, ~6 min) once per run, then cached: in the background from
+# the end of collection, while the other tiers run (the Docker tier runs last);
 # APPLIANCE_TEST_IMAGE / APPLIANCE_TEST_GPU_IMAGE=NAME use given images. The Kubernetes tier
 # (marker k8s, also marked docker, so it runs wherever the Docker tier runs) re-enacts the
 # manifests in deploy/kubernetes with containers of that same CPU image (tests/fixtures/k8s.py:
