@@ -12,5 +12,7 @@ import pytest
 def test_aggregation_partial_tape_sync_batch_norm_and_adasum_match_one_process(run_ranks):
     ranks = run_ranks(2, "tf_hvd", "features", env={"OMP_NUM_THREADS": "1"}, timeout=240)
     for r in range(2):
-        assert ranks[r]["ok"] and ranks[r]["features"] == ["aggregation", "partial_tape", "sync_batch_norm",
-                                                           "adasum"], ranks[r]
+        assert ranks[r]["ok"], ranks[r]
+        assert set(ranks[r]["seconds"]) == {"aggregation", "partial_tape", "sync_batch_norm", "adasum"}, ranks[r]
+        assert ranks[r]["failures"] == {}, ranks[r]["failures"]
+    print("seconds per check (rank 0):", ranks[0]["seconds"])
