@@ -65,6 +65,8 @@ fi
 say "installing the project (compiles the C++ core)"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test,bench]' --config-settings=cmake.define.APPLIANCE_BUILD_TESTS=ON
+# tests/keras runs under tf-keras too; it declares `tensorflow`, the module tensorflow-cpu installs (pyproject.toml).
+.venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
 # The test extra installs tensorflow-cpu: a failure here (no TensorFlow, a compile error) ends the run.
 say "compiling the TensorFlow op library (appliance.tensorflow; once per TensorFlow and source)"
 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -m appliance.tensorflow.build >/dev/null

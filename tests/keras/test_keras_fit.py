@@ -1,0 +1,71 @@
+"""``horovod.tensorflow.keras`` on 2 real ranks, each with its own rows, under Keras 3 and under
+tf-keras (``TF_USE_LEGACY_KERAS=1``), one launch each (tests/ranks/keras_hvd.py): ``fit`` with
+``DistributedOptimizer`` leaves every rank with the same weights, those of one process trained
+on every rank's rows of each step; the epoch's metrics are the ranks' average; the warmup and
+schedule callbacks give Horovod's learning rate batch by batch; the best-model checkpoint is
+written by rank 0 only and ``load_model`` restores it with a wrapped optimizer; gradients handed
+to ``apply_gradients``/``apply`` directly (eager, tf.function, fp16, sparse, two passes per step)
+are averaged. Needs TensorFlow (conftest.py)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from fixtures import RANKS, ROOT
+
+PATH = os.pathsep.join([str(ROOT), str(ROOT / "shim"), str(RANKS)])
+NP = 2
+
+
+def expected_lrs(size: int, initial: float, spe: int) -> list[float]:
+    """Horovod's schedule: warmup over epochs 0-1 (per batch), x0.5 per epoch in 2-3, 0.01 * epoch in 4."""
+    out = []
+    for epoch in range(5):
+        for batch in range(spe):
+            if epoch < 2:
+                e = epoch + batch / spe + 1 / spe
+                out.append(initial / size * (e * (size - 1) / 2 + 1))
+            elif epoch < 4:
+                out.append(initial * 0.5 ** (epoch - 2))
+            else:
+                out.append(initial * 0.01 * epoch)
+    return out
+
+
+def check(ranks) -> None:
+    reps = [ranks[r] for r in range(NP)]
+    for r, rep in enumerate(reps):
+        assert rep and rep["ok"], (r, rep)
+    w0 = np.array(reps[0]["weights"])
+    for rep in reps:
+        # equal on every rank, and equal to one process on every rank's rows (from root's initial weights)
+        assert np.allclose(rep["weights"], w0, atol=1e-6), "ranks' weights differ: gradients not averaged"
+        assert np.allclose(rep["weights"], rep["reference"], atol=1e-5), \
+            np.abs(np.array(rep["weights"]) - rep["reference"]).max()
+    raw = np.array([rep["raw_loss"] for rep in reps])
+    assert not np.allclose(raw[0], raw[1]), "the ranks' own losses should differ (their own rows)"
+    for rep in reps:
+        assert np.allclose(rep["history_loss"], raw.mean(axis=0), rtol=1e-6), (rep["history_loss"], raw)
+        want = expected_lrs(NP, rep["initial_lr"], rep["steps_per_epoch"])
+        assert np.allclose(rep["lrs"], want, rtol=1e-6), (rep["lrs"], want)
+    assert reps[0]["checkpoint_written"] and not reps[1]["checkpoint_written"]
+    for rep in reps:
+        assert rep["loaded_iterations"] == rep["trained_iterations"] > 0
+        assert np.allclose(rep["loaded_weights"], reps[0]["loaded_weights"], atol=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_keras3_fit_averages_like_one_process(run_ranks):
+    ranks = run_ranks(NP, "keras_hvd", env={"PYTHONPATH": PATH, "OMP_NUM_THREADS": "1"}, timeout=200)
+    assert ranks[0]["legacy"] is False
+    check(ranks)
+
+
+@pytest.mark.timeout(240)
+def test_tf_keras_fit_averages_like_one_process(run_ranks, tf_keras_installed):
+    ranks = run_ranks(NP, "keras_hvd", env={"PYTHONPATH": PATH, "OMP_NUM_THREADS": "1", "TF_USE_LEGACY_KERAS": "1"},
+                      timeout=200)
+    assert ranks[0]["legacy"] is True
+    check(ranks)
