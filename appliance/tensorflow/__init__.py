@@ -3,7 +3,8 @@
 The same names, defaults and semantics as Horovod's TensorFlow 2 API, eager and inside
 ``tf.function`` and ``tf.compat.v1`` graphs: ``init``/``shutdown`` and the layout, ``allreduce``
 (an ``IndexedSlices`` as two allgathers, as Horovod does), ``grouped_allreduce``, ``allgather``,
-``broadcast``, ``reducescatter``, ``alltoall``, ``join``, ``broadcast_variables``, the scalar ops, ``Compression``,
+``grouped_allgather``, ``broadcast``, ``broadcast_``, ``reducescatter``, ``grouped_reducescatter``,
+``alltoall``, ``join``, ``broadcast_variables``, the scalar ops, ``Compression``,
 ``DistributedGradientTape`` and ``DistributedOptimizer`` (``tf.compat.v1`` optimizers). The
 collectives are asynchronous kernels of an op library compiled against the installed TensorFlow
 (``appliance.tensorflow._library``) that submit through the core's C door, so a step's
@@ -18,18 +19,19 @@ import tensorflow as tf
 
 from appliance.tensorflow.compression import Compression  # noqa: F401
 from appliance.tensorflow.functions import (  # noqa: F401
-    allgather_object, broadcast_, broadcast_global_variables, broadcast_object, broadcast_variables,
+    allgather_object, broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn, broadcast_variables,
 )
 from appliance.tensorflow.functions import BroadcastGlobalVariablesHook  # noqa: F401
 from appliance.tensorflow.mpi_ops import (  # noqa: F401
     Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum, add_process_set, allgather,
-    alltoall, broadcast, join, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+    grouped_allgather, alltoall, broadcast, join, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
     gloo_enabled, handle_average_backwards_compatibility, init, is_homogeneous, is_initialized, local_rank,
     local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
     process_set_included_op, rank, rank_op, remove_process_set, rocm_built, shutdown, size, size_op,
     start_timeline, stop_timeline,
 )
-from appliance.tensorflow.mpi_ops import raw_allreduce, raw_grouped_allreduce, raw_reducescatter
+from appliance.tensorflow.mpi_ops import raw_allreduce, raw_grouped_allreduce, raw_grouped_reducescatter, raw_reducescatter
+from appliance.tensorflow.util import executing_eagerly as _executing_eagerly  # noqa: F401  (Horovod's name)
 from appliance.runtime import process_sets as _ps
 
 
@@ -94,6 +96,20 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
                                     ignore_name_scope=ignore_name_scope, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor)
         return compression.decompress(reduced, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Each of ``tensors`` reduce-scattered as by ``reducescatter``, negotiated and run as one
+    group (one dtype)."""
+    if not tensors:
+        return tensors
+    _ps.size_of(process_set)  # ValueError before init
+    with tf.device(device_dense):
+        pairs = [compression.compress(t) for t in tensors]
+        reduced = raw_grouped_reducescatter([p[0] for p in pairs], op=op, process_set=process_set,
+                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
 
 
 from appliance.tensorflow.optimizer import (  # noqa: E402,F401

@@ -2,8 +2,9 @@
 
 What it is: the lifecycle (``init``/``shutdown``, ranks and sizes: the runtime's, shared with
 ``appliance.torch`` in one process), the raw collectives on ``tf.Tensor`` (``raw_allreduce``,
-``raw_grouped_allreduce``, ``raw_reducescatter``, also under Horovod's names ``_allreduce``...,
-``allgather``, ``broadcast``, ``alltoall``, ``join``), the scalar ops evaluated when a graph
+``raw_grouped_allreduce``, ``raw_reducescatter``, ``raw_grouped_reducescatter``, also under
+Horovod's names ``_allreduce``..., ``allgather``, ``grouped_allgather``, ``broadcast``,
+``alltoall``, ``join``), the scalar ops evaluated when a graph
 runs (``size_op``, ``rank_op``...), and the gradients that make the collectives differentiable
 (allreduce's is an allreduce; allgather's an averaged allreduce sliced back to this rank's rows;
 broadcast's an averaged allreduce, zero off the root). The ops are asynchronous kernels of the op
@@ -133,6 +134,16 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
                                     process_set_id=_set_id(process_set))
 
 
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Each of ``tensors`` gathered as by ``allgather``, negotiated and run as one group (one dtype)."""
+    if not tensors:
+        return tensors
+    if name is None and not _executing_eagerly():
+        name = _normalize_name("HorovodGroupedAllgather_%s_%s" % (tensors[0].name, tensors[-1].name))
+    return _lib().horovod_grouped_allgather(tensors, name=name, ignore_name_scope=ignore_name_scope,
+                                            process_set_id=_set_id(process_set))
+
+
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
     """``root_rank``'s tensor on every rank (``root_rank`` a job rank, as in Horovod)."""
     if name is None and not _executing_eagerly():
@@ -165,6 +176,17 @@ def raw_reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False, proces
                                         postscale_factor=postscale_factor)
 
 
+def raw_grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False, process_set=global_process_set,
+                              prescale_factor=1.0, postscale_factor=1.0):
+    """Each of ``tensors`` reduce-scattered as by ``raw_reducescatter``, negotiated and run as one
+    group (one dtype)."""
+    if name is None and not _executing_eagerly():
+        name = _normalize_name("HorovodGroupedReducescatter_%s_%s" % (tensors[0].name, tensors[-1].name))
+    return _lib().horovod_grouped_reducescatter(tensors, name=name, reduce_op=op, ignore_name_scope=ignore_name_scope,
+                                                process_set_id=_set_id(process_set), prescale_factor=prescale_factor,
+                                                postscale_factor=postscale_factor)
+
+
 def join():
     """This rank has no more work: it joins every collective the others still run with zeros
     until all have joined. Returns the last rank to join (an int32 tensor)."""
@@ -172,7 +194,9 @@ def join():
     return _lib().horovod_join()
 
 
-_allreduce, _grouped_allreduce, _reducescatter = raw_allreduce, raw_grouped_allreduce, raw_reducescatter  # Horovod's names
+# Horovod's names
+_allreduce, _grouped_allreduce, _reducescatter = raw_allreduce, raw_grouped_allreduce, raw_reducescatter
+_grouped_reducescatter = raw_grouped_reducescatter
 
 
 # --- the scalar ops: values when the graph runs --------------------------------------------------
@@ -228,6 +252,30 @@ def _allgather_grad(op, grad):
         rows = tf.reshape(tf.shape(op.inputs[0])[0], [1])
         rows = tf.reshape(allgather(rows, ignore_name_scope=ignore, process_set=ps), [ps.size()])
     return tf.split(grad, num_or_size_splits=rows, axis=0)[ps.rank()]
+
+
+@_tf_ops.RegisterGradient("HorovodGroupedAllgather")
+def _grouped_allgather_grad(op, *grads):
+    # each member on its own: TensorFlow may hand float32 zeros for a float64 member's gradient
+    ps = _set_of(op)
+    ignore = op.get_attr("ignore_name_scope")
+    grads = [_allreduce(g, op=Average, ignore_name_scope=ignore, process_set=ps) for g in grads]
+    out = []
+    with tf.device("/cpu:0"):
+        rows = [tf.reshape(allgather(tf.reshape(tf.shape(x)[0], [1]), ignore_name_scope=ignore, process_set=ps),
+                           [ps.size()]) for x in op.inputs]
+    for g, r in zip(grads, rows):
+        out.append(tf.split(g, num_or_size_splits=r, axis=0)[ps.rank()])
+    return out
+
+
+@_tf_ops.RegisterGradient("HorovodGroupedReducescatter")
+def _grouped_reducescatter_grad(op, *grads):
+    ps = _set_of(op)
+    scale = float(ps.size()) if op.get_attr("reduce_op") == Sum else 1.0  # the loss is the ranks' mean
+    scale *= op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
+    ignore = op.get_attr("ignore_name_scope")
+    return [allgather(g * scale if scale != 1.0 else g, ignore_name_scope=ignore, process_set=ps) for g in grads]
 
 
 @_tf_ops.RegisterGradient("HorovodAlltoall")

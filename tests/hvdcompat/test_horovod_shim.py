@@ -21,7 +21,8 @@ MODULES = """horovod horovod.torch horovod.torch.mpi_ops horovod.torch.functions
 horovod.torch.compression horovod.torch.elastic horovod.torch.sync_batch_norm horovod.common
 horovod.common.exceptions horovod.common.util horovod.common.process_sets horovod.common.basics
 horovod.common.elastic horovod.torch.elastic.state horovod.torch.elastic.sampler
-horovod.runner horovod.runner.util horovod.runner.util.threads""".split()
+horovod.runner horovod.runner.util horovod.runner.util.threads horovod.runner.common horovod.runner.common.util
+horovod.runner.common.util.env""".split()
 
 # Horovod 0.28.1: horovod/torch/__init__.py's exports (all of them now), the extra public names of
 # horovod/torch/mpi_ops.py, and those of the framework-free modules.
@@ -48,6 +49,7 @@ OTHER_NAMES = {
     "horovod.common.basics": "HorovodBasics",
     "horovod.runner": "run",
     "horovod.runner.util.threads": "execute_function_multithreaded in_thread on_event",
+    "horovod.runner.common.util.env": "get_env_rank_and_size",
     "horovod.torch.elastic": "run State ObjectState TorchState ElasticSampler",
     "horovod.torch.elastic.state": "TorchState ObjectState get_handler_registry set_handler_registry",
     "horovod.common.elastic": "State ObjectState run_fn",

@@ -15,13 +15,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _tf_collectives  # noqa: E402
 import _tf_features  # noqa: E402
+import _tf_suite  # noqa: E402
 import _tf_training  # noqa: E402
 from _report import report  # noqa: E402
 
 import appliance.tensorflow as hvd  # noqa: E402
 
 CASES = {}
-for _mod in (_tf_collectives, _tf_training, _tf_features):
+for _mod in (_tf_collectives, _tf_training, _tf_features, _tf_suite):
     CASES.update(_mod.CASES)
 
 

@@ -2,6 +2,8 @@
 every op (reducescatter, alltoall and join on fewer dtypes) x dtype x a few shapes eagerly and inside tf.function against numpy, grouped allreduce,
 IndexedSlices, the scalar ops, the gradients, a process set of the even ranks, a shape mismatch and an unsupported dtype, and
 calls before hvd.init(). Needs TensorFlow (conftest.py)."""
+import os
+
 import pytest
 
 
@@ -26,3 +28,16 @@ def test_process_sets(run_ranks):
                       timeout=240)
     for r in range(3):
         assert ranks[r]["ok"] and ranks[r]["cases"] == ["process_sets"], ranks[r]
+
+
+@pytest.mark.timeout(240)
+def test_what_horovods_suite_needs(run_ranks):
+    """uint16 through allgather/broadcast/alltoall, grouped allgather and grouped reducescatter
+    (values, scaling, gradients, a scalar member refused), and in a v1 session broadcast_ of
+    reference and resource variables and the object helpers; Horovod's module paths."""
+    from fixtures import ROOT
+
+    ranks = run_ranks(2, "tf_hvd", "horovod_suite", timeout=180,
+                      env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'shim'}"})
+    for r in range(2):
+        assert ranks[r]["ok"] and ranks[r]["cases"] == ["horovod_suite"], ranks[r]

@@ -3,7 +3,8 @@
 // flight at once, and the core fuses them. CPU kernels (GPU tensors reach them through
 // TensorFlow's placement: a host copy).
 //
-// HorovodAllreduce, HorovodGroupedAllreduce, HorovodAllgather, HorovodBroadcast: Horovod's op
+// HorovodAllreduce, HorovodGroupedAllreduce, HorovodAllgather, HorovodGroupedAllgather,
+// HorovodBroadcast: Horovod's op
 // names, inputs and attributes (its Python gradient functions and graphs name them so).
 #include "door.h"
 #include "tensorflow/core/framework/op.h"
@@ -93,32 +94,43 @@ class BroadcastOp : public AsyncOpKernel {
   int64_t root_ = 0;
 };
 
-// Allgather: the output's first dimension is known once every rank's is (after negotiation);
-// the core keeps the output and the callback copies it into the kernel's.
+// Allgather (and grouped allgather: one group of num_tensors members): the outputs' first
+// dimensions are known once every rank's are (after negotiation); the core keeps each output and
+// the callback copies it into the kernel's.
 class AllgatherOp : public AsyncOpKernel {
  public:
-  explicit AllgatherOp(OpKernelConstruction* c) : AsyncOpKernel(c) { common_.read(c); }
+  explicit AllgatherOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    common_.read(c);
+    if (c->HasAttr("num_tensors")) OP_REQUIRES_OK(c, c->GetAttr("num_tensors", &num_tensors_));
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor& in = ctx->input(0);
-    OP_REQUIRES_ASYNC(ctx, in.dims() > 0, absl::InvalidArgumentError("allgather needs a tensor of rank 1 or more"), done);
-    const std::string name = op_name(*this, common_.ignore_name_scope);
-    std::vector<int64_t> shape;
-    std::vector<appliance_core_request> reqs{describe(in, APPLIANCE_ALLGATHER, &shape)};
-    reqs[0].process_set = static_cast<int32_t>(common_.process_set_id);
-    reqs[0].name = name.c_str();
-    auto finish = [ctx](int32_t, appliance_core_op* op) { return copy_output(ctx, 0, op); };
+    const std::string base = op_name(*this, common_.ignore_name_scope);
+    std::vector<std::string> names(num_tensors_);
+    std::vector<std::vector<int64_t>> shapes(num_tensors_);
+    std::vector<appliance_core_request> reqs(num_tensors_);
+    for (int i = 0; i < num_tensors_; ++i) {
+      const Tensor& in = ctx->input(i);
+      OP_REQUIRES_ASYNC(ctx, in.dims() > 0, absl::InvalidArgumentError("allgather needs a tensor of rank 1 or more"), done);
+      reqs[i] = describe(in, APPLIANCE_ALLGATHER, &shapes[i]);
+      reqs[i].process_set = static_cast<int32_t>(common_.process_set_id);
+      names[i] = num_tensors_ > 1 ? base + "_" + std::to_string(i) : base;
+      reqs[i].name = names[i].c_str();
+    }
+    auto finish = [ctx](int32_t index, appliance_core_op* op) { return copy_output(ctx, index, op); };
     (new Submission(ctx, std::move(done), finish))->submit(reqs);
   }
 
  private:
   Common common_;
+  int num_tensors_ = 1;
 };
 
 REGISTER_KERNEL_BUILDER(Name("HorovodAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodGroupedAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("HorovodGroupedAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
 
 }  // namespace
 }  // namespace appliance_tf
@@ -128,7 +140,8 @@ using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
 #define APPLIANCE_REDUCE_TYPES "T: {uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64}"
-#define APPLIANCE_ALL_TYPES "T: {uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool}"
+// The ops that only move bytes also take uint16 (Horovod's), carried as int16.
+#define APPLIANCE_ALL_TYPES "T: {uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool}"
 #define APPLIANCE_COMMON_ATTRS .Attr("ignore_name_scope: bool = False").Attr("process_set_id: int = 0")
 
 REGISTER_OP("HorovodAllreduce")
@@ -167,6 +180,21 @@ REGISTER_OP("HorovodAllgather")
       ShapeHandle out;
       TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &out));
       c->set_output(0, out);
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("HorovodGroupedAllgather")
+    .Attr(APPLIANCE_ALL_TYPES)
+    APPLIANCE_COMMON_ATTRS
+    .Attr("num_tensors: int >= 1")
+    .Input("tensors: num_tensors*T")
+    .Output("outputs: num_tensors*T")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) {
+        ShapeHandle out;
+        TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(i), 0, c->UnknownDim(), &out));
+        c->set_output(i, out);
+      }
       return absl::OkStatus();
     });
 

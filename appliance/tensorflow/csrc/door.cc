@@ -20,6 +20,7 @@ int core_dtype(tensorflow::DataType t) {
     case DT_UINT8: return APPLIANCE_UINT8;
     case DT_INT8: return APPLIANCE_INT8;
     case DT_INT16: return APPLIANCE_INT16;
+    case DT_UINT16: return APPLIANCE_INT16;  // only the byte-moving ops take it (their type lists)
     case DT_INT32: return APPLIANCE_INT32;
     case DT_INT64: return APPLIANCE_INT64;
     case DT_HALF: return APPLIANCE_FLOAT16;

@@ -1,7 +1,7 @@
-// The collectives whose output the core sizes beyond allgather: reducescatter (each rank's
-// share of the reduction, rows split as evenly as the ranks allow), alltoall (rows sent to each
-// rank as `splits` says; the rows received from each come back as received_splits), and join
-// (the last rank to join). AsyncOpKernels over the C door (door.h), as in collectives.cc.
+// The collectives whose output the core sizes beyond allgather: reducescatter and grouped
+// reducescatter (each rank's share of the reduction, rows split as evenly as the ranks allow),
+// alltoall (rows sent to each rank as `splits` says; the rows received from each come back as
+// received_splits), and join (the last rank to join). AsyncOpKernels over the C door (door.h), as in collectives.cc.
 #include <vector>
 
 #include "door.h"
@@ -18,6 +18,7 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
+// Reducescatter, and grouped reducescatter (one group of num_tensors members).
 class ReducescatterOp : public AsyncOpKernel {
  public:
   explicit ReducescatterOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
@@ -26,20 +27,26 @@ class ReducescatterOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
     OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    if (c->HasAttr("num_tensors")) OP_REQUIRES_OK(c, c->GetAttr("num_tensors", &num_tensors_));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor& in = ctx->input(0);
-    OP_REQUIRES_ASYNC(ctx, in.dims() > 0, absl::InvalidArgumentError("reducescatter needs a tensor of rank 1 or more"), done);
-    const std::string name = op_name(*this, ignore_name_scope_);
-    std::vector<int64_t> shape;
-    std::vector<appliance_core_request> reqs{describe(in, APPLIANCE_REDUCESCATTER, &shape)};
-    reqs[0].reduce_op = reduce_op_;
-    reqs[0].prescale = prescale_;
-    reqs[0].postscale = postscale_;
-    reqs[0].process_set = static_cast<int32_t>(process_set_id_);
-    reqs[0].name = name.c_str();
-    auto finish = [ctx](int32_t, appliance_core_op* op) { return copy_output(ctx, 0, op); };
+    const std::string base = op_name(*this, ignore_name_scope_);
+    std::vector<std::string> names(num_tensors_);
+    std::vector<std::vector<int64_t>> shapes(num_tensors_);
+    std::vector<appliance_core_request> reqs(num_tensors_);
+    for (int i = 0; i < num_tensors_; ++i) {
+      const Tensor& in = ctx->input(i);
+      OP_REQUIRES_ASYNC(ctx, in.dims() > 0, absl::InvalidArgumentError("reducescatter needs a tensor of rank 1 or more"), done);
+      reqs[i] = describe(in, APPLIANCE_REDUCESCATTER, &shapes[i]);
+      reqs[i].reduce_op = reduce_op_;
+      reqs[i].prescale = prescale_;
+      reqs[i].postscale = postscale_;
+      reqs[i].process_set = static_cast<int32_t>(process_set_id_);
+      names[i] = num_tensors_ > 1 ? base + "_" + std::to_string(i) : base;
+      reqs[i].name = names[i].c_str();
+    }
+    auto finish = [ctx](int32_t index, appliance_core_op* op) { return copy_output(ctx, index, op); };
     (new Submission(ctx, std::move(done), finish))->submit(reqs);
   }
 
@@ -48,6 +55,7 @@ class ReducescatterOp : public AsyncOpKernel {
   int64_t process_set_id_ = 0;
   int reduce_op_ = APPLIANCE_SUM;
   float prescale_ = 1.0f, postscale_ = 1.0f;
+  int num_tensors_ = 1;
 };
 
 class AlltoallOp : public AsyncOpKernel {
@@ -114,6 +122,7 @@ class JoinOp : public AsyncOpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("HorovodReducescatter").Device(tensorflow::DEVICE_CPU), ReducescatterOp);
+REGISTER_KERNEL_BUILDER(Name("HorovodGroupedReducescatter").Device(tensorflow::DEVICE_CPU), ReducescatterOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodAlltoall").Device(tensorflow::DEVICE_CPU).HostMemory("splits").HostMemory("received_splits"), AlltoallOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodJoin").Device(tensorflow::DEVICE_CPU), JoinOp);
 
@@ -140,8 +149,28 @@ REGISTER_OP("HorovodReducescatter")
       return absl::OkStatus();
     });
 
+REGISTER_OP("HorovodGroupedReducescatter")
+    .Attr("T: {uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64}")
+    .Attr("reduce_op: int")
+    .Attr("ignore_name_scope: bool = False")
+    .Attr("num_tensors: int >= 1")
+    .Attr("process_set_id: int = 0")
+    .Attr("prescale_factor: float")
+    .Attr("postscale_factor: float")
+    .Input("tensors: num_tensors*T")
+    .Output("outputs: num_tensors*T")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) {
+        if (InferenceContext::Rank(c->input(i)) == 0) return absl::InvalidArgumentError("reducescatter needs a tensor of rank 1 or more");
+        ShapeHandle out;
+        TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(i), 0, c->UnknownDim(), &out));
+        c->set_output(i, out);
+      }
+      return absl::OkStatus();
+    });
+
 REGISTER_OP("HorovodAlltoall")
-    .Attr("T: {uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool}")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool}")
     .Attr("ignore_name_scope: bool = False")
     .Attr("process_set_id: int = 0")
     .Input("tensor: T")
