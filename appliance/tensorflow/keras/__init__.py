@@ -6,14 +6,15 @@ What it owns: the Keras face of ``appliance.tensorflow`` with Horovod 0.28.1's n
 ``DistributedOptimizer`` and ``PartialDistributedOptimizer`` (``_optimizer``: the gradients are
 averaged where each Keras applies them), ``broadcast_global_variables``, ``allreduce``,
 ``allgather``, ``broadcast``, ``reducescatter`` on values (eager: numpy in, tensors out),
-``load_model`` (a saved model's optimizer comes back wrapped), ``Compression`` and ``callbacks``.
+``load_model`` (a saved model's optimizer comes back wrapped), ``Compression``, ``callbacks`` and
+``elastic``.
 Which Keras: ``tf.keras`` as TensorFlow resolves it (``TF_USE_LEGACY_KERAS=1``: tf-keras); an
 optimizer is handled as the Keras it belongs to.
 
 One copy: ``horovod.tensorflow`` is ``appliance.tensorflow``, so ``import horovod.tensorflow.keras``
-finds this file through that package's path and runs it under the ``horovod.`` name; the end of
-this file then puts the one ``appliance.tensorflow.keras`` module (and its ``callbacks``) in its
-place. ``horovod.keras`` (shim) is this module too.
+finds this file through that package's path and runs it under the ``horovod.`` name; the start of
+this file then puts the one ``appliance.tensorflow.keras`` module (and its ``callbacks`` and
+``elastic``) in its place. ``horovod.keras`` (shim) is this module too.
 
 Environment: ``TF_USE_LEGACY_KERAS`` (TensorFlow's: which Keras ``tf.keras`` is). Failure modes:
 ``op`` other than Average/Sum and bad ``groups`` raise ``ValueError`` as Horovod's; collectives
@@ -29,6 +30,7 @@ if __name__ != "appliance.tensorflow.keras":  # reached as horovod.tensorflow.ke
     _one = importlib.import_module("appliance.tensorflow.keras")
     sys.modules[__name__] = _one
     sys.modules[__name__ + ".callbacks"] = _one.callbacks
+    sys.modules[__name__ + ".elastic"] = _one.elastic
 else:
     import tensorflow as tf
 
@@ -40,7 +42,7 @@ else:
         remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline,
     )
     from appliance.tensorflow.keras import _optimizer
-    from appliance.tensorflow.keras import callbacks  # noqa: F401
+    from appliance.tensorflow.keras import callbacks, elastic  # noqa: F401
 
     def _check(op, gradient_predivide_factor, num_groups, groups):
         if op != Average and op != Sum:
