@@ -88,8 +88,14 @@ class LocalGradientAggregationHelperEager:
 
     def apply_gradients(self, apply_grads_closure, optimizer, *args, **kwargs):
         """``apply_grads_closure()`` on the calls that reduced (the counter back at 0); on the
-        others the optimizer's ``iterations`` counts the step."""
+        others the optimizer's ``iterations`` counts the step, and an optimizer with
+        ``_aggregate_gradients`` (tf-keras) sees the step's gradients as its ``apply_gradients``
+        would have shown them. Returns whether the closure ran (a bool tensor)."""
         def count_iteration():
+            if args and hasattr(optimizer, "_aggregate_gradients"):
+                pairs = list(args[0])
+                transform = getattr(optimizer, "_transform_unaggregated_gradients", None)
+                optimizer._aggregate_gradients(transform(pairs) if transform else pairs)
             iterations = getattr(optimizer, "iterations", None)
             if iterations is not None:
                 iterations.assign_add(1)
