@@ -1,16 +1,22 @@
-"""Averaging gradients over the ranks: ``DistributedGradientTape`` (TensorFlow 2) and
-``DistributedOptimizer`` (``tf.compat.v1`` optimizers), with Horovod's arguments and defaults.
+"""Reducing gradients over the ranks: ``DistributedGradientTape`` and
+``PartialDistributedGradientTape`` (TensorFlow 2) and ``DistributedOptimizer`` (``tf.compat.v1``
+optimizers), with Horovod's arguments and defaults.
 
 Eagerly, one step's allreduces run inside one ``tf.function`` (built once per tape or optimizer
 configuration), so they are all in flight together and the runtime fuses them; in a graph they
 are graph ops already. ``gradient_predivide_factor`` splits Average's division into a prescale
 of 1/f and a postscale of f (the core divides by the size too). ``sparse_as_dense`` turns
 ``IndexedSlices`` into dense tensors first; otherwise they go as two allgathers.
-``num_groups``/``groups`` bundle gradients into grouped allreduces.
+``num_groups``/``groups`` bundle gradients into grouped allreduces. ``op=Adasum`` reduces the
+tape's gradients with the runtime's Adasum; the v1 optimizer with Adasum is the delta optimizer
+(``adasum_optimizer``). Local sources (``register_local_source``/``register_local_var``, a partial
+tape's ``local_layers``) keep their gradients, scaled by 1/size when ``scale_local_gradients``
+(``gradient_aggregation.reduce_except_local``). The v1 optimizer's ``backward_passes_per_step``
+aggregates in graphs (``gradient_aggregation``).
 
 Failure modes: Keras optimizers (``tf.keras.optimizers``) are refused with a ValueError (their
-``apply_gradients`` path is Keras's: horovod.tensorflow.keras); collectives fail as
-``mpi_ops`` says.
+``apply_gradients`` path is Keras's: horovod.tensorflow.keras); ``backward_passes_per_step`` > 1
+with the v1 optimizer eagerly is a ValueError, as in Horovod; collectives fail as ``mpi_ops`` says.
 """
 import tensorflow as tf
 
