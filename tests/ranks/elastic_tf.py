@@ -9,6 +9,12 @@ ranks agree. Step s of rank r trains on a batch drawn from seed 1000·s + r, so 
 training is a pure function of the sizes its steps ran at; at the end the rank recomputes it in
 one process (``replay``, rank 0's first model, no collective) and reports both.
 
+``static`` (``elastic_tf.py static``, ranks started without a launcher, tests/runtime/rank_group.py):
+a ``TensorFlowState`` of per-rank variables and an attribute, synced from rank 0 when ``run`` starts;
+a commit, then changes; the last rank SIGKILLs itself and every other rank's allreduce fails inside
+the op: ``run`` restores the commit and, with no elastic launcher to re-form the job, re-raises it
+as ``HorovodInternalError`` naming the dead rank. Reports (``_report``) what each survivor saw.
+
 Usage: elastic_tf.py OUT STEPS STEP_S [vars]. ``OUT/stop`` (a step number): finish after that step.
 ``OUT/kill.W`` (a step number): worker W SIGKILLs itself as it starts that step. Evidence per
 worker W (APPLIANCE_ELASTIC_WORKER): ``pid.W``; ``log.W``, one JSON line per step (step, size,
@@ -81,6 +87,40 @@ def replay(sizes, use_vars: bool) -> list:
         else:
             opt.apply_gradients(zip(grads, variables))
     return [np.asarray(v).ravel().tolist() for v in model.variables]
+
+
+def static():
+    """The ``static`` case (module docstring)."""
+    import horovod.tensorflow as hvd
+    from _report import report
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    variables = [tf.Variable(np.full(3, float(rank + 1), np.float32)), tf.Variable(rank, dtype=tf.int64)]
+    state = hvd.elastic.TensorFlowState(variables, step=rank, note=f"rank {rank}")
+    seen = {}
+
+    @hvd.elastic.run
+    def train(state):
+        seen["synced"] = [variables[0].numpy().tolist(), int(variables[1].numpy()), state.step, state.note]
+        variables[0].assign_add(tf.ones(3))
+        state.step = 10
+        state.commit()
+        variables[0].assign(tf.fill([3], -1.0))
+        state.step = 11
+        if rank == size - 1:
+            report(dict(seen, ok=True, rank=rank))  # what the sync gave the rank that dies
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+        raise AssertionError("an allreduce with a dead rank did not fail")
+
+    try:
+        train(state)
+    except hvd.HorovodInternalError as e:
+        seen.update(error=str(e), origin_rank=e.origin_rank, kind=type(e).__name__)
+    foreign = hvd.elastic.internal_error(tf.errors.UnknownError(None, None, "a script's own failure"))
+    report(dict(seen, ok=True, rank=rank, restored=[variables[0].numpy().tolist(), state.step],
+                foreign_mapped=foreign is not None))
 
 
 def main():
@@ -157,4 +197,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    static() if sys.argv[1:2] == ["static"] else main()

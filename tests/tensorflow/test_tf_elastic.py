@@ -88,3 +88,26 @@ def test_a_keras_job_grows_from_one_rank_to_two_and_survives_a_killed_rank(tmp_p
         assert sizes[kill - 1] == 2 and sizes[kill] == 1, (kill, sizes)
         job.check_survivor("0", sizes, resets=[2, 1])
         assert job.leftovers() == []
+
+
+def test_tensorflow_state_syncs_from_rank_0_and_a_lost_rank_restores_the_commit(tmp_path):
+    """Two ranks started without a launcher (tests/runtime/rank_group.py): ``run`` syncs a
+    ``TensorFlowState`` (variables and attributes) from rank 0; rank 1 dies after a commit and rank
+    0's next allreduce fails inside the op: ``run`` restores the commit and, the hosts being fixed,
+    re-raises ``HorovodInternalError`` naming rank 1. An UnknownError that is not the runtime's
+    is not taken for one."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from rank_group import RankGroup
+
+    with RankGroup(2, "static", out=tmp_path, worker=RANKS / "elastic_tf.py",
+                   env={"PYTHONPATH": f"{ROOT / 'shim'}:{ROOT}", "OMP_NUM_THREADS": "1",
+                        "TF_CPP_MIN_LOG_LEVEL": "2"}) as g:
+        codes = g.wait(150)
+        assert codes == [0, -9], (codes, g.all_stderr())
+        assert g.report(1)["synced"] == [[1.0, 1.0, 1.0], 0, 0, "rank 0"], g.report(1)
+        rep = g.report(0)
+        assert rep and rep["ok"], g.all_stderr()
+        assert rep["synced"] == [[1.0, 1.0, 1.0], 0, 0, "rank 0"], rep
+        assert rep["kind"] == "HorovodInternalError" and rep["origin_rank"] == 1 and "rank 1" in rep["error"], rep
+        assert rep["restored"] == [[2.0, 2.0, 2.0], 10], rep
+        assert rep["foreign_mapped"] is False, rep
