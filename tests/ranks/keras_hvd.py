@@ -9,12 +9,13 @@ checkpoint callbacks; the weights, and a one-process fit on every rank's rows of
 warmup and schedule callbacks set at each batch; ``apply``: gradients handed to the optimizer
 (Keras 3: ``apply_gradients`` and ``apply``; tf-keras: ``minimize``), eagerly and in
 ``tf.function``, are averaged; with fp16 compression, an embedding's sparse gradient and
-``backward_passes_per_step=2``; ``load``: ``load_model`` on rank
+``backward_passes_per_step=2``; ``fusion``: a step's gradients reach the runtime together (one plan); ``load``: ``load_model`` on rank
 0's checkpoint gives a wrapped optimizer with the saved iteration count, and one more epoch keeps
 the ranks equal. Reports JSON through ``_report``; a failed check raises (non-zero exit).
 """
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -150,6 +151,27 @@ def case_apply(rank, size):
     return {"apply": got}
 
 
+def case_fusion():
+    """After a warm-up, each ``train_on_batch`` of a 3-layer model hands its 6 gradients to the
+    runtime together: one plan per step (the core's counters)."""
+    from appliance.runtime import engine
+
+    model = model_for(3)
+    model.add(keras.layers.Dense(2))
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)))
+    x, y = data(0)
+    y = np.concatenate([y, y], axis=1)
+    model.train_on_batch(x, y)
+    stats = engine.current().core.stats
+    rounds = []
+    for _ in range(3):
+        before = dict(stats())
+        model.train_on_batch(x, y)
+        after = dict(stats())
+        rounds.append({k: after[k] - before[k] for k in ("plans", "entries", "tensors", "fused_entries")})
+    return {"fusion_rounds": rounds, "fusion_gradients": len(model.trainable_variables)}
+
+
 def case_load(out, rank, size, trained):
     ext = ".h5" if LEGACY else ".keras"
     model = hvd.load_model(os.path.join(out, "r0", "best" + ext))
@@ -169,11 +191,20 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     data_ = {"ok": False, "rank": rank, "size": size, "legacy": LEGACY}
     try:
+        t = time.monotonic()
+        seconds = data_["seconds"] = {}
+
+        def timed(name, result):
+            nonlocal t
+            seconds[name], t = round(time.monotonic() - t, 2), time.monotonic()
+            data_.update(result)
+
         _, fit = case_fit(out, rank, size)
-        data_.update(fit)
-        data_.update(case_lr(size))
-        data_.update(case_apply(rank, size))
-        data_.update(case_load(out, rank, size, fit["iterations"]))
+        timed("fit", fit)
+        timed("lr", case_lr(size))
+        timed("apply", case_apply(rank, size))
+        timed("fusion", case_fusion())
+        timed("load", case_load(out, rank, size, fit["iterations"]))
         data_["ok"] = True
     finally:
         report(data_)
