@@ -51,9 +51,10 @@ from appliance.tensorflow.functions import broadcast_object, broadcast_variables
 from appliance.tensorflow.mpi_ops import init, rank, shutdown
 
 # The core's status line for a failed job (appliance/runtime/csrc/common/status.cc: code name,
-# origin rank and host); mismatch and invalid argument are not job failures.
+# origin rank and host); mismatch and invalid argument are not job failures. Without an origin rank
+# the message must name one of our ops (HorovodAllreduce...), so a script's own "timeout: ..." is not taken.
 _FAILED = re.compile(r"\b(peer lost|timeout|protocol error|authentication failed|aborted|internal error|shut down"
-                     r"|stalled)(?:: rank (\d+)(?: \(([^)]*)\))?)?: ")
+                     r"|stalled)(?:: rank (\d+)(?: \(([^)]*)\))?)?(?=: | \[|$)")
 
 
 def internal_error(error: BaseException) -> HorovodInternalError | None:
@@ -62,8 +63,9 @@ def internal_error(error: BaseException) -> HorovodInternalError | None:
     if not isinstance(error, (tf.errors.UnknownError, tf.errors.AbortedError)):
         return None
     message = getattr(error, "message", "") or str(error)
-    found = _FAILED.search(message)
-    if found is None:
+    matches = list(_FAILED.finditer(message))  # a graph's error also quotes the op's Python source
+    found = next((m for m in matches if m.group(2) is not None), matches[0] if matches else None)
+    if found is None or (found.group(2) is None and "Horovod" not in message):  # the rank, or one of our ops
         return None
     origin = int(found.group(2)) if found.group(2) is not None else -1
     return HorovodInternalError(message[found.start():].strip(), origin, found.group(3) or "")
