@@ -2,7 +2,7 @@
 tf-keras (``TF_USE_LEGACY_KERAS=1``), one launch each (tests/ranks/keras_hvd.py): ``fit`` with
 ``DistributedOptimizer`` leaves every rank with the same weights, those of one process trained
 on every rank's rows of each step; the epoch's metrics are the ranks' average; the warmup and
-schedule callbacks give Horovod's learning rate batch by batch; the best-model checkpoint is
+schedule callbacks give Horovod's learning rate batch by batch, with momentum correction; the best-model checkpoint is
 written by rank 0 only and ``load_model`` restores it with a wrapped optimizer; gradients handed
 to ``apply_gradients``/``apply`` directly (eager, tf.function, fp16, sparse, two passes per step)
 are averaged; a step's gradients reach the runtime together (one plan). Needs TensorFlow
@@ -57,6 +57,8 @@ def check(ranks) -> None:
         want = expected_lrs(NP, rep["initial_lr"], rep["steps_per_epoch"])
         if not np.allclose(rep["lrs"], want, rtol=1e-6):
             bad.append(f"rank {r}: learning rates {rep['lrs']} != Horovod's {want}")
+        if not rep["momentum_corrected"]:
+            bad.append(f"rank {r}: momentum correction missing when the rate halves")
         if rep["loaded_iterations"] != rep["trained_iterations"] or rep["trained_iterations"] <= 0:
             bad.append(f"rank {r}: load_model restored {rep['loaded_iterations']} of {rep['trained_iterations']} iterations")
         if not np.allclose(rep["loaded_weights"], reps[0]["loaded_weights"], atol=1e-6):

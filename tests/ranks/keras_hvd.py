@@ -97,7 +97,24 @@ def case_lr(size):
            hvd.callbacks.LearningRateScheduleCallback(initial_lr=init, multiplier=lambda e: 0.01 * e,
                                                       start_epoch=4, end_epoch=5), rec]
     model.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0, callbacks=cbs)
-    return {"lrs": rec.lrs, "steps_per_epoch": ROWS // BATCH, "initial_lr": init}
+    # momentum correction for a batch where the rate halves: Keras 3 scales the velocities by
+    # new/old (its step holds momentum as a constant); tf-keras sets momentum * new/old for the
+    # batch and restores it, as Horovod
+    opt = model.optimizer
+    velocities = [np.array(v.numpy()) for v in opt.momentums]
+    cb = hvd.callbacks.LearningRateScheduleCallback(initial_lr=init * 0.01 * 4, multiplier=0.5, start_epoch=0)
+    cb.set_model(model)
+    cb.on_train_begin()
+    cb.on_epoch_begin(1)
+    cb.on_batch_begin(0)
+    if LEGACY:
+        corrected = np.isclose(opt.momentum, 0.9 * 0.5)
+        cb.on_batch_end(0)
+        corrected = corrected and np.isclose(opt.momentum, 0.9)
+    else:
+        corrected = all(np.allclose(v.numpy(), 0.5 * b) for v, b in zip(opt.momentums, velocities))
+    corrected = bool(corrected and any(np.abs(b).sum() > 0 for b in velocities))
+    return {"lrs": rec.lrs, "steps_per_epoch": ROWS // BATCH, "initial_lr": init, "momentum_corrected": corrected}
 
 
 def hand(opt, loss_fn, variables, method="apply_gradients"):
