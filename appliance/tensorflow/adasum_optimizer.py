@@ -62,6 +62,7 @@ class DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
     def compute_gradients(self, *args, **kwargs):
         return self._optimizer.compute_gradients(*args, **kwargs)
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
         variables = [v for g, v in grads_and_vars if g is not None]

@@ -48,6 +48,7 @@ def scale_local(grad, process_set):
     return grad / _set_size(process_set, grad.dtype)
 
 
+@tf.autograph.experimental.do_not_convert
 def reduce_except_local(allreduce_grads, grads, variables, local_refs, process_set, scale_local_gradients):
     """``grads`` with every gradient of a variable not in ``local_refs`` (a set of ``var_ref(v)``)
     replaced by ``allreduce_grads(grads, variables)``'s result, and the local ones kept (scaled by
@@ -130,6 +131,7 @@ class LocalGradientAggregationHelper:
         with tf.control_dependencies([reset]):
             return [tf.identity(r / divisor) if divisor != 1 else tf.identity(r) for r in reduced]
 
+    @tf.autograph.experimental.do_not_convert
     def compute_gradients(self, grads, vars):
         """The reduced aggregate on every ``backward_passes_per_step``-th run, this run's own
         gradients on the others (which ``apply_gradients`` does not apply)."""
@@ -155,6 +157,7 @@ class LocalGradientAggregationHelper:
             result[i] = r
         return result
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, apply_grads_closure, optimizer, *args, **kwargs):
         """``apply_grads_closure()`` on the runs that reduced; the counting of the others."""
         grads = [g for pair in args[0] for g in pair[:1] if g is not None]

@@ -55,6 +55,7 @@ class LocalGradientAggregationHelperEager:
             self.locally_aggregated_grads[i] = acc
         return acc
 
+    @tf.autograph.experimental.do_not_convert
     def compute_gradients(self, grads, vars):
         """The running sums of the gradients, or on every ``backward_passes_per_step``-th call
         the reduced sums (the accumulators emptied)."""
@@ -86,6 +87,7 @@ class LocalGradientAggregationHelperEager:
             result[i] = r
         return result
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, apply_grads_closure, optimizer, *args, **kwargs):
         """``apply_grads_closure()`` on the calls that reduced (the counter back at 0); on the
         others the optimizer's ``iterations`` counts the step, and an optimizer with

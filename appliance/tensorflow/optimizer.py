@@ -40,6 +40,7 @@ def _split(items: list, n: int) -> list:
     return out
 
 
+@tf.autograph.experimental.do_not_convert
 def _allreduce_grads(grads, variables, cfg):
     """The averaged gradients (None stays None), as ``cfg`` says."""
     from appliance.tensorflow import allreduce, grouped_allreduce  # the package's, with IndexedSlices
@@ -114,6 +115,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                                 process_set))
     local = set()
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         grads = super(cls, self).gradient(target, sources, output_gradients)
         flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads, expand_composites=False)
@@ -124,6 +126,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         """This variable's gradient stays this rank's own."""
         local.add(var_ref(source))
 
+    @tf.autograph.experimental.do_not_convert
     def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
         """(local [(source, gradient)], reduced [(source, gradient)]), in the order of ``sources``."""
         grads = self.gradient(target, sources, output_gradients, use_generic_names)
@@ -189,6 +192,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         else:
             self._local_vars.add(var_ref(var))
 
+    @tf.autograph.experimental.do_not_convert
     def compute_gradients(self, *args, **kwargs):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
@@ -198,6 +202,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                                       self.scale_local_gradients)
         return list(zip(reduced, variables))
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         if self._agg_helper:
             return self._agg_helper.apply_gradients(

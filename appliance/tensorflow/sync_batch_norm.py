@@ -34,6 +34,7 @@ class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
             kwargs["fused"] = fused  # tf-keras has a fused kernel; Keras 3 has none to turn off
         super().__init__(**kwargs)
 
+    @tf.autograph.experimental.do_not_convert
     def _moments(self, inputs, *args, **kwargs):
         mean, variance = super()._moments(inputs, *args, **kwargs)
         if size() == 1:
