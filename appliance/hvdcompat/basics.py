@@ -38,6 +38,11 @@ class HorovodBasics:
     def shutdown(self):
         api.shutdown()
 
+    def _get_process_set_ids_and_ranks(self):
+        """``{id: ranks}`` of the registered process sets (Horovod's tests read it)."""
+        api.size()  # ValueError before init
+        return _ps.ids_and_ranks()
+
     def is_initialized(self):
         return api.is_initialized()
 

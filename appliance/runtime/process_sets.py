@@ -80,7 +80,7 @@ class ProcessSet:
         self.process_set_id = None
 
     def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 
     __str__ = __repr__
 
@@ -241,6 +241,12 @@ def resolve(process_set) -> int:
     if api.rank() not in process_set.ranks:
         raise ValueError(f"rank {api.rank()} is not in {process_set!r}: only its members may run its operations")
     return set_id
+
+
+def ids_and_ranks() -> dict:
+    """``{id: ranks}`` of every registered set, the global set (0) first (Horovod's
+    ``_get_process_set_ids_and_ranks``)."""
+    return {0: list(global_process_set.ranks), **{i: list(ps.ranks) for i, ps in sorted(_table.items())}}
 
 
 def by_id(set_id: int) -> ProcessSet:

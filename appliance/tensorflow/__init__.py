@@ -31,8 +31,8 @@ from appliance.tensorflow.mpi_ops import (  # noqa: F401
     start_timeline, stop_timeline,
 )
 from appliance.tensorflow.mpi_ops import raw_allreduce, raw_grouped_allreduce, raw_grouped_reducescatter, raw_reducescatter
+from appliance.tensorflow.mpi_ops import set_size
 from appliance.tensorflow.util import executing_eagerly as _executing_eagerly  # noqa: F401  (Horovod's name)
-from appliance.runtime import process_sets as _ps
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
@@ -42,7 +42,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     ranks; ``op`` defaults to Average. An ``IndexedSlices`` is two allgathers (values and
     indices; Average divides the values by the set's size): Sum and Average only, no scaling."""
     op = handle_average_backwards_compatibility(op, average)
-    set_size = _ps.size_of(process_set)  # ValueError before init, as Horovod's
+    n = set_size(process_set)  # ValueError before init, as Horovod's
     if isinstance(tensor, tf.IndexedSlices):
         if op == Adasum:
             raise NotImplementedError("The Adasum reduction does not currently support sparse tensors. As a "
@@ -55,7 +55,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
             values = allgather(tensor.values, process_set=process_set, ignore_name_scope=ignore_name_scope)
             indices = allgather(tensor.indices, process_set=process_set, ignore_name_scope=ignore_name_scope)
             if op == Average:
-                values = values / tf.cast(set_size, values.dtype)
+                values = values / tf.cast(n, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     with tf.device(device_dense):
         compressed, ctx = compression.compress(tensor)
@@ -72,7 +72,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     if not tensors:
         return tensors
     op = handle_average_backwards_compatibility(op, average)
-    _ps.size_of(process_set)  # ValueError before init
+    set_size(process_set)  # ValueError before init
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
         return [allreduce(t, device_dense=device_dense, device_sparse=device_sparse, compression=compression, op=op,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -89,7 +89,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's share of ``tensor`` reduced over the ranks (``op``: Average by default, or
     Sum; rows split as evenly as possible, the first ranks taking one more)."""
-    _ps.size_of(process_set)  # ValueError before init
+    set_size(process_set)  # ValueError before init
     with tf.device(device_dense):
         compressed, ctx = compression.compress(tensor)
         reduced = raw_reducescatter(compressed, op=op, name=name, process_set=process_set,
@@ -104,7 +104,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     group (one dtype)."""
     if not tensors:
         return tensors
-    _ps.size_of(process_set)  # ValueError before init
+    set_size(process_set)  # ValueError before init
     with tf.device(device_dense):
         pairs = [compression.compress(t) for t in tensors]
         reduced = raw_grouped_reducescatter([p[0] for p in pairs], op=op, process_set=process_set,

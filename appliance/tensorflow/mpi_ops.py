@@ -28,6 +28,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
+from appliance.hvdcompat.basics import HorovodBasics
 from appliance.hvdcompat.util import get_average_backwards_compatibility_fun
 from appliance.runtime import api as _api
 from appliance.runtime import process_sets as _ps
@@ -43,6 +44,7 @@ remove_process_set = _ps.remove_process_set
 
 
 # --- lifecycle and basics ----------------------------------------------------------------------
+_basics = HorovodBasics(__file__)  # Horovod's name: a view of the one runtime
 def init(comm=None, process_sets=None) -> None:
     """Join the job the environment describes (a single rank without a launcher); a second call
     is a no-op. ``process_sets``: ``ProcessSet``s registered on every rank, or ``"dynamic"``."""
@@ -101,7 +103,18 @@ def _executing_eagerly() -> bool:
 
 
 def _set_id(process_set) -> int:
-    return _ps.resolve(process_set)
+    """The core id of ``process_set=``: ValueError when it is not registered (as Horovod's). A
+    registered set that does not hold this rank is passed on: its op fails when it runs, with
+    InvalidArgumentError from the core (as Horovod's), so a graph may hold ops of other sets."""
+    _ps.require_registered(process_set)
+    return getattr(process_set, "process_set_id", None) or 0
+
+
+def set_size(process_set) -> int:
+    """The size of a registered ``process_set`` (this rank need not be in it); ValueError before
+    init or for a set that is not registered."""
+    set_id = _set_id(process_set)
+    return _api.size() if set_id == 0 else len(_ps.by_id(set_id).ranks)
 
 
 # --- the raw collectives -----------------------------------------------------------------------

@@ -3,7 +3,8 @@ few checks: uint16 through the byte-moving ops; grouped allgather and grouped re
 with per-rank first dimensions, scaling, their gradients, a scalar member refused on every rank);
 and in a tf.compat.v1 graph run by a session: broadcast_ of reference and resource variables,
 broadcast_object, broadcast_object_fn and allgather_object; horovod.tensorflow.util and
-horovod.runner.common.util.env by Horovod's module paths (the shim on sys.path)."""
+horovod.runner.common.util.env by Horovod's module paths (the shim on sys.path); an op on a
+process set this rank is not in fails as Horovod's (InvalidArgumentError when it runs)."""
 import numpy as np
 import tensorflow as tf
 
@@ -107,8 +108,32 @@ def module_paths(hvd):
     assert _executing_eagerly() and get_env_rank_and_size() == (hvd.rank(), hvd.size())
 
 
+def process_set_errors(hvd):
+    """An op on a registered set this rank is not in fails when it runs (InvalidArgumentError);
+    an unregistered set is a ValueError; the ids and ranks, and the repr, as Horovod's."""
+    r, n = hvd.rank(), hvd.size()
+    first = hvd.add_process_set([0])
+    assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == {0: list(range(n)), first.process_set_id: [0]}
+    assert str(first) == f"ProcessSet(process_set_id={first.process_set_id}, ranks=[0], mpi_comm=None)", str(first)
+    try:
+        got = hvd.allreduce(tf.ones([2]), op=hvd.Sum, process_set=first)
+    except tf.errors.InvalidArgumentError as e:
+        assert r != 0 and "not in process set" in str(e), (r, e)
+    else:
+        assert r == 0 and got.numpy().tolist() == [1.0, 1.0], (r, got)
+    fake = hvd.ProcessSet([0])
+    fake.process_set_id = 10
+    try:
+        hvd.allreduce(tf.ones([2]), process_set=fake)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("an unregistered process set was accepted")
+    hvd.remove_process_set(first)
+
+
 def horovod_suite(hvd):
-    for case in (uint16, grouped, graph_helpers, module_paths):
+    for case in (uint16, grouped, graph_helpers, module_paths, process_set_errors):
         case(hvd)
 
 

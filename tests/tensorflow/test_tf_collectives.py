@@ -34,10 +34,12 @@ def test_process_sets(run_ranks):
 def test_what_horovods_suite_needs(run_ranks):
     """uint16 through allgather/broadcast/alltoall, grouped allgather and grouped reducescatter
     (values, scaling, gradients, a scalar member refused), and in a v1 session broadcast_ of
-    reference and resource variables and the object helpers; Horovod's module paths."""
+    reference and resource variables and the object helpers; Horovod's module paths; an op on a
+    process set this rank is not in: InvalidArgumentError when it runs."""
     from fixtures import ROOT
 
     ranks = run_ranks(2, "tf_hvd", "horovod_suite", timeout=180,
-                      env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'shim'}"})
+                      env={"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'shim'}",
+                           "HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     for r in range(2):
         assert ranks[r]["ok"] and ranks[r]["cases"] == ["horovod_suite"], ranks[r]
