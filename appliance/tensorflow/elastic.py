@@ -102,15 +102,6 @@ def _eager(kind: str) -> None:
                          "graph train with a fixed set of ranks")
 
 
-def _tf_variable(var):
-    """The ``tf.Variable`` behind ``var``: a Keras 3 variable wraps one (``.value``), which a
-    ``tf.function`` argument must be (a Keras variable passed in becomes a read-only tensor)."""
-    if isinstance(var, tf.Variable):
-        return var
-    inner = getattr(var, "value", None)
-    return inner if isinstance(inner, tf.Variable) else var
-
-
 class ObjectState(_common.ObjectState):
     """Plain picklable objects as attributes, synced from rank 0 with ``hvd.broadcast_object``."""
 
@@ -147,7 +138,7 @@ class _VariablesState(ObjectState):
     def sync(self) -> None:
         with _mapped():
             self._prepare_sync()
-            variables = [_tf_variable(v) for v in self._variables()]
+            variables = self._variables()
             if variables:
                 broadcast_variables(variables, root_rank=0)
             self._save_variables()

@@ -33,6 +33,9 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     variables = list(variables)
     if not tf.executing_eagerly():
         return _assign_all(variables, root_rank, process_set)
+    # a Keras 3 variable passed to a tf.function becomes a read-only tensor: pass the tf.Variable it wraps
+    variables = [v.value if not isinstance(v, tf.Variable) and isinstance(getattr(v, "value", None), tf.Variable)
+                 else v for v in variables]
     key = (root_rank, _ps.resolve(process_set))
     fn = _groups.get(key)
     if fn is None:
