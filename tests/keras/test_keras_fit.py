@@ -5,7 +5,8 @@ on every rank's rows of each step; the epoch's metrics are the ranks' average; t
 schedule callbacks give Horovod's learning rate batch by batch, with momentum correction; the best-model checkpoint is
 written by rank 0 only and ``load_model`` restores it with a wrapped optimizer; gradients handed
 to ``apply_gradients``/``apply`` directly (eager, tf.function, fp16, sparse, two passes per step)
-are averaged; a step's gradients reach the runtime together (one plan). Needs TensorFlow
+are averaged; a step's gradients reach the runtime together (one plan); a Keras 3 step under XLA is refused
+naming jit_compile=False. Needs TensorFlow
 (conftest.py)."""
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def check(ranks) -> None:
         # 3 steps of 6 gradients, one plan each (a counter read as the ops complete may land in the neighbouring step: +1)
         if total["tensors"] != 3 * rep["fusion_gradients"] or total["plans"] > 4:
             bad.append(f"rank {r}: a step's gradients did not go together: {rounds}")
+    if not reps[0]["legacy"] and "jit_compile=False" not in (reps[0]["xla_error"] or ""):
+        bad.append(f"a Keras 3 step under XLA: {reps[0]['xla_error']!r} (the error naming jit_compile=False expected)")
     if [rep["checkpoint_written"] for rep in reps] != [True, False]:
         bad.append(f"checkpoints written: {[rep['checkpoint_written'] for rep in reps]} (rank 0 only expected)")
     print("seconds per case (rank 0):", reps[0]["seconds"], "fusion:", reps[0]["fusion_rounds"])

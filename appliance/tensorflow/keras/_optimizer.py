@@ -16,13 +16,19 @@ applied every N-th pass; the passes between only count ``iterations``. A rank ou
 ``process_set`` keeps its own gradients, as Horovod's. Variables are keyed by ``id`` (Keras 3's
 variables have no ``ref()``).
 
-Environment: none. Failure modes: collectives fail as ``appliance.tensorflow.mpi_ops`` says;
+Environment: none. Failure modes: collectives fail as ``appliance.tensorflow.mpi_ops`` says; a
+Keras 3 step compiled with XLA (``jit_compile``, Keras 3's default where a GPU is visible) raises
+ValueError naming ``jit_compile=False`` when traced (the op library has no XLA kernels);
 ranks must call the optimizer on the same variables in the same order (the group's name in a
 graph is derived from its tensors' names).
 """
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from appliance.tensorflow.mpi_ops import Average
+
+XLA_REFUSED = ("horovod.tensorflow.keras: the model's step is compiled with XLA, which cannot run the collective ops: "
+               "compile the model with jit_compile=False (Keras 3 turns XLA on by default where a GPU is visible)")
 
 
 def is_keras3(obj) -> bool:
@@ -169,6 +175,8 @@ def _keras3_class(base, make):
                 return super().apply(grads, trainable_variables)
             variables = list(trainable_variables) if trainable_variables is not None else list(
                 self._trainable_variables)
+            if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+                raise ValueError(XLA_REFUSED)
             reducer, agg = self._hvd_reducer, self._agg_helper
             if agg is None:
                 return super().apply(reducer.reduce(grads, variables), variables)
