@@ -119,14 +119,14 @@ def started(job):
 
 
 def test_scale_up_a_worker_added_to_discover_hosts_joins(k8s_jobs):
-    job = elastic_job(k8s_jobs, steps=120)
+    job = elastic_job(k8s_jobs, steps=5000)  # ended by stop_soon once it trained at size 3
     started(job)
     job.scale(3)
     first = FirstStep(job, 3)
     wait_for("a step at size 3", first, job)
     listed = next(t for t, hosts in job.discovery_log if len(hosts) == 3)
     print(f"\n[k8s] scale-up: listed in discover_hosts.sh -> first step at size 3: {first.first - listed:.2f} s")
-    done = finish(job, 120)
+    done = finish(job, stop_soon(job))
     assert 3 in done[0]["sizes"] and done[0]["sizes"][0] == 2
 
 
@@ -134,7 +134,7 @@ def test_scale_up_a_worker_added_to_discover_hosts_joins(k8s_jobs):
 def test_scale_down_the_removed_worker_leaves_gracefully(k8s_jobs, stop_after):
     """Unlisted, then stopped (at once or 3 s later); or as Kubernetes orders it (None): deleted at
     once, so its preStop hook ends its ranks while discover_hosts.sh still lists it."""
-    job = elastic_job(k8s_jobs, steps=120, replicas=3, np_=3)
+    job = elastic_job(k8s_jobs, steps=5000, replicas=3, np_=3)  # ended by stop_soon once the worker is stopped
     job.start()
     wait_for("the first step at size 3", lambda: steps_at(job, 3), job)
     lowered = time.time()
@@ -144,7 +144,7 @@ def test_scale_down_the_removed_worker_leaves_gracefully(k8s_jobs, stop_after):
     print(f"\n[k8s] scale-down: replicas lowered -> survivors' first step at size 2: {first.first - lowered:.2f} s")
     stopper.join(60)
     log = job.logs(job.launcher)
-    done = finish(job, 120)
+    done = finish(job, stop_soon(job))
     assert done[0]["sizes"][-1] == 2
     # a graceful leave, no blacklist (it may come back when replicas grow): out of discovery, and
     # deleted with the manifest's preStop hook, which ends the pod's ranks with SIGTERM before
