@@ -27,6 +27,10 @@ from tensorflow.python.ops import control_flow_util
 
 from appliance.tensorflow.mpi_ops import Average
 
+# Traced as written (explicit tf.cond): AutoGraph converting these, and all they call, inside
+# Keras's train function only costs time.
+_plain = tf.autograph.experimental.do_not_convert
+
 XLA_REFUSED = ("horovod.tensorflow.keras: the model's step is compiled with XLA, which cannot run the collective ops: "
                "compile the model with jit_compile=False (Keras 3 turns XLA on by default where a GPU is visible)")
 
@@ -72,6 +76,7 @@ class Reducer:
                 bundles.append(b)
         return bundles + [[i] for i in dense if i not in taken]
 
+    @_plain
     def reduce(self, grads, variables) -> list:
         from appliance.tensorflow import allreduce, grouped_allreduce  # the package's (IndexedSlices)
 
@@ -119,6 +124,7 @@ class Aggregator:
                                              name="hvd_aggregated_gradient")
         return self._acc[key]
 
+    @_plain
     def accumulate(self, grads, variables) -> None:
         self.counter.assign_add(1)
         for g, v in zip(grads, variables):
@@ -169,6 +175,7 @@ def _keras3_class(base, make):
 
         register_local_var = _register_local_var
 
+        @_plain
         def apply(self, grads, trainable_variables=None):
             grads = list(grads)
             if not grads:
@@ -212,6 +219,7 @@ def _keras2_class(base, make):
         def compute_gradients(self, loss, var_list, tape=None):
             return self._compute_gradients(loss, var_list, None, tape)
 
+        @_plain
         def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
             parent = super()
             tape = tf.GradientTape() if tape is None else tape
@@ -222,9 +230,11 @@ def _keras2_class(base, make):
             grads, variables = zip(*pairs)
             return list(zip(self._allreduce(grads, variables), variables))
 
+        @_plain
         def get_gradients(self, loss, params):
             return self._allreduce(super().get_gradients(loss, params), params)
 
+        @_plain
         def _allreduce(self, grads, variables):
             grads, variables = list(grads), list(variables)
             reducer, agg = self._hvd_reducer, self._agg_helper
@@ -241,6 +251,7 @@ def _keras2_class(base, make):
                 out[i] = r
             return out
 
+        @_plain
         def apply_gradients(self, *args, **kwargs):
             agg = self._agg_helper
             if agg is None:
