@@ -2,13 +2,13 @@
 # horovod_suite.sh: run Horovod's own test files, unmodified, against this appliance.
 #
 #   bash tests/hvdcompat/horovod_suite.sh [--framework torch|tensorflow] [--test FILE]... [--venv VENV]
-#                                         HOROVOD_CHECKOUT [IMAGE] [NP]
+#                                         [--np N] HOROVOD_CHECKOUT [IMAGE] [NP]
 #
 # HOROVOD_CHECKOUT: a copy of Horovod's sources at the release we are compatible with (v0.28.1:
 # `git clone --branch v0.28.1 https://github.com/horovod/horovod`); only its test/parallel/ files
 # and test/utils/common.py are used, read-only. Horovod's tests are not part of this repository
 # (they are Horovod's, and CI cannot fetch them), so this is a script to run by hand where the
-# checkout exists, not a CI test. NP: ranks, default 2.
+# checkout exists, not a CI test. NP (or --np N): ranks, default 2.
 #
 # Which files: --framework torch (default) is test_torch.py; --framework tensorflow is
 # test_tensorflow.py, test_tensorflow_process_sets.py, test_tensorflow_process_sets_dynamic.py and
@@ -31,15 +31,17 @@
 # frameworks too: docs/horovod.md names them).
 set -euo pipefail
 
-usage="usage: horovod_suite.sh [--framework torch|tensorflow] [--test FILE]... [--venv VENV] HOROVOD_CHECKOUT [IMAGE] [NP]"
+usage="usage: horovod_suite.sh [--framework torch|tensorflow] [--test FILE]... [--venv VENV] [--np N] HOROVOD_CHECKOUT [IMAGE] [NP]"
 framework=torch
 tests=()
 venv=""
+np=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --framework) framework="${2:?$usage}"; shift 2 ;;
         --test) tests+=("${2:?$usage}"); shift 2 ;;
         --venv) venv="${2:?$usage}"; shift 2 ;;
+        --np) np="${2:?$usage}"; shift 2 ;;
         -h|--help) echo "$usage"; exit 0 ;;
         --*) echo "horovod_suite.sh: unknown option $1" >&2; echo "$usage" >&2; exit 2 ;;
         *) break ;;
@@ -47,7 +49,7 @@ while [ $# -gt 0 ]; do
 done
 src="${1:?$usage}"
 image="${2:-appliance:latest}"
-np="${3:-2}"
+np="${np:-${3:-2}}"
 if [ ${#tests[@]} -eq 0 ]; then
     case "$framework" in
         torch) tests=(test_torch.py) ;;
@@ -97,7 +99,7 @@ summary() {  # summary DIR: each rank's pytest summary line, then rank 0's FAILE
     for r in $(seq 0 $((np - 1))); do
         echo "  rank $r: $(grep -aE '(passed|failed|skipped|error)' "$1/rank.$r/stdout" 2>/dev/null | tail -n 1)"
     done
-    grep -ahE '^(FAILED|ERROR) ' "$1/rank.0/stdout" 2>/dev/null | sed 's/^/  /' || true
+    grep -ahE '^(SUB)?(FAILED|ERROR)' "$1/rank.0/stdout" 2>/dev/null | sed 's/^/  /' || true
 }
 
 name="horovod-suite-$$"
