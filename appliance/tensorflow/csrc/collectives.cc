@@ -29,9 +29,9 @@ struct Common {
   }
 };
 
-class AllreduceOp : public AsyncOpKernel {
+class AllreduceOp : public CollectiveKernel {
  public:
-  explicit AllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit AllreduceOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     common_.read(c);
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
@@ -67,9 +67,9 @@ class AllreduceOp : public AsyncOpKernel {
   int num_tensors_ = 1;
 };
 
-class BroadcastOp : public AsyncOpKernel {
+class BroadcastOp : public CollectiveKernel {
  public:
-  explicit BroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit BroadcastOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     common_.read(c);
     OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
   }
@@ -95,9 +95,9 @@ class BroadcastOp : public AsyncOpKernel {
 
 // Allgather: the output's first dimension is known once every rank's is (after negotiation);
 // the core keeps the output and the callback copies it into the kernel's.
-class AllgatherOp : public AsyncOpKernel {
+class AllgatherOp : public CollectiveKernel {
  public:
-  explicit AllgatherOp(OpKernelConstruction* c) : AsyncOpKernel(c) { common_.read(c); }
+  explicit AllgatherOp(OpKernelConstruction* c) : CollectiveKernel(c) { common_.read(c); }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& in = ctx->input(0);
