@@ -30,9 +30,9 @@ struct Common {
   }
 };
 
-class AllreduceOp : public AsyncOpKernel {
+class AllreduceOp : public CollectiveKernel {
  public:
-  explicit AllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit AllreduceOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     common_.read(c);
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
@@ -68,9 +68,9 @@ class AllreduceOp : public AsyncOpKernel {
   int num_tensors_ = 1;
 };
 
-class BroadcastOp : public AsyncOpKernel {
+class BroadcastOp : public CollectiveKernel {
  public:
-  explicit BroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit BroadcastOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     common_.read(c);
     OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
   }
@@ -97,9 +97,9 @@ class BroadcastOp : public AsyncOpKernel {
 // Allgather (and grouped allgather: one group of num_tensors members): the outputs' first
 // dimensions are known once every rank's are (after negotiation); the core keeps each output and
 // the callback copies it into the kernel's.
-class AllgatherOp : public AsyncOpKernel {
+class AllgatherOp : public CollectiveKernel {
  public:
-  explicit AllgatherOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit AllgatherOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     common_.read(c);
     if (c->HasAttr("num_tensors")) OP_REQUIRES_OK(c, c->GetAttr("num_tensors", &num_tensors_));
   }

@@ -10,6 +10,8 @@ namespace {
 std::atomic<const appliance_core_api*> g_api{nullptr};
 
 constexpr const char* kNotInitialized = "the collective runtime has not been initialized; call hvd.init() first";
+
+thread_local bool t_inline = false;  // this thread is inside CollectiveKernel::Compute
 }  // namespace
 
 const appliance_core_api* api() { return g_api.load(std::memory_order_acquire); }
@@ -80,6 +82,37 @@ absl::Status copy_output(tensorflow::OpKernelContext* ctx, int index, appliance_
   return absl::OkStatus();
 }
 
+void CollectiveKernel::Compute(tensorflow::OpKernelContext* ctx) {
+  t_inline = true;  // every Submission made below completes before ComputeAsync returns
+  ComputeAsync(ctx, [] {});
+  t_inline = false;
+}
+
+bool Submission::running_inline() { return t_inline; }
+
+void Submission::submit_inline(const appliance_core_api* a, std::vector<appliance_core_request>& reqs) {
+  const int32_t n = static_cast<int32_t>(reqs.size());
+  std::vector<appliance_core_op*> ops(reqs.size(), nullptr);
+  char err[512] = {0};
+  const int32_t enqueued = a->submit(reqs.data(), n, nullptr, nullptr, ops.data(), err, sizeof err);
+  absl::Status first;
+  if (enqueued < n)
+    first = std::string(err).find("hvd.init()") != std::string::npos ? absl::FailedPreconditionError(err)
+                                                                      : absl::InvalidArgumentError(err);
+  for (int32_t i = 0; i < enqueued; ++i) {  // each waited for: the waiting caller drives the core
+    appliance_core_status st;
+    a->wait(ops[i], &st);
+    absl::Status s = to_tf_status(st);
+    if (s.ok() && finish_) s = finish_(i, ops[i]);
+    a->release(ops[i]);
+    if (first.ok()) first = s;
+  }
+  if (!first.ok()) ctx_->SetStatus(first);
+  auto done = std::move(done_);
+  delete this;
+  done();
+}
+
 void Submission::submit(std::vector<appliance_core_request>& reqs) {
   const appliance_core_api* a = api();
   if (!a) {
@@ -96,6 +129,7 @@ void Submission::submit(std::vector<appliance_core_request>& reqs) {
       return;
     }
   }
+  if (inline_) return submit_inline(a, reqs);
   const int32_t n = static_cast<int32_t>(reqs.size());
   pending_.store(n + 1);  // +1: this call's own hold, so no callback finishes us mid-submit
   char err[512] = {0};

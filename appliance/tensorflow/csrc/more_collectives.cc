@@ -19,9 +19,9 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
 // Reducescatter, and grouped reducescatter (one group of num_tensors members).
-class ReducescatterOp : public AsyncOpKernel {
+class ReducescatterOp : public CollectiveKernel {
  public:
-  explicit ReducescatterOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit ReducescatterOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
@@ -58,9 +58,9 @@ class ReducescatterOp : public AsyncOpKernel {
   int num_tensors_ = 1;
 };
 
-class AlltoallOp : public AsyncOpKernel {
+class AlltoallOp : public CollectiveKernel {
  public:
-  explicit AlltoallOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit AlltoallOp(OpKernelConstruction* c) : CollectiveKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
   }
@@ -99,9 +99,9 @@ class AlltoallOp : public AsyncOpKernel {
   int64_t process_set_id_ = 0;
 };
 
-class JoinOp : public AsyncOpKernel {
+class JoinOp : public CollectiveKernel {
  public:
-  explicit JoinOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  explicit JoinOp(OpKernelConstruction* c) : CollectiveKernel(c) {}
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     std::vector<appliance_core_request> reqs(1);
