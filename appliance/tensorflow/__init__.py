@@ -113,7 +113,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     if not tensors:
         return tensors
     set_size(process_set)  # ValueError before init
-    with tf.device(device_dense):
+    with _on(device_dense):
         pairs = [compression.compress(t) for t in tensors]
         reduced = raw_grouped_reducescatter([p[0] for p in pairs], op=op, process_set=process_set,
                                             prescale_factor=prescale_factor, postscale_factor=postscale_factor)
