@@ -46,6 +46,8 @@ def _allreduce_grads(grads, variables, cfg):
     from appliance.tensorflow import allreduce, grouped_allreduce  # the package's, with IndexedSlices
 
     compression, sparse_as_dense, op, predivide, groups, process_set = cfg
+    if process_set.process_set_id != 0 and process_set.included() is False:
+        return list(grads)  # a rank outside the set keeps its own gradients, as Horovod's
     pre, post = (1.0 / predivide, predivide) if op == Average else (1.0, 1.0)
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]

@@ -129,6 +129,12 @@ def process_set_errors(hvd):
         pass
     else:
         raise AssertionError("an unregistered process set was accepted")
+    # A rank outside the set keeps its own gradients through the tape (Horovod's tests on non-members)
+    v = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * float(r + 1))
+    grad = hvd.DistributedGradientTape(tape, process_set=first).gradient(loss, [v])[0]
+    assert grad.numpy().tolist() == [float(r + 1)] * 2, (r, grad)
     hvd.remove_process_set(first)
 
 
