@@ -1,4 +1,4 @@
-# The appliance image: OpenMPI + sshd + /opt/venv (torch, appliance with its C++ core).
+# The appliance image: OpenMPI + sshd + /opt/venv (torch, TensorFlow, appliance with its C++ core).
 #
 # Build it with build.sh: it makes the base and the wheelhouse when missing and serves the
 # wheelhouse to the build (see "Wheelhouse" below). Plain `docker build .` also works once the
@@ -14,13 +14,22 @@
 #   beside a CPU-only torch). Without a GPU it runs on CPU tensors (torch.cuda.is_available() is
 #   False). The wheels' library dirs are in /etc/ld.so.conf.d, so libnccl.so.2 and libcudart.so.13
 #   load by name (a dlopen without torch's RPATH). ~5.5 GB.
+#   TensorFlow (TENSORFLOW=1, build.sh's default; build.sh --no-tensorflow passes 0): tensorflow-cpu
+#   2.21.0 and tf-keras 2.21.0 in a layer of their own above torch's (~1.2 GB), the same in both
+#   variants, and appliance.tensorflow's op library compiled in stage tfops into
+#   APPLIANCE_TF_OPS_DIR=/opt/appliance/tf-ops (read-only for every user, mpiuser too), so ranks
+#   never compile. tensorflow-cpu in the GPU image too: our TF ops work on host tensors, and
+#   TensorFlow's own GPU build would add its CUDA 12 wheels beside torch's CUDA 13 (docker/README.md).
 #   gpu  adds NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=compute,utility for the NVIDIA
 #        container toolkit (`docker run --gpus all`; the host driver must support CUDA 13, i.e.
 #        R580 or newer).
 #   cpu  without them.
 #
 # Stages:  os       BASE_IMAGE + runtime packages (python3, OpenMPI, OpenSSH), shared by all
-#          venv     os + /opt/venv with the dependencies (binary wheels only: no compilers needed)
+#          venv     os + /opt/venv with the dependencies (binary wheels only: no compilers needed),
+#                   torch's layer, then TensorFlow's
+#          tfops    venv + g++ + the TF op library's C++ sources -> the compiled op library (keyed
+#                   on those sources: a .py change does not recompile it)
 #          builder  os + compilers, cmake + our sources -> our wheel, the C++ core compiled here
 #                   (the same for both variants: the second build gets it from the cache)
 #          runtime  venv + config + our wheel; no compilers, no wheelhouse
@@ -41,8 +50,9 @@
 # Build args: BASE_IMAGE (default appliance-base:bookworm, made by docker/bootstrap-base.sh; an
 # Ubuntu/Debian image with apt, e.g. nvidia/cuda:13.0.0-base-ubuntu24.04, also works),
 # OPENMPI_MAJOR (the build fails if the distro's OpenMPI has another major),
-# WHEELHOUSE_ID / WHEELHOUSE_PYTHON / WHEELHOUSE_URL (set by build.sh), PIP_INDEX_URL and
-# PIP_EXTRA_INDEX_URL (index mode).
+# WHEELHOUSE_ID / WHEELHOUSE_PYTHON / WHEELHOUSE_URL (set by build.sh), TENSORFLOW (1 or 0),
+# TF_WHEELHOUSE_ID / TF_WHEELHOUSE_URL (the TensorFlow set's wheelhouse, set by build.sh),
+# PIP_INDEX_URL and PIP_EXTRA_INDEX_URL (index mode).
 
 ARG BASE_IMAGE=appliance-base:bookworm
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +118,59 @@ print("torchvision=" + next((d.version for d in m.distributions() if d.metadata[
         >> /etc/appliance/versions; \
     cat /etc/appliance/versions
 
+# TensorFlow: a layer of its own above torch's (its ARGs are declared here, so torch's layer keeps
+# its cache key whether TensorFlow is in or out); TENSORFLOW=0 leaves it empty. tf-keras goes in
+# with --no-deps (it declares `tensorflow`, the module tensorflow-cpu installs under another name),
+# and docker/pip-check.sh accepts exactly that one line of pip check.
+ARG TENSORFLOW=1
+ARG TF_WHEELHOUSE_ID
+ARG TF_WHEELHOUSE_URL
+COPY docker/pip-check.sh /usr/local/lib/appliance/pip-check
+COPY docker/requirements-tf.txt docker/requirements-tf-nodeps.txt /tmp/req/
+RUN set -eu; \
+    chmod 0755 /usr/local/lib/appliance/pip-check; \
+    if [ "$TENSORFLOW" = 1 ]; then \
+        if [ -n "$TF_WHEELHOUSE_URL" ]; then export WHEELHOUSE_URL="$TF_WHEELHOUSE_URL"; fi; \
+        /usr/local/lib/appliance/pip-install /opt/venv -r /tmp/req/requirements-tf.txt; \
+        /usr/local/lib/appliance/pip-install /opt/venv --no-deps -r /tmp/req/requirements-tf-nodeps.txt; \
+        TF_CPP_MIN_LOG_LEVEL=3 /opt/venv/bin/python -c 'import tensorflow as tf, tf_keras; \
+print("tensorflow=" + tf.__version__); print("tf_keras=" + tf_keras.__version__)' >> /etc/appliance/versions; \
+    elif [ "$TENSORFLOW" != 0 ]; then \
+        echo "TENSORFLOW=$TENSORFLOW: expected 1 or 0" >&2; exit 1; \
+    fi; \
+    rm -rf /tmp/req; \
+    /usr/local/lib/appliance/pip-check /opt/venv; \
+    cat /etc/appliance/versions
+
+# ---------------------------------------------------------------------------------------------
+# appliance.tensorflow's op library, compiled against /opt/venv's TensorFlow (its headers and
+# flags are found at the same path in the image) from its C++ sources and _library.py alone
+# (docker/build-tf-ops.py stands in for the rest of the package): a .py change elsewhere keeps
+# this stage cached. The runtime stage copies /opt/appliance/tf-ops and checks, with the wheel
+# installed and no compiler, that appliance.tensorflow finds it. TENSORFLOW=0: an empty folder.
+FROM venv AS tfops
+ARG DEBIAN_FRONTEND=noninteractive
+ARG TENSORFLOW=1
+RUN set -eux; \
+    if [ "$TENSORFLOW" = 1 ]; then \
+        apt-get update; \
+        apt-get install -y --no-install-recommends g++; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi
+COPY docker/build-tf-ops.py /src/build-tf-ops.py
+COPY appliance/tensorflow/_library.py /src/appliance/tensorflow/_library.py
+COPY appliance/tensorflow/csrc/ /src/appliance/tensorflow/csrc/
+COPY appliance/runtime/csrc/capi/appliance_core.h /src/appliance/runtime/csrc/capi/appliance_core.h
+RUN set -eu; \
+    mkdir -p /opt/appliance/tf-ops; \
+    if [ "$TENSORFLOW" = 1 ]; then \
+        cd /src; \
+        APPLIANCE_TF_OPS_DIR=/opt/appliance/tf-ops TF_CPP_MIN_LOG_LEVEL=3 /opt/venv/bin/python /src/build-tf-ops.py /src; \
+        find /opt/appliance/tf-ops -name .lock -delete; \
+    fi; \
+    chmod -R a+rX,go-w /opt/appliance/tf-ops; \
+    ls -lR /opt/appliance/tf-ops
+
 # ---------------------------------------------------------------------------------------------
 # Our wheel, in a stage of its own FROM os: it needs no dependency of /opt/venv, so a change of
 # requirements does not recompile the core, and the CPU and GPU variants share this whole stage
@@ -162,7 +225,8 @@ ENV PATH=/opt/venv/bin:${PATH} \
     OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     OMPI_MCA_btl_vader_single_copy_mechanism=none \
-    APPLIANCE_SHARED=/mnt/share
+    APPLIANCE_SHARED=/mnt/share \
+    APPLIANCE_TF_OPS_DIR=/opt/appliance/tf-ops
 # No APPLIANCE_SSH_PORT here: the launcher takes it as the other hosts' port, and in Kubernetes
 # that is /etc/ssh/ssh_config's 2222. The appliance's containers get it from their entrypoint
 # (default 12345) or `appliance secondary|primary`.
@@ -196,12 +260,16 @@ RUN set -eux; \
     appliance-entrypoint write-env; \
     test -s /home/mpiuser/.sshd_config
 
+# The TensorFlow op library (empty without TensorFlow), before our wheel: it changes with its C++
+# sources only.
+COPY --from=tfops /opt/appliance/tf-ops/ /opt/appliance/tf-ops/
+
 # Our wheel last: only this layer changes with our sources.
 COPY --from=builder /dist/ /tmp/dist/
 RUN set -eux; \
     /opt/venv/bin/pip install -q --no-index --no-deps --no-cache-dir /tmp/dist/appliance-*.whl; \
     rm -rf /tmp/dist; \
-    /opt/venv/bin/pip check; \
+    /usr/local/lib/appliance/pip-check /opt/venv; \
     /opt/venv/bin/python -c "import appliance.runtime._core"; \
     echo "appliance=$(/opt/venv/bin/python -c 'import importlib.metadata as m; print(m.version("appliance"))')" \
         >> /etc/appliance/versions
@@ -210,7 +278,9 @@ RUN set -eux; \
 # appliance.torch), installed by shim/install_horovod.py as outside the image (behind
 # site-packages via a .pth, never shadowing a real Horovod), and docker/train.py (`python -m
 # train`: the default job unless the working directory has a train.py). `horovodrun` is our
-# wheel's console script.
+# wheel's console script. With TensorFlow, `import horovod.tensorflow` is appliance.tensorflow, and
+# the op library it looks for under its key is the one stage tfops compiled (there is no compiler
+# here to make another: a mismatch fails the build); one TensorFlow import (~4 s) checks both.
 COPY shim/ /tmp/shim/
 COPY docker/train.py /tmp/train.py
 RUN set -eux; \
@@ -220,6 +290,11 @@ RUN set -eux; \
     rm -rf /tmp/shim; \
     cd /; /opt/venv/bin/python -c "import appliance.cluster.jobrun, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
     /opt/venv/bin/python -c "import horovod, horovod.common.exceptions, horovod.common.util, horovod.runner.util.threads, horovod.torch.mpi_ops as m; assert horovod.__version__ == '0.28.1' and m.Compression"; \
+    if [ "$(ls -A /opt/appliance/tf-ops)" ]; then \
+        TF_CPP_MIN_LOG_LEVEL=3 /opt/venv/bin/python -c "import horovod.tensorflow as hvd, appliance.tensorflow as a; \
+from appliance.tensorflow import _library; assert hvd is a and hvd.init is a.init; print(_library.build())" \
+        || { echo "horovod.tensorflow does not import, or its op library is not the one stage tfops compiled" >&2; exit 1; }; \
+    fi; \
     /opt/venv/bin/horovodrun --help >/dev/null
 
 EXPOSE 12345 2222

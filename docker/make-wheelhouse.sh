@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make-wheelhouse.sh: download, on the host, every wheel the image installs, for the image's Python.
 #
-#   bash docker/make-wheelhouse.sh DIR [--cpu | --gpu] [--python 3.11] [--glibc 2.35]
+#   bash docker/make-wheelhouse.sh DIR [--cpu | --gpu] [--tensorflow] [--python 3.11] [--glibc 2.35]
 #                                      [--host-pip-config] [--refresh]
 #
 # What it owns: DIR, filled by `pip download` (binary wheels only, CPython X.Y, manylinux x86_64
@@ -22,6 +22,13 @@
 #                    The result is checked: no "+cpu" torch, an nvidia-nccl wheel present.
 #   --host-pip-config  with --gpu: use the host's pip config anyway (a mirror or proxy that
 #                    serves PyPI's CUDA wheels); the checks above still apply.
+#   --tensorflow     the TensorFlow set instead (its own stamp, DIR/.stamp-tf; build.sh keeps it in
+#                    a directory of its own, so the torch layer's wheel list does not change):
+#                    docker/requirements-tf.txt with its dependencies (tensorflow-cpu: its 2.21
+#                    wheel is manylinux_2_27, found through the glibc range below) and
+#                    requirements-tf-nodeps.txt without (tf-keras declares `tensorflow`, the same
+#                    module that tensorflow-cpu installs under another name). --gpu/--cpu pick
+#                    --isolated as above. Checked: a tensorflow_cpu and a tf_keras wheel.
 #
 # This is how images get built where containers cannot reach an index, and how air-gapped
 # clusters get their wheelhouse (copy DIR there, then build.sh --wheelhouse DIR).
@@ -37,6 +44,7 @@ GLIBC=2.35
 REFRESH=0
 VARIANT=cpu
 ISOLATED=auto
+SET=base
 DIR=""
 
 say() { echo "make-wheelhouse: $*" >&2; }
@@ -50,12 +58,13 @@ while (($#)); do
         --cpu) VARIANT=cpu; shift ;;
         --gpu) VARIANT=gpu; shift ;;
         --host-pip-config) ISOLATED=0; shift ;;
-        -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --tensorflow) SET=tf; shift ;;
+        -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1" ;;
         *) DIR="$1"; shift ;;
     esac
 done
-[[ -n "$DIR" ]] || die "usage: make-wheelhouse.sh DIR [--cpu | --gpu] [--python X.Y] [--glibc X.Y] [--host-pip-config] [--refresh]"
+[[ -n "$DIR" ]] || die "usage: make-wheelhouse.sh DIR [--cpu | --gpu] [--tensorflow] [--python X.Y] [--glibc X.Y] [--host-pip-config] [--refresh]"
 [[ "$PYVER" =~ ^3\.[0-9]+$ ]] || die "--python '$PYVER': expected 3.N"
 [[ "$GLIBC" =~ ^2\.[0-9]+$ ]] || die "--glibc '$GLIBC': expected 2.N"
 
@@ -73,13 +82,24 @@ else
     HASHED=("${REQS[@]}")
     ISOLATED=0
 fi
-stamp="$(cat "${HASHED[@]}" | sha256sum | cut -c1-16)-$VARIANT-$TAG-glibc$GLIBC-isolated$ISOLATED"
+NODEPS=()
+stamp_file=.stamp
+if [[ $SET == tf ]]; then
+    REQS=("$HERE/requirements-tf.txt")
+    NODEPS=("$HERE/requirements-tf-nodeps.txt")
+    HASHED=("${REQS[@]}" "${NODEPS[@]}")
+    stamp_file=.stamp-tf
+fi
+# The base set's stamp reads as it always did (a wheelhouse made before the TensorFlow set existed stays valid).
+what="$VARIANT"
+[[ $SET == base ]] || what="$SET"
+stamp="$(cat "${HASHED[@]}" | sha256sum | cut -c1-16)-$what-$TAG-glibc$GLIBC-isolated$ISOLATED"
 
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 exec 8>"$DIR.lock"
 flock -w 900 8 || die "could not lock $DIR.lock within 900 s (another make-wheelhouse stuck?)"
-if ((!REFRESH)) && [[ "$(cat "$DIR/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+if ((!REFRESH)) && [[ "$(cat "$DIR/$stamp_file" 2>/dev/null)" == "$stamp" ]]; then
     say "$DIR is up to date ($TAG, $(du -sh "$DIR" | cut -f1))"
     exit 0
 fi
@@ -89,18 +109,27 @@ for ((minor = 17; minor <= ${GLIBC#2.}; minor++)); do
     platforms+=(--platform "manylinux_2_${minor}_x86_64")
 done
 
-say "pip download${pip_opts[*]:+ ${pip_opts[*]}} -> $DIR ($VARIANT, CPython $PYVER, manylinux x86_64 up to glibc $GLIBC)"
+say "pip download${pip_opts[*]:+ ${pip_opts[*]}} -> $DIR ($what, CPython $PYVER, manylinux x86_64 up to glibc $GLIBC)"
 t0=$SECONDS
-rm -f "$DIR/.stamp"
+rm -f "$DIR/$stamp_file"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-if ! "$PY" -m pip download "${pip_opts[@]}" --quiet --dest "$DIR" --only-binary=:all: \
-        --implementation cp --python-version "$PYVER" --abi "$TAG" "${platforms[@]}" \
-        -r "${REQS[0]}" -r "${REQS[1]}" >"$log" 2>&1; then
-    tail -n 15 "$log" >&2
-    die "pip download failed for $TAG (see above)"
-fi
-if [[ $VARIANT == gpu ]]; then
+download() {  # download [pip download args...]: the common options, pip's tail and one line on failure
+    if ! "$PY" -m pip download "${pip_opts[@]}" --quiet --dest "$DIR" --only-binary=:all: \
+            --implementation cp --python-version "$PYVER" --abi "$TAG" "${platforms[@]}" "$@" >"$log" 2>&1; then
+        tail -n 15 "$log" >&2
+        die "pip download failed for $TAG (see above)"
+    fi
+}
+req_args=()
+for r in "${REQS[@]}"; do req_args+=(-r "$r"); done
+download "${req_args[@]}"
+for r in "${NODEPS[@]}"; do download --no-deps -r "$r"; done
+if [[ $SET == tf ]]; then
+    for w in tensorflow_cpu tf_keras; do
+        compgen -G "$DIR/$w-*.whl" >/dev/null || die "no $w wheel in $DIR after pip download"
+    done
+elif [[ $VARIANT == gpu ]]; then
     # A CPU torch here would give a GPU image without CUDA, silently: refuse it.
     if compgen -G "$DIR/torch-*+cpu*.whl" >/dev/null; then
         die "$DIR holds a CPU-only torch ($(cd "$DIR" && ls torch-*+cpu*.whl | head -n 1)); the GPU" \
@@ -110,6 +139,6 @@ if [[ $VARIANT == gpu ]]; then
         || die "no nvidia-nccl wheel in $DIR: the torch that pip resolved is not PyPI's CUDA build"
 fi
 echo "$TAG" >"$DIR/PYTHON_TAG"
-echo "$VARIANT" >"$DIR/VARIANT"
-echo "$stamp" >"$DIR/.stamp"
+[[ $SET == tf ]] || echo "$VARIANT" >"$DIR/VARIANT"
+echo "$stamp" >"$DIR/$stamp_file"
 say "done in $((SECONDS - t0)) s: $(ls "$DIR"/*.whl | wc -l) wheels, $(du -sh "$DIR" | cut -f1)"
