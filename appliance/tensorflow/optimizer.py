@@ -28,7 +28,7 @@ from appliance.tensorflow.mpi_ops import Adasum, Average, global_process_set, ra
 _functions: dict = {}  # configuration -> tf.function averaging a list of gradients
 
 
-def _split(items: list, n: int) -> list:
+def split_list(items: list, n: int) -> list:
     """``items`` in ``n`` consecutive groups as even as possible (Horovod's split_list)."""
     d, r = divmod(len(items), n)
     out, start = [], 0
@@ -59,7 +59,7 @@ def _allreduce_grads(grads, variables, cfg):
             out[i] = allreduce(g, **kw)
         return out
     if isinstance(groups, int):
-        bundles = _split(present, groups)
+        bundles = split_list(present, groups)
     else:  # lists of variables: their gradients go together, the rest one by one
         index = {var_ref(v): i for i, v in enumerate(variables)}
         taken, bundles = set(), []

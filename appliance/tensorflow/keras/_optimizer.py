@@ -26,6 +26,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from appliance.tensorflow.mpi_ops import Average
+from appliance.tensorflow.optimizer import split_list
 
 # Traced as written (explicit tf.cond): AutoGraph converting these, and all they call, inside
 # Keras's train function only costs time.
@@ -39,16 +40,6 @@ def is_keras3(obj) -> bool:
     """Whether ``obj`` (an optimizer, layer or model) is Keras 3's (module ``keras.``), not tf-keras's."""
     return any(c.__module__.startswith("keras.") for c in type(obj).__mro__)
 
-
-def _split(items: list, n: int) -> list:
-    d, r = divmod(len(items), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + d + (1 if i < r else 0)
-        if end > start:
-            out.append(items[start:end])
-        start = end
-    return out
 
 
 class Reducer:
@@ -66,7 +57,7 @@ class Reducer:
         if not self.groups:
             return [dense] if dense else []
         if isinstance(self.groups, int):
-            return _split(dense, self.groups)
+            return split_list(dense, self.groups)
         where = {id(variables[i]): i for i in dense}
         taken, bundles = set(), []
         for group in self.groups:
