@@ -2,13 +2,18 @@
 ``appliance.tensorflow.elastic`` (its ``run`` and state classes).
 
 ``KerasState`` is a model, its optimizer and any extra attributes (``epoch``, ``batch``...);
-``CommitStateCallback`` commits it every ``batches_per_commit`` batches and at each epoch's end;
-``UpdateBatchStateCallback`` keeps ``state.batch`` (and, when ``fit`` has ``steps_per_epoch``,
-shortens the first epoch after a reset by the batches already done); ``UpdateEpochStateCallback``
-keeps ``state.epoch`` counting across resets. Environment: none. Failure modes: as
+``CommitStateCallback`` commits it every ``batches_per_commit`` batches and after each epoch,
+once the other callbacks have updated it (as the next batch or epoch begins, or ``fit`` ends);
+``UpdateBatchStateCallback`` keeps ``state.batch``, the batches done in the epoch (and, when
+``fit`` has ``steps_per_epoch``, shortens the first epoch after a reset by them: on Keras 3
+through ``fit``'s epoch iterator, found on its frame); ``UpdateEpochStateCallback`` keeps
+``state.epoch`` counting across resets. Environment: none. Failure modes: as
 ``appliance.tensorflow.elastic`` (eager only; a failed rank becomes ``HorovodInternalError`` in
-``run``, which restores the last commit).
+``run``, which restores the last commit); a trainer whose ``fit`` holds no epoch iterator runs the
+first epoch after a reset whole (its data runs past the epoch).
 """
+import sys
+
 import tensorflow as tf
 
 from appliance.tensorflow.elastic import TensorFlowKerasState, run  # noqa: F401
@@ -22,48 +27,91 @@ class KerasState(TensorFlowKerasState):
 
 
 class CommitStateCallback(tf.keras.callbacks.Callback):
-    """Commits ``state`` every ``batches_per_commit`` batches and at the end of each epoch."""
+    """Commits ``state`` every ``batches_per_commit`` batches and after each epoch.
+
+    The commit is taken as the next batch or epoch begins (or ``fit`` ends), once every callback's
+    ``on_*_end`` has run: placed before the Update callbacks (Horovod's example lists it first), a
+    commit at ``on_batch_end`` would hold the new weights with the old counters."""
 
     def __init__(self, state, batches_per_commit=1):
         super().__init__()
         self.state, self.batches_per_commit = state, batches_per_commit
         self.batches_remaining = batches_per_commit
+        self._due = False
 
     def on_train_begin(self, logs=None):
         self.batches_remaining = self.batches_per_commit  # the same count on every rank after a reset
+        self._due = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._commit_due()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._commit_due()
+
+    def on_train_end(self, logs=None):
+        self._commit_due()
 
     def on_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
-            self.commit()
+            self._due = True
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch, logs=None):
-        self.commit()
+        self._due = True
+
+    def _commit_due(self):
+        if self._due:
+            self._due = False
+            self.commit()
 
     def commit(self):
         self.state.commit()
 
 
+def _epoch_iterator():
+    """Keras 3's ``fit`` reads an epoch's length from its local epoch iterator (``params`` is a
+    copy for the callbacks): found on ``fit``'s frame, None under tf-keras or another trainer."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        found = frame.f_locals.get("epoch_iterator")
+        if found is not None and hasattr(found, "steps_per_epoch"):
+            return found
+        frame = frame.f_back
+    return None
+
+
 class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
-    """Keeps ``state.batch`` the last finished batch of the epoch (0 after the epoch)."""
+    """Keeps ``state.batch`` the number of batches done in the current epoch (0 after the epoch).
+    With ``steps_per_epoch`` in ``fit``, the first epoch after a reset runs only the batches left
+    of it, on Keras 3 (its epoch iterator) as on tf-keras (``params['steps']``)."""
 
     def __init__(self, state):
         super().__init__()
         self.state = state
         self.steps_per_epoch = None
+        self._done_before = 0
 
     def on_train_begin(self, logs=None):
         self.steps_per_epoch = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self.params.get("steps"):
-            if self.steps_per_epoch is None:
-                self.steps_per_epoch = self.params.get("steps")
-            self.params["steps"] = self.steps_per_epoch - self.state.batch
+        self._done_before = self.state.batch  # Keras numbers this epoch's batches from 0
+        if not self.params.get("steps"):
+            return
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps")
+        steps = self.steps_per_epoch - self.state.batch
+        self.params["steps"] = steps
+        iterator = _epoch_iterator()
+        if iterator is not None and iterator.steps_per_epoch:
+            iterator.steps_per_epoch = steps
 
     def on_batch_end(self, batch, logs=None):
-        self.state.batch = batch
+        self.state.batch = self._done_before + batch + 1  # batch: the last one of a steps_per_execution run
 
     def on_epoch_end(self, epoch, logs=None):
         self.state.batch = 0
