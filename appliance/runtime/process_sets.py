@@ -17,7 +17,8 @@ naming what each rank asked for; the ids are the smallest unused ones, so they a
 
 Environment: ``HOROVOD_DYNAMIC_PROCESS_SETS`` (through ``appliance.common.knobs``).
 Failure modes: ``ValueError`` for a set that is not registered (or was removed), an operation on
-a set that does not hold this rank, a root outside the set, a duplicate set, or dynamic changes
+a set that does not hold this rank, a root outside the set, a duplicate set (one with every rank of
+the job duplicates the global set, as in Horovod), or dynamic changes
 without dynamic process sets enabled.
 """
 from __future__ import annotations
@@ -118,6 +119,9 @@ def _register(ps: ProcessSet) -> None:
     n = api.size()
     if ranks and (ranks[0] < 0 or ranks[-1] >= n or len(set(ranks)) != len(ranks)):
         raise ValueError(f"process set {ranks}: needs distinct ranks from 0 to {n - 1}")
+    if ranks == list(range(n)):  # Horovod refuses it as a duplicate of set 0 too
+        raise ValueError(f"a process set with ranks {ranks} exists already: the global process set (id 0, "
+                         "every rank of the job); use hvd.global_process_set")
     for other in _table.values():
         if other.ranks == ranks:
             raise ValueError(f"a process set with ranks {ranks} exists already (id {other.process_set_id})")

@@ -4,7 +4,8 @@ with per-rank first dimensions, scaling, their gradients, a scalar member refuse
 and in a tf.compat.v1 graph run by a session: broadcast_ of reference and resource variables,
 broadcast_object, broadcast_object_fn and allgather_object; horovod.tensorflow.util and
 horovod.runner.common.util.env by Horovod's module paths (the shim on sys.path); an op on a
-process set this rank is not in fails as Horovod's (InvalidArgumentError when it runs)."""
+process set this rank is not in fails as Horovod's (InvalidArgumentError when it runs), and one of
+every rank is refused as a duplicate of the global set."""
 import numpy as np
 import tensorflow as tf
 
@@ -112,6 +113,12 @@ def process_set_errors(hvd):
     """An op on a registered set this rank is not in fails when it runs (InvalidArgumentError);
     an unregistered set is a ValueError; the ids and ranks, and the repr, as Horovod's."""
     r, n = hvd.rank(), hvd.size()
+    try:  # every rank duplicates the global set: refused, as Horovod's test_horovod_add_get_remove_process_set
+        hvd.add_process_set(range(n))
+    except ValueError as e:
+        assert "the global process set" in str(e), e
+    else:
+        raise AssertionError("a set of every rank was added beside the global set")
     first = hvd.add_process_set([0])
     assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == {0: list(range(n)), first.process_set_id: [0]}
     assert str(first) == f"ProcessSet(process_set_id={first.process_set_id}, ranks=[0], mpi_comm=None)", str(first)

@@ -26,7 +26,16 @@ def main():
     # the global set first (NCCL where it can), then a set of the even ranks (host staging)
     g = hvd.allreduce(torch.full((1000,), float(r + 1), device=dev), op=hvd.Sum, name="global")
     assert g.device == dev and torch.equal(g.cpu(), torch.full((1000,), n * (n + 1) / 2))
-    evens = hvd.add_process_set(list(range(0, n, 2)))
+    if n > 1:
+        evens = hvd.add_process_set(list(range(0, n, 2)))
+    else:  # at one rank the evens are every rank: refused as a duplicate of the global set, as in Horovod
+        try:
+            hvd.add_process_set([0])
+        except ValueError as e:
+            assert "the global process set" in str(e), e
+        else:
+            raise AssertionError("a set of every rank was added beside the global set")
+        evens = hvd.global_process_set
     if evens.included():
         members = evens.ranks
         s = hvd.allreduce(torch.full((513,), float(r + 1), device=dev), op=hvd.Sum, process_set=evens)

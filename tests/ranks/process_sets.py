@@ -35,10 +35,13 @@ def case_static(r, n, out):
 
 
 def case_dynamic(r, n, out):
-    first = hvd.add_process_set([0, n - 1])
+    # every rank duplicates the global set: refused, as in Horovod (at 2 ranks [0, n - 1] is every rank)
+    global_dup = [caught(lambda: hvd.add_process_set(list(range(n)))),
+                  caught(lambda: hvd.add_process_set([n - 1, 0])) if n == 2 else None]
+    first = hvd.add_process_set([0, n - 1] if n > 2 else [0])
     second = hvd.add_process_set(hvd.ProcessSet(list(range(n))[1:]))
     ids = [first.process_set_id, second.process_set_id]
-    dup = caught(lambda: hvd.add_process_set([n - 1, 0]))
+    dup = caught(lambda: hvd.add_process_set(list(reversed(first.ranks))))
     removed = hvd.remove_process_set(first)
     again = hvd.remove_process_set(first)
     use_removed = caught(lambda: hvd.allreduce(torch.ones(1), process_set=first)) if r in (0, n - 1) else None
@@ -46,7 +49,7 @@ def case_dynamic(r, n, out):
     empty = hvd.add_process_set([])   # allowed (the odd ranks of a one-rank job): nobody runs on it
     empty_id = empty.process_set_id
     hvd.remove_process_set(empty)
-    out["dynamic"] = {"ids": ids, "dup": dup, "removed": [removed, again], "use_removed": use_removed,
+    out["dynamic"] = {"ids": ids, "dup": dup, "global_dup": global_dup, "removed": [removed, again], "use_removed": use_removed,
                       "reused_id": third.process_set_id, "empty_id": empty_id, "global_removed": hvd.remove_process_set(hvd.global_process_set)}
     hvd.remove_process_set(second)
     hvd.remove_process_set(third)

@@ -26,6 +26,8 @@ def test_static_and_dynamic_sets(run_ranks, np_):
         dyn = dyn_rep["dynamic"]
         assert dyn["ids"] == [1, 2]
         assert dyn["dup"][0] == "ValueError" and "exists already" in dyn["dup"][1]
+        for refused in dyn["global_dup"][:1 if np_ > 2 else 2]:  # a set of every rank duplicates the global set
+            assert refused[0] == "ValueError" and "the global process set" in refused[1], refused
         assert dyn["removed"] == [True, False] and dyn["global_removed"] is False
         if r in (0, np_ - 1):
             assert dyn["use_removed"][0] == "ValueError" and "not registered" in dyn["use_removed"][1]
