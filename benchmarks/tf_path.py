@@ -18,6 +18,10 @@ cluster (``TF_CONFIG``: one worker per rank on a free localhost port, ring all-r
   step each: ``hvd.DistributedGradientTape`` against ``strategy.run`` of the same step. Blocks of
   ``--steps`` steps alternate between the two for ``--rounds`` rounds; images/s is the global
   batch x steps / a block's wall time on rank 0, the median round shown beside every round.
+  With tf-keras installed, two more blocks alternate with them: Keras ``fit`` of the same model
+  with ``horovod.tensorflow.keras``'s ``DistributedOptimizer`` (``keras-fit``) against ``fit``
+  under the strategy (``mwms-fit``), on tf-keras (the ranks run with ``TF_USE_LEGACY_KERAS=1``):
+  Keras 3's ``fit`` does not run under the strategy at two workers (``_fit_blocks``).
 
     python benchmarks/tf_path.py                      # ~5-10 min on 2 cores
     python benchmarks/tf_path.py --quick              # seconds: 4K and 64K, a tiny model, 2 steps
@@ -125,21 +129,70 @@ def _train(args, hvd, rt, tf, strategy) -> dict:
         return loss
 
     mwms_step = tf.function(lambda: strategy.run(replica))
-    steps = {"tf-tape": ours_step, "mwms": mwms_step}
-    for step in steps.values():  # trace and warm up
-        for _ in range(2):
-            float(step())
-    out: dict = {b: [] for b in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            rt.barrier()
-            t0 = time.perf_counter()
+
+    def loop(step):
+        def block():
             for _ in range(args.steps):
                 loss = step()
             float(loss)
+        return block
+
+    blocks = {"tf-tape": loop(ours_step), "mwms": loop(mwms_step), **_fit_blocks(args, size, tf, strategy, imgs, labels)}
+    for block in blocks.values():  # trace and warm up
+        block()
+    out: dict = {b: [] for b in blocks}
+    for _ in range(args.rounds):
+        for name, block in blocks.items():
+            rt.barrier()
+            t0 = time.perf_counter()
+            block()
             rt.barrier()
             out[name].append(batch * size * args.steps / (time.perf_counter() - t0))
     return out
+
+
+def _fit_blocks(args, size, tf, strategy, imgs, labels) -> dict:
+    """{backend: a block of ``--steps`` steps of ``fit``}, on tf-keras (the ranks run with
+    ``TF_USE_LEGACY_KERAS=1``; Keras 3's ``fit`` under MultiWorkerMirroredStrategy fails at two
+    workers, ``Invalid reduction dimension 0`` in its train function, tensorflow/tensorflow#72388):
+    ``keras-fit``, the model compiled with ``horovod.tensorflow.keras``'s DistributedOptimizer
+    (rank 0's weights broadcast in the warm-up), against ``mwms-fit``, the same model compiled in
+    the strategy's scope; each rank's batch the same (the strategy's dataset is the global batch,
+    every worker reading all of it, the strategy splitting it). One ``fit`` (epochs=1) per block:
+    its per-call setup is counted. {} without tf-keras."""
+    if not _tf_keras():
+        return {}
+    import appliance.tensorflow.keras as hk
+
+    keras = tf.keras
+
+    def dataset(n):
+        ds = tf.data.Dataset.from_tensor_slices((imgs, labels)).repeat().batch(n, drop_remainder=True)
+        opts = tf.data.Options()
+        opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(opts)
+
+    loss = "sparse_categorical_crossentropy"
+    ours = _model(args.model, keras, 10)
+    ours.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=loss, jit_compile=False)
+    with strategy.scope():
+        theirs = _model(args.model, keras, 10)
+        theirs.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss, jit_compile=False)
+    ours_data, their_data = dataset(args.batch), dataset(args.batch * size)
+    first = [hk.callbacks.BroadcastGlobalVariablesCallback(0)]
+
+    def ours_block():
+        ours.fit(ours_data, epochs=1, steps_per_epoch=args.steps, verbose=0, callbacks=first)
+        first.clear()  # the broadcast once, in the warm-up
+
+    return {"keras-fit": ours_block,
+            "mwms-fit": lambda: theirs.fit(their_data, epochs=1, steps_per_epoch=args.steps, verbose=0)}
+
+
+def _tf_keras() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tf_keras") is not None
 
 
 def worker(args) -> None:
@@ -196,8 +249,10 @@ def print_tables(result, file=sys.stdout) -> None:
               f"median of {len(train['tf-tape'])} rounds [every round]", file=file)
         med = {b: bl.median(v) for b, v in train.items()}
         for b, v in train.items():
-            print(f"{b:>8} {med[b]:>9.1f}  [" + ", ".join(f"{x:.1f}" for x in v) + "]", file=file)
+            print(f"{b:>9} {med[b]:>9.1f}  [" + ", ".join(f"{x:.1f}" for x in v) + "]", file=file)
         print(f"tf-tape/mwms: {med['tf-tape'] / med['mwms']:.2f}", file=file)
+        if "keras-fit" in med:
+            print(f"keras-fit/mwms-fit: {med['keras-fit'] / med['mwms-fit']:.2f}", file=file)
 
 
 def add_bandwidth(rows, p) -> None:
@@ -239,7 +294,7 @@ def main(argv=None) -> int:
            "--rounds", str(a.rounds), "--ports", ",".join(map(str, free_ports(a.np))), "--out", out]
     if not a.train:
         cmd.append("--no-train")
-    res = launch(cmd, np=a.np, timeout=3600, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    res = launch(cmd, np=a.np, timeout=3600, env={"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"})
     if res.returncode != 0:
         raise SystemExit(f"ranks failed (rc={res.returncode}):\n{bl.ranks_output(res)}")
     with open(out) as f:

@@ -1,7 +1,8 @@
 """benchmarks/tf_path.py runs end to end at tiny sizes: one 2-rank job gives a time and a busbw for
 each of its four allreduce backends (our TF path eager and in a tf.function, our torch path,
 MultiWorkerMirroredStrategy) at 4 KiB and 64 KiB, and images/s for DistributedGradientTape and
-the strategy on a tiny model, printed and in its JSON. No timed assertions.
+the strategy and for Keras ``fit`` with DistributedOptimizer and under the strategy (tf-keras, which
+tests/run.sh installs) on a tiny model, printed and in its JSON. No timed assertions.
 
 TensorFlow is needed (the ``test`` extra installs tensorflow-cpu): without it the test skips, and
 fails under --strict-prereqs (CI)."""
@@ -38,6 +39,7 @@ def test_tf_path_quick(tmp_path, request):
     got = {(r["backend"], r["bytes"]): r for r in result["rows"]}
     assert set(got) == {(b, s) for b in ("tf", "tf-fn", "torch", "mwms") for s in (4096, 65536)}, sorted(got)
     assert all(r["time_s"] > 0 and r["busbw_GBps"] > 0 for r in got.values())
-    assert sorted(result["train"]) == ["mwms", "tf-tape"]
+    assert sorted(result["train"]) == ["keras-fit", "mwms", "mwms-fit", "tf-tape"]
     assert all(len(v) == 1 and v[0] > 0 for v in result["train"].values()), result["train"]
     assert "\nallreduce, float32, 2 ranks" in proc.stdout and "tf-tape/mwms: " in proc.stdout
+    assert "keras-fit/mwms-fit: " in proc.stdout
