@@ -10,7 +10,8 @@ trains is a pure function of the sizes its steps ran at; at the end rank 0 repla
 process. A stream that ran past its epochs (an epoch not shortened after a reset) trains batches
 the replay does not have.
 
-Usage: keras_elastic.py OUT EPOCHS STEPS. ``OUT/kill.W`` (a global step): worker W SIGKILLs itself
+With ``TF_USE_LEGACY_KERAS=1`` the same network and weights are tf-keras's (run by hand: the test
+runs Keras 3). Usage: keras_elastic.py OUT EPOCHS STEPS. ``OUT/kill.W`` (a global step): worker W SIGKILLs itself
 as that batch begins. Evidence per worker W (APPLIANCE_ELASTIC_WORKER), as tests/fixtures/
 elastic_grow.py reads it: ``pid.W``; ``log.W``, one JSON line per finished batch (step, epoch,
 batch, size, rank, pid, the sum of the model's variables, HOROVOD_ELASTIC); ``done.W`` (the sizes
@@ -51,6 +52,11 @@ def main():
     write(f"pid.{wid}", str(os.getpid()))
     hvd.init()
     model, opt = keras_model(1234 + hvd.rank())  # only the state's sync makes the ranks agree
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # the same network and weights on tf-keras
+        legacy = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="tanh"),
+                                      tf.keras.layers.Dense(1)])
+        legacy.set_weights(model.get_weights())
+        model, opt = legacy, tf.keras.optimizers.SGD(opt.learning_rate.numpy(), momentum=opt.momentum)
     model.compile(optimizer=hvd.DistributedOptimizer(opt), loss="mse", jit_compile=False)
     state = hvd.elastic.KerasState(model, epoch=0, batch=0, sizes=[])
     resets = []

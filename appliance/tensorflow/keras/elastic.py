@@ -5,11 +5,12 @@
 ``CommitStateCallback`` commits it every ``batches_per_commit`` batches and after each epoch,
 once the other callbacks have updated it (as the next batch or epoch begins, or ``fit`` ends);
 ``UpdateBatchStateCallback`` keeps ``state.batch``, the batches done in the epoch (and, when
-``fit`` has ``steps_per_epoch``, shortens the first epoch after a reset by them: on Keras 3
-through ``fit``'s epoch iterator, found on its frame); ``UpdateEpochStateCallback`` keeps
+``fit`` has ``steps_per_epoch``, shortens the first epoch after a reset by them, through what
+``fit`` reads the epoch's length from, found on its frame: Keras 3's epoch iterator, tf-keras's
+data handler); ``UpdateEpochStateCallback`` keeps
 ``state.epoch`` counting across resets. Environment: none. Failure modes: as
 ``appliance.tensorflow.elastic`` (eager only; a failed rank becomes ``HorovodInternalError`` in
-``run``, which restores the last commit); a trainer whose ``fit`` holds no epoch iterator runs the
+``run``, which restores the last commit); a trainer whose ``fit`` holds neither runs the
 first epoch after a reset whole (its data runs past the epoch).
 """
 import sys
@@ -70,24 +71,31 @@ class CommitStateCallback(tf.keras.callbacks.Callback):
         self.state.commit()
 
 
-def _epoch_iterator():
-    """Keras 3's ``fit`` reads an epoch's length from its local epoch iterator (``params`` is a
-    copy for the callbacks): found on ``fit``'s frame, None under tf-keras or another trainer."""
+def _set_epoch_steps(steps: int) -> bool:
+    """Sets the number of batches the epoch that is beginning runs, where ``fit`` reads it: Keras 3
+    from its local epoch iterator (``steps_per_epoch``), tf-keras from its local data handler
+    (``_inferred_steps``); ``params`` is only the callbacks' copy. Both found on ``fit``'s frame;
+    False when neither is (another trainer)."""
     frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
-            return None
-        found = frame.f_locals.get("epoch_iterator")
-        if found is not None and hasattr(found, "steps_per_epoch"):
-            return found
+            return False
+        local = frame.f_locals
+        iterator, handler = local.get("epoch_iterator"), local.get("data_handler")
+        if iterator is not None and getattr(iterator, "steps_per_epoch", None):
+            iterator.steps_per_epoch = steps
+            return True
+        if handler is not None and getattr(handler, "_inferred_steps", None):
+            handler._inferred_steps = steps
+            return True
         frame = frame.f_back
-    return None
+    return False
 
 
 class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
     """Keeps ``state.batch`` the number of batches done in the current epoch (0 after the epoch).
     With ``steps_per_epoch`` in ``fit``, the first epoch after a reset runs only the batches left
-    of it, on Keras 3 (its epoch iterator) as on tf-keras (``params['steps']``)."""
+    of it, on Keras 3 (its epoch iterator) as on tf-keras (its data handler)."""
 
     def __init__(self, state):
         super().__init__()
@@ -106,9 +114,7 @@ class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
             self.steps_per_epoch = self.params.get("steps")
         steps = self.steps_per_epoch - self.state.batch
         self.params["steps"] = steps
-        iterator = _epoch_iterator()
-        if iterator is not None and iterator.steps_per_epoch:
-            iterator.steps_per_epoch = steps
+        _set_epoch_steps(steps)
 
     def on_batch_end(self, batch, logs=None):
         self.state.batch = self._done_before + batch + 1  # batch: the last one of a steps_per_execution run
