@@ -5,7 +5,8 @@ and in a tf.compat.v1 graph run by a session: broadcast_ of reference and resour
 broadcast_object, broadcast_object_fn and allgather_object; horovod.tensorflow.util and
 horovod.runner.common.util.env by Horovod's module paths (the shim on sys.path); an op on a
 process set this rank is not in fails as Horovod's (InvalidArgumentError when it runs), and one of
-every rank is refused as a duplicate of the global set."""
+every rank is refused as a duplicate of the global set; Horovod's model-parallel step (alltoall in the
+model, a tape with a local source, in a tf.function) after all of these."""
 import numpy as np
 import tensorflow as tf
 
@@ -145,8 +146,31 @@ def process_set_errors(hvd):
     hvd.remove_process_set(first)
 
 
+def model_parallel(hvd):
+    """Horovod's test_model_parallel_model after the cases above (it is run after the file's other
+    tests): alltoall inside the model, a tape with a local source, all in a tf.function."""
+    r, n = hvd.rank(), hvd.size()
+    emb = tf.Variable(tf.fill([n, 3], float(r + 1)))
+    dense = tf.Variable(tf.ones([3 * n, 1]))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            y = hvd.alltoall(tf.identity(emb))  # row i from rank i
+            loss = tf.reduce_sum(tf.matmul(tf.reshape(y, [1, 3 * n]), dense))
+        tape = hvd.DistributedGradientTape(tape)
+        tape.register_local_source(emb)
+        return tape.gradient(loss, [emb, dense])
+
+    g_emb, g_dense = step()
+    # every rank receives rows 1, 2, ..., n: dense's gradient is those (the same on every rank, so
+    # their average); emb's comes back through alltoall's gradient, local, scaled by 1/n
+    assert np.allclose(g_dense.numpy()[:, 0], np.repeat(np.arange(1.0, n + 1), 3)), (r, g_dense)
+    assert np.allclose(g_emb.numpy(), np.ones([n, 3]) / n), (r, g_emb)
+
+
 def horovod_suite(hvd):
-    for case in (uint16, grouped, graph_helpers, module_paths, process_set_errors):
+    for case in (uint16, grouped, graph_helpers, module_paths, process_set_errors, model_parallel):
         case(hvd)
 
 
