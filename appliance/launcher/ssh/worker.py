@@ -154,7 +154,10 @@ class SSHWorker:
             if not self._exited.is_set():
                 self._finish(LOST, self._lost_reason())
             self._done.set()
-            self._chan.close()
+            try:
+                self._chan.close()
+            except Exception:  # noqa: BLE001 - the transport is already gone (EOFError): nothing to close
+                pass
             self._conn.release(self._token)
 
     def _ping(self) -> None:
