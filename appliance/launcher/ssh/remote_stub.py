@@ -24,6 +24,9 @@ arguments, so nothing secret is ever on a command line). What it owns:
   End of stdin (the launcher died, the connection dropped, the channel was closed), silence on
   stdin for the spec's ``ssh_timeout`` seconds (a network cut: nothing closes anything), or
   SIGTERM, SIGHUP, SIGINT to the stub stop the group: SIGTERM, the spec's grace period, SIGKILL.
+  A silent launcher whose host still acknowledges our frames at the TCP level (``tx_queue`` of
+  the ``SSH_CONNECTION`` socket in /proc/net/tcp{,6} back to 0 within ``PEER_ACK_S``) stands
+  still but is reachable: the stub waits for it up to ``STALLED_LAUNCHER_S`` of silence.
   The worker also gets SIGKILL if the stub itself is killed (``PR_SET_PDEATHSIG``).
 - The stub exits only when the worker has exited and no process of its group is left, so the
   launcher can take "the channel closed" as "nothing of this rank runs on that host".
@@ -38,6 +41,7 @@ line on stderr; nothing is left running when the stub exits, whatever ended it.
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import json
 import os
 import signal
@@ -58,7 +62,55 @@ LAST_LINES_S = 0.5  # how long the exit report waits for the rank's last output
 KINDS = frozenset({STDOUT, STDERR, STARTED, EXITED, HEARTBEAT})
 MAX_PAYLOAD = 1 << 16
 HEARTBEAT_S = 1.0  # both ways: the stub's H frames, the launcher's ping lines
+PEER_ACK_S = 2.0  # a launcher host that acknowledged nothing for this long is cut off
+STALLED_LAUNCHER_S = 30.0  # the longest silence of a launcher whose host still acknowledges
 FAULT_VAR = "APPLIANCE_FAULT_FILE"
+
+
+def ssh_connection(value: str) -> tuple[bytes, int, bytes, int] | None:
+    """``SSH_CONNECTION`` ("client_ip client_port server_ip server_port", set by sshd) as packed
+    addresses and ports, or None."""
+    def packed(ip: str) -> bytes:
+        a = ipaddress.ip_address(ip.split("%")[0])
+        return (getattr(a, "ipv4_mapped", None) or a).packed
+
+    try:
+        cip, cport, sip, sport = value.split()
+        return packed(cip), int(cport), packed(sip), int(sport)
+    except ValueError:
+        return None
+
+
+def _proc_address(field: str) -> tuple[bytes, int]:
+    """An ``ADDR:PORT`` of /proc/net/tcp{,6} (32-bit words in host byte order) -> (packed, port);
+    an IPv4-mapped IPv6 address -> its IPv4 address."""
+    addr, port = field.split(":")
+    packed = b"".join(struct.pack("=I", int(addr[i:i + 8], 16)) for i in range(0, len(addr), 8))
+    if len(packed) == 16 and packed[:12] == b"\0" * 10 + b"\xff\xff":
+        packed = packed[12:]
+    return packed, int(port, 16)
+
+
+def unacked_bytes(conn: tuple[bytes, int, bytes, int] | None) -> int | None:
+    """Bytes sshd has sent on the launcher's connection that its host has not acknowledged yet
+    (``tx_queue`` of the socket in /proc/net/tcp{,6}), or None when the socket is not found. A
+    launcher host that is reachable acknowledges within a round trip even while the launcher
+    process itself stands still; across a network cut the count stays above 0."""
+    if conn is None:
+        return None
+    cip, cport, sip, sport = conn
+    want = ((sip, sport), (cip, cport))
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 4 and (_proc_address(fields[1]), _proc_address(fields[2])) == want:
+                        return int(fields[4].split(":")[0], 16)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def encode(kind: bytes, payload: bytes) -> bytes:
@@ -131,6 +183,7 @@ class Stub:
         self.lost = threading.Event()          # the launcher is gone: stop the group
         self.silent = threading.Event()        # ... and it went silent (its channel may be dead)
         self.heard = time.monotonic()          # last line from the launcher
+        self.connection = ssh_connection(os.environ.get("SSH_CONNECTION", ""))
         self.pgid = 0
         self.record = ""
         self.fault_file = ""
@@ -181,9 +234,17 @@ class Stub:
             self.out.send(HEARTBEAT, b"")
 
     def watchdog(self, done: threading.Event) -> None:
-        """When the launcher has been silent for ``timeout`` seconds, stop the group."""
+        """When the launcher has been silent for ``timeout`` seconds, stop the group, unless its host
+        still acknowledges our frames (then the launcher process stands still, not the network: wait
+        up to ``STALLED_LAUNCHER_S``)."""
+        acked = float("-inf")  # last time nothing we sent was waiting for the launcher host's ack
         while not done.wait(0.1):
-            if time.monotonic() - self.heard > self.timeout:
+            now = time.monotonic()
+            silent_s = now - self.heard
+            if silent_s > min(HEARTBEAT_S * 1.5, self.timeout) and unacked_bytes(self.connection) == 0:
+                acked = now  # a ping is late, yet its host acknowledges: watched only then (a read of /proc)
+            reachable = now - acked <= PEER_ACK_S and silent_s <= STALLED_LAUNCHER_S
+            if silent_s > self.timeout and not reachable:
                 self.silent.set()
                 self._launcher_gone()
                 return

@@ -22,7 +22,11 @@ seconds (``APPLIANCE_SSH_TIMEOUT``; before its first frame at least ``FIRST_FRAM
 interpreter starting on a loaded host), the rank is lost: ``wait()`` returns 255 with ``cause``
 "became unreachable: no reply over SSH from H for T s", and from then on ``signal()``,
 ``group_alive()`` and ``drain()`` no longer touch the (probably dead) channel. The stub, hearing
-no ``ping`` for as long, stops the rank on its side.
+no ``ping`` for as long, stops the rank on its side. Silence is the host's, not this process's:
+time in which the check itself ran more than ``STALL_S`` late (the launcher stood still: a C call
+holding the GIL, such as a large module's import, or a stopped process) does not count, and bytes
+waiting in the connection's socket (``FIONREAD``) that paramiko's transport thread has not read
+yet count as a reply.
 
 Env vars: none. Failure modes: a channel that cannot be opened raises ``SpawnError``; a stub
 that ends without an exit frame, a lost connection or a silent one makes ``wait()`` return 255
@@ -31,9 +35,13 @@ with ``cause`` naming the host and the reason; a command that cannot start retur
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import shlex
+import socket
+import struct
+import termios
 import threading
 import time
 from typing import Mapping, Sequence
@@ -45,6 +53,19 @@ from ..workers import SpawnError
 
 LOST = 255
 FIRST_FRAME_S = 30.0
+STALL_S = 0.5  # the silence check (every 0.1 s) this late: the launcher itself stood still
+
+
+def _bytes_waiting(chan) -> bool:
+    """Bytes from the host in the kernel's buffer of the connection's socket (or, through a jump
+    host, in its tunnel channel) that paramiko's transport thread has not taken yet."""
+    try:
+        sock = chan.get_transport().sock
+        if isinstance(sock, socket.socket):
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+        return bool(sock.recv_ready())
+    except Exception:  # noqa: BLE001 - a closed transport or socket: no evidence either way
+        return False
 
 
 class _StderrTail:
@@ -90,7 +111,7 @@ class SSHWorker:
         sink.open_rank(rank)
         self._conn = conn
         self._timeout = float(spec.get("ssh_timeout") or 0.0)  # 0: no silence watchdog
-        self._heard = time.monotonic()
+        self._heard = self._checked = time.monotonic()
         self._framed = False  # a first frame arrived
         self._silent = threading.Event()
         self._send_lock = threading.Lock()
@@ -174,22 +195,31 @@ class SSHWorker:
                 return False
 
     def silent_s(self) -> float:
-        """Seconds since anything came from the stub (which sends a heartbeat every HEARTBEAT_S)."""
+        """Seconds since anything came from the stub (which sends a heartbeat every HEARTBEAT_S), this
+        process's own stalls not counted (see ``_check_silence``)."""
         try:
             if self._chan.recv_ready() or self._chan.recv_stderr_ready():
                 return 0.0
         except Exception:  # noqa: BLE001 - a closed channel: the reader thread reports that
             pass
-        return time.monotonic() - self._heard
+        silent = time.monotonic() - self._heard
+        return 0.0 if silent > HEARTBEAT_S * 1.5 and _bytes_waiting(self._chan) else silent
 
     def _check_silence(self) -> None:
+        now = time.monotonic()
+        late = now - self._checked
+        self._checked = now
+        if late > STALL_S:  # this process stood still (a C call holding the GIL, a stopped launcher):
+            self._heard += late  # not the host's silence, and its frames may still wait unread
         try:  # bytes waiting in the channel: the stub is there, only our reader is slow (a blocked stdout)
             if self._chan.recv_ready() or self._chan.recv_stderr_ready():
-                self._heard = time.monotonic()
+                self._heard = now
         except Exception:  # noqa: BLE001 - a closed channel: the reader thread reports that
             pass
         limit = self._timeout if self._framed else max(self._timeout, FIRST_FRAME_S)
-        silent_s = time.monotonic() - self._heard
+        if now - self._heard > limit and _bytes_waiting(self._chan):
+            self._heard = now  # the host sent something our transport thread has not read yet
+        silent_s = now - self._heard
         if silent_s > limit:
             self._finish(LOST, f"became unreachable: no reply over SSH from {self.host} for {self._timeout:.1f} s",
                          silent=True)
