@@ -11,7 +11,8 @@ warmup and schedule callbacks set at each batch; ``apply``: gradients handed to 
 ``tf.function``, are averaged; with fp16 compression, an embedding's sparse gradient and
 ``backward_passes_per_step=2``; ``fusion``: a step's gradients reach the runtime together (one plan); ``load``: ``load_model`` on rank
 0's checkpoint gives a wrapped optimizer with the saved iteration count, and one more epoch keeps
-the ranks equal. Reports JSON through ``_report``; a failed check raises (non-zero exit).
+the ranks equal; ``sync_bn``: ``SyncBatchNormalization`` in a masked model trained one step on
+batches of different sizes holds the concatenated batch's moving statistics. Reports JSON through ``_report``; a failed check raises (non-zero exit).
 """
 import os
 import sys
@@ -196,6 +197,42 @@ def case_fusion():
     return {"fusion_rounds": rounds, "fusion_gradients": len(model.trainable_variables), "xla_error": xla}
 
 
+def sync_bn_data(rank):
+    """Rank r: 2 + r sequences of 4 steps of 3 features, the last r % 3 steps of each padded
+    (zeros: masked), so the ranks' batches and their unmasked counts differ."""
+    g = np.random.RandomState(70 + rank)
+    x = (g.randn(2 + rank, 4, 3) * (1 + rank) + rank).astype(np.float32)
+    x[:, 4 - rank % 3:, :] = 0.0
+    return x, g.randn(2 + rank, 1).astype(np.float32)
+
+
+def sync_bn_model(layer):
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((4, 3)), keras.layers.Masking(0.0), keras.layers.Dense(3),
+                             layer(momentum=0.5), keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+
+def case_sync_bn(rank, size):
+    """``hvd.SyncBatchNormalization`` (``horovod.tensorflow``'s) after a masked Dense, one ``fit``
+    step on each rank's own batch: its moving mean and variance are those of one process's
+    ``BatchNormalization`` on the concatenated batch through the same Dense (masks and sizes
+    counted), called eagerly (a second ``fit`` would trace a second step)."""
+    import horovod.tensorflow as hvd_tf
+
+    x, y = sync_bn_data(rank)
+    model = sync_bn_model(hvd_tf.SyncBatchNormalization)
+    dense = [np.array(w) for w in model.layers[1].get_weights()]  # the same on every rank (seeded)
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)))
+    model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    xs = np.concatenate([sync_bn_data(r)[0] for r in range(size)])
+    ref = keras.layers.BatchNormalization(momentum=0.5)
+    ref(tf.constant(xs @ dense[0] + dense[1]), training=True, mask=tf.constant(np.any(xs != 0.0, axis=-1)))
+    got = model.layers[2]
+    return {"sync_bn": {"moving": [got.moving_mean.numpy().tolist(), got.moving_variance.numpy().tolist()],
+                        "reference": [ref.moving_mean.numpy().tolist(), ref.moving_variance.numpy().tolist()],
+                        "weights": flat(model)}}
+
+
 def case_load(out, rank, size, trained):
     ext = ".h5" if LEGACY else ".keras"
     model = hvd.load_model(os.path.join(out, "r0", "best" + ext))
@@ -229,6 +266,7 @@ def main():
         timed("apply", case_apply(rank, size))
         timed("fusion", case_fusion())
         timed("load", case_load(out, rank, size, fit["iterations"]))
+        timed("sync_bn", case_sync_bn(rank, size))
         data_["ok"] = True
     finally:
         report(data_)
