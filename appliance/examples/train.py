@@ -56,6 +56,8 @@ import signal
 import sys
 import time
 
+from appliance.examples import share
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -66,11 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda:<local rank> when a GPU is visible, else cpu")
-    p.add_argument("--run", default="digits", help="run name: checkpoints go to SHARED/models/RUN, under its job lock")
-    p.add_argument("--shared", default=None,
-                   help="shared directory (default: APPLIANCE_SHARED if it exists, else the working directory)")
-    p.add_argument("--checkpoint-dir", default=None,
-                   help="write checkpoint.pt and metrics.json here instead, without the job lock ('' = none)")
+    share.add_run_args(p, "digits")
     p.add_argument("--fresh", action="store_true",
                    help="start from scratch even when a checkpoint is there (default: resume from it)")
     p.add_argument("--commit-every", type=int, default=5, metavar="STEPS",
@@ -86,32 +84,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def checkpoint_target(args: argparse.Namespace):
-    """(directory for checkpoints or '', Layout of the shared directory whose run lock guards it, or None)."""
-    from appliance.mount import Layout
-    from appliance.common.knobs import read
-
-    if args.checkpoint_dir is not None:
-        return args.checkpoint_dir, None
-    shared = args.shared or read("APPLIANCE_SHARED")
-    layout = Layout(shared if os.path.isdir(shared) else ".")
-    return layout.run_dir(args.run), layout
+checkpoint_target = share.checkpoint_target
 
 
 def load_digits_split(seed: int):
     """(x_train, y_train, x_test, y_test) as tensors; the same split on every rank."""
-    import numpy as np
     import torch
-    from sklearn.datasets import load_digits
 
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    order = np.random.RandomState(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = 297
-    return (torch.from_numpy(x[n_test:]), torch.from_numpy(y[n_test:]),
-            torch.from_numpy(x[:n_test]), torch.from_numpy(y[:n_test]))
+    return tuple(torch.from_numpy(a) for a in share.load_digits_arrays(seed))
 
 
 def pick_device(choice: str, hvd, torch):
@@ -125,7 +105,7 @@ def pick_device(choice: str, hvd, torch):
     return torch.device("cuda", index), f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
-CHECKPOINT, METRICS = "checkpoint.pt", "metrics.json"
+CHECKPOINT, METRICS = "checkpoint.pt", share.METRICS
 
 
 def save_atomically(obj, path: str) -> None:
@@ -145,23 +125,6 @@ def load_checkpoint(directory: str, torch):
         return None
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     return checkpoint if isinstance(checkpoint.get("metrics"), dict) else None
-
-
-def sync_metrics(directory: str, checkpoint) -> str:
-    """Make ``metrics.json`` agree with the checkpoint (derive it; with no checkpoint, remove a
-    stale one). Returns what it did ("" when they already agreed)."""
-    from appliance.mount import read_json, write_json
-
-    path = os.path.join(directory, METRICS)
-    if checkpoint is None:
-        if os.path.exists(path):
-            os.unlink(path)
-            return f"removed {path}: there is no checkpoint it belongs to"
-        return ""
-    if read_json(path) == checkpoint["metrics"]:
-        return ""
-    write_json(path, checkpoint["metrics"])
-    return f"rebuilt {path} from {CHECKPOINT} (epoch {checkpoint['epoch']})"
 
 
 def save_epoch(directory: str, checkpoint) -> None:
@@ -200,12 +163,7 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         writer = None
         if layout is not None:
-            from appliance.common.knobs import read
-            from appliance.mount import RunLock
-
-            job = read("APPLIANCE_JOB_ID")
-            writer = stack.enter_context(RunLock(layout, args.run, job, what=f"job {job or os.getpid()}",
-                                                 say=lambda line: print(f"train: {line}", file=sys.stderr, flush=True)))
+            writer = stack.enter_context(share.run_lock(layout, args.run, "train"))
         # Rank 0 alone reads the run's state; the first sync gives every rank its values. No
         # collective before the elastic function: in an elastic job, workers that join later
         # start with its sync, as the running ones do after a reset.
@@ -260,13 +218,8 @@ def main(argv=None) -> int:
 
 
 def take_the_run(writer, checkpoint_dir: str) -> None:
-    """Hold the run lock in this process (rank 0 now); when it was just taken (the job's first
-    rank 0, or a new one after rank 0 was lost), remove what a killed writer left mid-save."""
-    from appliance.mount import remove_temporaries
-
-    if writer is not None and writer.follow(True):
-        for name in (CHECKPOINT, METRICS):
-            remove_temporaries(os.path.join(checkpoint_dir, name))
+    """Hold the run lock in this process (rank 0 now); see ``share.take_the_run``."""
+    share.take_the_run(writer, checkpoint_dir, (CHECKPOINT, METRICS))
 
 
 def resume(args, checkpoint_dir: str, model, optimizer, torch) -> tuple[int, list]:
@@ -274,7 +227,8 @@ def resume(args, checkpoint_dir: str, model, optimizer, torch) -> tuple[int, lis
     ``--fresh``. Returns (first epoch to train, metrics of the epochs done); ``ValueError`` when
     the checkpoint is another model's."""
     checkpoint = load_checkpoint(checkpoint_dir, torch)
-    note = sync_metrics(checkpoint_dir, checkpoint)  # before anything else: agree again
+    note = share.sync_metrics(checkpoint_dir, checkpoint and checkpoint["metrics"],  # before anything else: agree again
+                              checkpoint and f"{CHECKPOINT} (epoch {checkpoint['epoch']})")
     if note:
         print(f"train: {note}", flush=True)
     if checkpoint is None or args.fresh:

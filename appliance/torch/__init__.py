@@ -32,5 +32,5 @@ from appliance.torch.mpi_ops import (  # noqa: F401
     start_timeline, stop_timeline, synchronize,
 )
 from appliance.torch.optimizer import DistributedOptimizer  # noqa: F401
-from appliance.torch.progress import progress, step  # noqa: F401
+from appliance.runtime.progress import progress, step  # noqa: F401
 from appliance.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401

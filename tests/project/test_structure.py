@@ -39,7 +39,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "launcher": {"common", "mount"},                   # hosts, ranks, SSH, Slurm: no tensors, no Horovod API
     "cluster": {"launcher", "mount", "common"},        # Docker containers around the launcher
     "mount": {"common"},                               # the shared mount
-    "examples": {"torch", "runtime", "hvdcompat", "mount", "common"},  # training jobs
+    "examples": {"torch", "tensorflow", "runtime", "hvdcompat", "mount", "common"},  # training jobs
     "cli": set(PLANES) - {"cli"},                      # parse -> config -> call
 }
 ROOT_PACKAGE = "appliance"

@@ -1,4 +1,5 @@
-"""Steps and progress for the metrics a rank publishes (``appliance.runtime.metrics``).
+"""Steps and progress for the metrics a rank publishes (``appliance.runtime.metrics``), for any
+framework: ``appliance.torch`` exports both functions, and a Keras job calls them from a callback.
 
 ``step(samples=None)``: one training step, for scripts that have neither a ``DistributedOptimizer``
 nor elastic commits (those count steps by themselves; a script with several sources counts
