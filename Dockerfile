@@ -276,19 +276,20 @@ RUN set -eux; \
 
 # Not in the wheel: the `horovod` compatibility package (shim/, `import horovod.torch as hvd` is
 # appliance.torch), installed by shim/install_horovod.py as outside the image (behind
-# site-packages via a .pth, never shadowing a real Horovod), and docker/train.py (`python -m
-# train`: the default job unless the working directory has a train.py). `horovodrun` is our
+# site-packages via a .pth, never shadowing a real Horovod), docker/train.py (`python -m
+# train`: the default job unless the working directory has a train.py) and its Keras twin
+# docker/train_keras.py (`python -m train_keras`). `horovodrun` is our
 # wheel's console script. With TensorFlow, `import horovod.tensorflow` is appliance.tensorflow, and
 # the op library it looks for under its key is the one stage tfops compiled (there is no compiler
 # here to make another: a mismatch fails the build); one TensorFlow import (~4 s) checks both.
 COPY shim/ /tmp/shim/
-COPY docker/train.py /tmp/train.py
+COPY docker/train.py docker/train_keras.py /tmp/jobs/
 RUN set -eux; \
     site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
-    mv /tmp/train.py "$site/"; \
+    mv /tmp/jobs/train.py /tmp/jobs/train_keras.py "$site/"; rmdir /tmp/jobs; \
     /opt/venv/bin/python /tmp/shim/install_horovod.py --target "$site"; \
     rm -rf /tmp/shim; \
-    cd /; /opt/venv/bin/python -c "import appliance.cluster.jobrun, train, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
+    cd /; /opt/venv/bin/python -c "import appliance.cluster.jobrun, train, train_keras, horovod.torch as hvd, appliance.torch as a; assert hvd is a and hvd.init is a.init"; \
     /opt/venv/bin/python -c "import horovod, horovod.common.exceptions, horovod.common.util, horovod.runner.util.threads, horovod.torch.mpi_ops as m; assert horovod.__version__ == '0.28.1' and m.Compression"; \
     if [ "$(ls -A /opt/appliance/tf-ops)" ]; then \
         TF_CPP_MIN_LOG_LEVEL=3 /opt/venv/bin/python -c "import horovod.tensorflow as hvd, appliance.tensorflow as a; \

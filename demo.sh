@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: train the default model (appliance/examples/train.py) data-parallel across a
-# simulated 2-host cluster on this machine, the way a real cluster runs it:
+# The main job: train the default model (appliance/examples/train.py; with --keras the Keras
+# example, appliance/examples/train_keras.py) data-parallel across a simulated 2-host cluster on
+# this machine, the way a real cluster runs it:
 #
 #   1. Docker: started when it is not running (as root: bash .ci/docker-up.sh installs it if needed)
 #   2. the `appliance` command in .venv (first run only; compiles the C++ core)
@@ -9,7 +10,8 @@
 #      (smaller and faster to make: first run ~4 min, against ~6 min and 5.5 GB for the GPU one)
 #   4. appliance secondary --name node2 --network appliance-demo      (sshd container "node2")
 #   5. appliance primary -np 2 -H localhost:1,node2:1 --network appliance-demo -- python -m train
-#      (rank 0 in the primary container, rank 1 in node2; the checkpoint lands in the share)
+#      (--keras: python -m train_keras; rank 0 in the primary container, rank 1 in node2; the
+#      checkpoint lands in the share)
 #   6. the secondary and the network are removed at the end (--keep leaves them for `appliance status`)
 #
 #   bash demo.sh                         # as above
@@ -19,6 +21,9 @@
 #                                        # on them; after epoch 2 node2 leaves (appliance secondary
 #                                        # --stop), then node4 starts and joins; the job goes on to the end
 #   bash demo.sh --local                 # no Docker: 2 ranks of this machine (appliance launch)
+#   bash demo.sh --keras                 # the Keras example job instead (python -m train_keras: Keras fit
+#                                        # with horovod.tensorflow.keras; checkpoint in models/digits-keras);
+#                                        # also with --local (which then installs TensorFlow into .venv)
 #   bash demo.sh --gpu | --cpu           # that image whatever the engine has (the GPU image also
 #                                        # runs without a GPU, on CPU tensors)
 #
@@ -30,11 +35,12 @@ cd "$(dirname "$0")"
 say() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1m[demo]\033[0m ERROR: %s\n' "$*" >&2; exit 1; }
 
-local_mode=0 keep=0 elastic=0 variant="" train_args=()
+local_mode=0 keep=0 elastic=0 keras=0 variant="" train_args=()
 while (($#)); do
   case "$1" in
     --local) local_mode=1; shift ;;
     --elastic) elastic=1; shift ;;
+    --keras) keras=1; shift ;;
     --keep) keep=1; shift ;;
     --gpu) variant=gpu; shift ;;
     --cpu) variant=cpu; shift ;;
@@ -49,12 +55,19 @@ extras="" need="import appliance.cli, docker, rich, fabric, paramiko"
 # The demo trains from scratch each time (the default job resumes a run's checkpoint otherwise);
 # arguments after -- replace this. The elastic demo's steps take 0.2 s (--step-time), so that
 # the cluster can change while it trains.
-if ((!${#train_args[@]})); then
+# The Keras job always trains from scratch (it takes no --fresh).
+job=train run=digits ckpt=checkpoint.pt
+((keras)) && job=train_keras run=digits-keras ckpt=checkpoint.keras
+if ((!${#train_args[@]} && !keras)); then
   train_args=(--fresh)
   ((elastic)) && train_args+=(--step-time 0.2)
 fi
 ((elastic && local_mode)) && die "--elastic needs Docker (it starts and stops secondary containers): drop --local"
-if ((local_mode)); then extras="[train]" need="import appliance.runtime._core, torch, sklearn"; fi
+((elastic && keras)) && die "--keras runs a static job (the Keras example is not elastic): drop --elastic"
+if ((local_mode)); then
+  extras="[train]" need="import appliance.runtime._core, torch, sklearn"
+  ((keras)) && extras="[train,tensorflow]" need="import appliance.runtime._core, tensorflow, sklearn"
+fi
 if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "$need" 2>/dev/null; then
   say "installing the project into .venv (first run only; compiles the C++ core)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -63,8 +76,8 @@ if [ ! -x .venv/bin/appliance ] || ! .venv/bin/python -c "$need" 2>/dev/null; th
 fi
 
 if ((local_mode)); then
-  say "appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.train ${train_args[*]}"
-  exec .venv/bin/appliance launch -np 2 -H localhost:2 -- .venv/bin/python -m appliance.examples.train "${train_args[@]}"
+  say "appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.$job ${train_args[*]}"
+  exec .venv/bin/appliance launch -np 2 -H localhost:2 -- .venv/bin/python -m "appliance.examples.$job" "${train_args[@]}"
 fi
 
 if ! docker info >/dev/null 2>&1; then
@@ -158,12 +171,12 @@ fi
 
 say "appliance secondary --name node2 --network $NET --shared $SHARE"
 "${cli[@]}" secondary --name node2 "${common[@]}"
-say "appliance primary -np 2 -H localhost:1,node2:1 --network $NET -- python -m train ${train_args[*]}"
+say "appliance primary -np 2 -H localhost:1,node2:1 --network $NET -- python -m $job ${train_args[*]}"
 set +e
-"${cli[@]}" primary -np 2 -H localhost:1,node2:1 "${common[@]}" -- python -m train "${train_args[@]}"
+"${cli[@]}" primary -np 2 -H localhost:1,node2:1 "${common[@]}" -- python -m "$job" "${train_args[@]}"
 rc=$?
 set -e
 if ((rc == 0)); then
-  say "done: checkpoint $SHARE/models/digits/checkpoint.pt, job records in $SHARE/jobs/"
+  say "done: checkpoint $SHARE/models/$run/$ckpt, job records in $SHARE/jobs/"
 fi
 exit $rc
