@@ -25,8 +25,13 @@ writes into DIR instead, without the lock. Each run trains from scratch and repl
 checkpoint (the default job resumes; this one does not). Not elastic: a lost rank ends the job,
 as any static Horovod job.
 
-The last line rank 0 prints names a digest of every rank's weights (``weights sha256:``): equal
-digests mean the ranks ended with the same model.
+Rank 0's first line names every rank's host (``hosts: rank 0 H0, rank 1 H1``), its last a digest
+of every rank's weights (``weights sha256:``): equal digests, one model.
+
+Env vars: APPLIANCE_SHARED and APPLIANCE_JOB_ID (through ``share``), TF_USE_LEGACY_KERAS
+(TensorFlow's: which Keras). Failure modes: exit 3 on every rank when another job holds the run;
+exit 2 with one line when TensorFlow does not import or ``--batch-size`` leaves no step; a lost
+rank ends the job (the launcher's message names it).
 
 Run: ``appliance launch -np 2 -H localhost:2 -- python -m appliance.examples.train_keras``
 (``python -m train_keras`` in the image; on its own: a single rank).
@@ -136,7 +141,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     # SIGTERM (how the launcher stops ranks) unwinds like an exception: the run lock is released.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    import tensorflow as tf
+    try:
+        import tensorflow as tf
+    except ImportError as e:  # an image built with --no-tensorflow, a venv without it
+        print(f"train_keras: TensorFlow does not import ({e}): the Keras job needs it "
+              "(pip install -e '.[tensorflow]'; the image has it unless built with --no-tensorflow)",
+              file=sys.stderr, flush=True)
+        return 2
 
     import appliance.tensorflow as hvd_tf
     import appliance.tensorflow.keras as hvd
@@ -176,7 +187,9 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"train_keras: {stop[1]}", file=sys.stderr, flush=True)
             return stop[0]
+        hosts = hvd_tf.allgather_object(os.uname().nodename, name="hosts")
         if rank == 0:
+            print("hosts: " + ", ".join(f"rank {r} {h}" for r, h in enumerate(hosts)), flush=True)
             keras_name = "tf-keras" if "tf_keras" in type(model).__module__ else "Keras 3"
             print(f"training an MLP on {len(x_train)} digits with Keras fit ({keras_name}) on {size} rank(s), "
                   f"global batch {local_batch * size} (rank r takes every {size}-th sample from index r), "
