@@ -10,9 +10,13 @@ trains is a pure function of the sizes its steps ran at; at the end rank 0 repla
 process. A stream that ran past its epochs (an epoch not shortened after a reset) trains batches
 the replay does not have.
 
-With ``TF_USE_LEGACY_KERAS=1`` the same network and weights are tf-keras's (run by hand: the test
-runs Keras 3). Usage: keras_elastic.py OUT EPOCHS STEPS. ``OUT/kill.W`` (a global step): worker W SIGKILLs itself
-as that batch begins. Evidence per worker W (APPLIANCE_ELASTIC_WORKER), as tests/fixtures/
+With ``TF_USE_LEGACY_KERAS=1`` the same network and weights are tf-keras's. Usage: keras_elastic.py
+OUT EPOCHS STEPS. ``OUT/kill.W`` (a global step): worker W SIGKILLs itself as that batch begins.
+``OUT/grow.W`` (a global step): worker W, while the job has one rank, holds as that batch begins
+(after the commit of the one before) and asks for host updates until the launcher's notice of a new
+host arrives (``state.check_host_updates`` raises ``HostsUpdatedInterrupt`` out of ``fit``; ``run``
+resets and goes on at the new size), for at most 120 s: a fixed-length ``fit`` would otherwise
+end before the job grows. Evidence per worker W (APPLIANCE_ELASTIC_WORKER), as tests/fixtures/
 elastic_grow.py reads it: ``pid.W``; ``log.W``, one JSON line per finished batch (step, epoch,
 batch, size, rank, pid, the sum of the model's variables, HOROVOD_ELASTIC); ``done.W`` (the sizes
 per step, the final epoch and batch, variables, the replay's variables, resets).
@@ -21,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -42,9 +47,9 @@ def main():
             f.write(data)
         os.replace(tmp, os.path.join(out, name))
 
-    def kill_step():
+    def step_file(kind):
         try:
-            with open(os.path.join(out, f"kill.{wid}")) as f:
+            with open(os.path.join(out, f"{kind}.{wid}")) as f:
                 return int(f.read().strip())
         except (OSError, ValueError):
             return -1
@@ -68,15 +73,20 @@ def main():
 
     class Evidence(tf.keras.callbacks.Callback):
         def on_train_batch_begin(self, b, logs=None):
-            if kill_step() == step_of() + 1:
+            if step_file("kill") == step_of() + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if step_file("grow") == step_of() + 1 and hvd.size() == 1:
+                end = time.monotonic() + 120
+                while time.monotonic() < end:
+                    state.check_host_updates()  # raises HostsUpdatedInterrupt once the new host is known
+                    time.sleep(0.05)
 
         def on_train_batch_end(self, b, logs=None):
             state.sizes = state.sizes + [hvd.size()]
             total = float(sum(tf.reduce_sum(tf.cast(v, tf.float64)) for v in model.variables))
             log.write(json.dumps({"step": step_of(), "epoch": state.epoch, "batch": state.batch,
                                   "size": hvd.size(), "rank": hvd.rank(), "pid": os.getpid(), "sum": total,
-                                  "elastic": os.environ.get("HOROVOD_ELASTIC")}) + "\n")
+                                  "elastic": os.environ.get("HOROVOD_ELASTIC"), "t": time.time()}) + "\n")
             log.flush()
 
     callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
