@@ -2,8 +2,8 @@
 namespaces, ``fixtures/netns.py``) while the launcher's own Python cannot run.
 
 The launcher's threads (paramiko's transport, the channel readers, the pings) need the GIL; a C call
-that holds it (a large extension module's import: the observer's warm-up imports tensorboardX and
-with it torch as the ranks start) or a stopped launcher process stops them all for as long. Such a
+that holds it (a large extension module's import, such as torch's, seconds long on a loaded machine)
+or a stopped launcher process stops them all for as long. Such a
 stall of 4.5 s, over twice ``APPLIANCE_SSH_TIMEOUT`` (here 2 s), while a remote rank runs, must
 neither end the job as "became unreachable" nor make the stub there stop the rank. A real cut is
 still seen within the bound (``test_ssh_faults.py``).
