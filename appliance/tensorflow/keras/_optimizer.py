@@ -14,7 +14,8 @@ allreduce per dtype (or per ``groups``), so they are negotiated in one round and
 outside any ``tf.function``), averaged over N if ``average_aggregated_gradients``, allreduced and
 applied every N-th pass; the passes between only count ``iterations``. A rank outside
 ``process_set`` keeps its own gradients, as Horovod's. Variables are keyed by ``id`` (Keras 3's
-variables have no ``ref()``).
+variables have no ``ref()``). Keras 3 on ``KERAS_BACKEND=torch`` hands ``apply`` torch tensors:
+they are averaged by ``_torch_backend`` (the runtime's numpy API), which refuses what it lacks.
 
 Environment: none. Failure modes: collectives fail as ``appliance.tensorflow.mpi_ops`` says; a
 Keras 3 step compiled with XLA (``jit_compile``, Keras 3's default where a GPU is visible) raises
@@ -25,6 +26,7 @@ graph is derived from its tensors' names).
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
+from appliance.tensorflow.keras import _torch_backend
 from appliance.tensorflow.mpi_ops import Average
 from appliance.tensorflow.optimizer import split_list
 
@@ -156,6 +158,18 @@ def _register_local_var(self, var):
     self._hvd_reducer.local_ids.add(id(var))
 
 
+def _torch_check(reducer, agg) -> None:
+    """What the torch backend's path (``_torch_backend``) does not do, refused by name."""
+    from appliance.tensorflow import Compression, global_process_set
+
+    for what, unsupported in (("backward_passes_per_step > 1", agg is not None),
+                              ("compression", reducer.compression is not Compression.none),
+                              ("groups", bool(reducer.groups)),
+                              ("a process set other than the global one", reducer.process_set is not global_process_set)):
+        if unsupported:
+            _torch_backend.refuse(what)
+
+
 def _keras3_class(base, make):
     class _Distributed(base):
         _hvd_distributed = True
@@ -176,6 +190,9 @@ def _keras3_class(base, make):
             if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
                 raise ValueError(XLA_REFUSED)
             reducer, agg = self._hvd_reducer, self._agg_helper
+            if _torch_backend.active(self):
+                _torch_check(reducer, agg)
+                return super().apply(_torch_backend.reduce(grads, variables, reducer), variables)
             if agg is None:
                 return super().apply(reducer.reduce(grads, variables), variables)
             if not self.built:

@@ -10,7 +10,8 @@ instead on Keras 3 (the same update: Keras 3 traces ``momentum`` into the step a
 number, so changing it would not reach the step); the broadcast runs when training begins, so the first step
 starts from root's weights (Keras 3 builds its optimizer first), and on tf-keras again after the
 first batch, as Horovod's (tf-keras creates its optimizer's variables in the first step).
-``BestModelCheckpoint`` writes on rank 0 only.
+``BestModelCheckpoint`` writes on rank 0 only. On Keras 3's torch backend the broadcast assigns
+the root's values through ``_torch_backend`` (the variables hold torch tensors).
 
 Environment: none. Failure modes: collectives fail as ``appliance.tensorflow`` says; a schedule
 that cannot find the steps per epoch raises ValueError, as Horovod's.
@@ -19,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import appliance.tensorflow as hvd
+from appliance.tensorflow.keras import _torch_backend
 from appliance.tensorflow.keras._optimizer import is_keras3
 
 keras = tf.keras
@@ -55,6 +57,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast(self):
         model = self.model
+        if _torch_backend.active(model):  # Keras 3 on torch: its variables hold torch tensors
+            opt = getattr(model, "optimizer", None)
+            _torch_backend.broadcast([v for v in model.variables if id(v) not in self._local_vars]
+                                     + (list(opt.variables) if opt is not None else []), self.root_rank)
+            return
         with tf.device(self.device):
             if not tf.executing_eagerly():
                 tf.compat.v1.keras.backend.get_session().run(hvd.broadcast_global_variables(self.root_rank))
