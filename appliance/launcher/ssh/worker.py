@@ -210,7 +210,8 @@ class SSHWorker:
         late = now - self._checked
         self._checked = now
         if late > STALL_S:  # this process stood still (a C call holding the GIL, a stopped launcher):
-            self._heard += late  # not the host's silence, and its frames may still wait unread
+            self._heard += late - STALL_S  # not the host's silence (its frames may wait unread); only the
+            # excess, so that a launcher always late still counts most of a real cut's silence
         try:  # bytes waiting in the channel: the stub is there, only our reader is slow (a blocked stdout)
             if self._chan.recv_ready() or self._chan.recv_stderr_ready():
                 self._heard = now
