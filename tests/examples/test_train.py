@@ -6,6 +6,7 @@ with global batch B and two ranks with B/2 each follow the same trajectory.
 import json
 import sys
 
+import pytest
 import torch
 
 from appliance.launcher import launch
@@ -21,8 +22,14 @@ def run_train(tmp_path, np_):
     return res, out
 
 
-def test_training_job_learns_and_checkpoints(tmp_path):
-    res, out = run_train(tmp_path, 2)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One 2-rank run of 5 epochs, read by both tests below (neither writes to it)."""
+    return run_train(tmp_path_factory.mktemp("two-ranks"), 2)
+
+
+def test_training_job_learns_and_checkpoints(two_ranks):
+    res, out = two_ranks
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["size"] == 2 and len(metrics["epochs"]) == 5
     assert metrics["epochs"][-1]["accuracy"] >= ACCURACY_FLOOR, metrics
@@ -37,9 +44,9 @@ def test_training_job_learns_and_checkpoints(tmp_path):
     assert stdout[0].startswith("devices: rank 0 cpu@") and ", rank 1 cpu@" in stdout[0], stdout[0]
 
 
-def test_two_ranks_follow_the_single_rank_trajectory(tmp_path):
+def test_two_ranks_follow_the_single_rank_trajectory(tmp_path, two_ranks):
     _, one = run_train(tmp_path, 1)
-    _, two = run_train(tmp_path, 2)
+    _, two = two_ranks
     m1 = json.loads((one / "metrics.json").read_text())["epochs"]
     m2 = json.loads((two / "metrics.json").read_text())["epochs"]
     for a, b in zip(m1, m2):
@@ -50,6 +57,7 @@ def test_two_ranks_follow_the_single_rank_trajectory(tmp_path):
 # --- crashes: checkpoint and metrics.json agree after every kill, and after a resume ----------
 import os  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
@@ -161,22 +169,32 @@ def test_a_start_rebuilds_metrics_that_disagree_with_the_checkpoint(tmp_path):
     model_dir = tmp_path / "models" / "r"
     assert Job(tmp_path, "--epochs", 2).wait(timeout=120) == 0
     ckpt, good = _state(model_dir)
-    for damage in ("missing", "behind", "torn", "foreign"):
-        path = model_dir / "metrics.json"
-        if damage == "missing":
-            path.unlink()
-        elif damage == "behind":
-            path.write_text(json.dumps({**good, "epochs": good["epochs"][:1]}))
-        elif damage == "torn":
-            path.write_text(json.dumps(good)[:50])
-        else:
-            path.write_text(json.dumps({"size": 7, "epochs": []}))
-        job = Job(tmp_path, "--epochs", 2)  # nothing left to train: only the repair runs
-        assert job.wait(timeout=120) == 0, job.lines[-20:]
-        assert json.loads(path.read_text()) == ckpt["metrics"], damage
-        assert job.seen("rebuilt"), damage
-    # metrics.json without any checkpoint is a leftover of something else: removed.
-    (model_dir / "checkpoint.pt").unlink()
-    job = Job(tmp_path, "--epochs", 1, "--fresh")
-    assert job.wait(timeout=120) == 0
-    assert job.seen("removed") and json.loads((model_dir / "metrics.json").read_text())["epochs"][0]["epoch"] == 1
+    # Each damage in its own copy of the run's directory, the starts that repair them all at once.
+    # "leftover": metrics.json without any checkpoint is a leftover of something else: removed.
+    damages = {"missing": None, "behind": json.dumps({**good, "epochs": good["epochs"][:1]}),
+               "torn": json.dumps(good)[:50], "foreign": json.dumps({"size": 7, "epochs": []}), "leftover": ""}
+    jobs = {}
+    try:
+        for damage, text in damages.items():
+            shared = tmp_path / damage
+            shutil.copytree(model_dir, shared / "models" / "r")
+            path = shared / "models" / "r" / "metrics.json"
+            if damage == "leftover":
+                (path.parent / "checkpoint.pt").unlink()
+                jobs[damage] = Job(shared, "--epochs", 1, "--fresh")
+                continue
+            if text is None:
+                path.unlink()
+            else:
+                path.write_text(text)
+            jobs[damage] = Job(shared, "--epochs", 2)  # nothing left to train: only the repair runs
+        for damage, job in jobs.items():
+            assert job.wait(timeout=120) == 0, (damage, job.lines[-20:])
+            metrics = json.loads((tmp_path / damage / "models" / "r" / "metrics.json").read_text())
+            if damage == "leftover":
+                assert job.seen("removed") and metrics["epochs"][0]["epoch"] == 1, job.lines[-20:]
+            else:
+                assert metrics == ckpt["metrics"] and job.seen("rebuilt"), (damage, job.lines[-20:])
+    finally:
+        for job in jobs.values():
+            job.kill()
