@@ -18,6 +18,7 @@ failures inside ops surface as ``tf.errors`` (``mpi_ops`` says which).
 import contextlib
 
 import tensorflow as tf
+from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 
 from appliance.tensorflow.compression import Compression  # noqa: F401
 from appliance.tensorflow.functions import (  # noqa: F401
@@ -33,6 +34,7 @@ from appliance.tensorflow.mpi_ops import (  # noqa: F401
     start_timeline, stop_timeline,
 )
 from appliance.tensorflow.mpi_ops import raw_allreduce, raw_grouped_allreduce, raw_grouped_reducescatter, raw_reducescatter
+from appliance.tensorflow.mpi_ops import eager_allreduce as _eager_allreduce
 from appliance.tensorflow.mpi_ops import set_size
 from appliance.tensorflow.util import executing_eagerly as _executing_eagerly  # noqa: F401  (Horovod's name)
 
@@ -49,6 +51,12 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     """``tensor`` (a ``tf.Tensor``, ``tf.Variable`` or ``tf.IndexedSlices``) reduced over the
     ranks; ``op`` defaults to Average. An ``IndexedSlices`` is two allgathers (values and
     indices; Average divides the values by the set's size): Sum and Average only, no scaling."""
+    if (type(tensor) is _EagerTensor and process_set is global_process_set and compression is Compression.none
+            and not device_dense and average is None):  # the common eager call: the short path
+        out = _eager_allreduce(tensor, name, Average if op is None else op, prescale_factor, postscale_factor,
+                               ignore_name_scope)
+        if out is not None:
+            return out
     op = handle_average_backwards_compatibility(op, average)
     n = set_size(process_set)  # ValueError before init, as Horovod's
     if isinstance(tensor, tf.IndexedSlices):

@@ -4,7 +4,8 @@ What it is: the lifecycle (``init``/``shutdown``, ranks and sizes: the runtime's
 ``appliance.torch`` in one process), the raw collectives on ``tf.Tensor`` (``raw_allreduce``,
 ``raw_grouped_allreduce``, ``raw_reducescatter``, ``raw_grouped_reducescatter``, also under
 Horovod's names ``_allreduce``..., ``allgather``, ``grouped_allgather``, ``broadcast``,
-``alltoall``, ``join``), the scalar ops evaluated when a graph
+``alltoall``, ``join``; ``eager_allreduce``, the short path of an eager allreduce over every
+rank), the scalar ops evaluated when a graph
 runs (``size_op``, ``rank_op``...), and the gradients that make the collectives differentiable
 (allreduce's is an allreduce; allgather's an averaged allreduce sliced back to this rank's rows;
 broadcast's an averaged allreduce, zero off the root). The ops are asynchronous kernels of the op
@@ -26,6 +27,7 @@ from __future__ import annotations
 import re
 
 import tensorflow as tf
+from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _tf_ops
 
 from appliance.hvdcompat.basics import HorovodBasics
@@ -126,6 +128,20 @@ def raw_allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_fact
     return _lib().horovod_allreduce(tensor, name=name, reduce_op=op, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
                                     process_set_id=_set_id(process_set))
+
+
+def eager_allreduce(tensor, name, op, prescale_factor, postscale_factor, ignore_name_scope):
+    """``raw_allreduce`` of an eager tensor over every rank, by the short path a synchronous loop of
+    small ops takes: the op straight, with no name to derive and no process set to look up
+    (~3.5 us less per op than ``allreduce``'s full path). None when no eager execution runs
+    here (inside a ``tf.function`` being traced: the caller takes the full path)."""
+    ctx = _context._context or _context.context()  # the idiom of TensorFlow's own op wrappers
+    if not ctx._thread_local_data.is_eager:
+        return None
+    _api.size()  # ValueError before init
+    return _lib().horovod_allreduce(tensor, name=name, reduce_op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                                    process_set_id=0)
 
 
 def raw_grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
