@@ -113,9 +113,10 @@ CoreResult to_result(const OpPtr& op, bool finished) {
     r.origin_host = st.origin_host;
     return r;
   }
-  if (op->device_output) {  // a CUDA tensor from the adapter's allocator (NCCL path): the door's outputs are host memory
-    r.output = *static_cast<py::object*>(op->device_output.get());
+  if (op->device_output) {  // a CUDA tensor from the adapter's allocator (NCCL path): the door's outputs are host
+    r.output = *static_cast<py::object*>(op->device_output.get());  // memory, and its device work may still run
     r.shape = op->out_shape;
+    if (op->req.sig.kind == OpKind::kAlltoall) r.splits = op->recv_splits;
   } else {
     appliance_core_output o;
     door::output(*op, &o);
