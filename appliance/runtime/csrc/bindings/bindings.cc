@@ -1,5 +1,6 @@
 // Python bindings of the core: appliance.runtime._core. Bindings only; every blocking call
-// releases the GIL. Test hooks are not here: they are a separate, test-only extension
+// releases the GIL. Operations go through the C door's work (capi/door.h), as the TensorFlow op
+// library's do: this file reads Python's arguments and builds Python's results, nothing between. Test hooks are not here: they are a separate, test-only extension
 // (tests/cpp/hooks, appliance.runtime._core_testing).
 #include <pybind11/native_enum.h>
 #include <pybind11/numpy.h>
@@ -12,6 +13,7 @@
 #include "backends/cuda/cuda_api.h"
 #include "backends/nccl/nccl_api.h"
 #include "capi/capi.h"
+#include "capi/door.h"
 #include "engine/runtime.h"
 
 namespace py = pybind11;
@@ -100,130 +102,114 @@ bool hands_back(const OpState& op) {
 }
 
 // `finished` false: the op's device work may still run (wait_on_stream); it has not failed.
-CoreResult to_result(OpState& op, bool finished) {
+CoreResult to_result(const OpPtr& op, bool finished) {
   CoreResult r;
-  r.ok = !finished || op.status.ok();
+  r.ok = !finished || op->status.ok();
   if (!r.ok) {
-    r.code = code_name(op.status.code);
-    r.origin_rank = op.status.origin_rank;
-    r.origin_host = op.status.host;
-    r.message = op.status.to_string();
+    appliance_core_status st;
+    door::status(*op, &r.message, &st);
+    r.code = st.code_name;
+    r.origin_rank = st.origin_rank;
+    r.origin_host = st.origin_host;
     return r;
   }
-  if (op.device_output) {  // a CUDA tensor from the adapter's allocator (NCCL path)
-    r.output = *static_cast<py::object*>(op.device_output.get());
-    r.shape = op.out_shape;
-  } else if (op.output) {
-    OutputPool::Block* b = op.output.release();  // the array's capsule owns it: dropping it recycles the memory
-    py::capsule owner(b, [](void* q) { delete static_cast<OutputPool::Block*>(q); });
-    r.output = py::array_t<uint8_t>({static_cast<py::ssize_t>(op.output_bytes)}, {1}, b->data(), owner);
-    r.shape = op.out_shape;
+  if (op->device_output) {  // a CUDA tensor from the adapter's allocator (NCCL path): the door's outputs are host
+    r.output = *static_cast<py::object*>(op->device_output.get());  // memory, and its device work may still run
+    r.shape = op->out_shape;
+    if (op->req.sig.kind == OpKind::kAlltoall) r.splits = op->recv_splits;
+  } else {
+    appliance_core_output o;
+    door::output(*op, &o);
+    if (o.data) {  // the array's capsule holds the operation: dropping it recycles the memory
+      py::capsule owner(new OpPtr(op), [](void* q) { delete static_cast<OpPtr*>(q); });
+      r.output = py::array_t<uint8_t>({static_cast<py::ssize_t>(o.bytes)}, {1}, static_cast<const uint8_t*>(o.data), owner);
+      r.shape.assign(o.shape, o.shape + o.ndim);
+    }
+    if (op->req.sig.kind == OpKind::kAlltoall) r.splits = std::vector<int64_t>(o.splits, o.splits + o.nsplits);
+    if (op->req.sig.kind == OpKind::kJoin) r.value = o.value;
   }
-  if (op.req.sig.kind == OpKind::kAlltoall) r.splits = op.recv_splits;
-  if (op.req.sig.kind == OpKind::kJoin) r.value = op.value;
   return r;
 }
 
 // What wait() gives back for one op: None (done, nothing to hand back), or a Result (its
 // outputs, or its failure).
-py::object result_of(OpState& op, bool finished) {
-  if ((finished && !op.status.ok()) || hands_back(op)) return py::cast(to_result(op, finished));
+py::object result_of(const OpPtr& op, bool finished) {
+  if ((finished && !op->status.ok()) || hands_back(*op)) return py::cast(to_result(op, finished));
   return py::none();
 }
 
-// One operation, or (names a list) the members of a new group: see Runtime.submit in _core.pyi.
+// One operation, or (names a list) the members of a new group, through the door (capi/door.h):
+// see Runtime.submit in _core.pyi.
 py::object submit(Runtime& rt, const Request& req, py::handle name, py::handle tensor) {
   if (!PyList_Check(name.ptr())) {
     Request q = req;
     q.name = name_of(name);
     TensorDesc in, out;
     read_tensor(tensor, &in, &out);
-    return py::int_(rt.enqueue(std::move(q), std::move(in), std::move(out)));
+    int h = 0;
+    std::string err;
+    if (door::submit(rt, &q, &in, &out, 1, false, &h, &err) != 1) throw std::invalid_argument(err);
+    return py::int_(h);
   }
   const Py_ssize_t n = PyList_GET_SIZE(name.ptr());
   if (!PyList_Check(tensor.ptr()) || PyList_GET_SIZE(tensor.ptr()) != n)
     throw py::type_error("a group is submitted as a list of names and a list of as many tensors");
-  std::vector<std::string> names(static_cast<size_t>(n));
+  std::vector<Request> qs(static_cast<size_t>(n), req);
   std::vector<TensorDesc> ins(static_cast<size_t>(n)), outs(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {  // every member is read before any is enqueued
-    names[i] = name_of(PyList_GET_ITEM(name.ptr(), i));
+    qs[i].name = name_of(PyList_GET_ITEM(name.ptr(), i));
     read_tensor(PyList_GET_ITEM(tensor.ptr(), i), &ins[i], &outs[i]);
   }
-  std::vector<int> handles;
-  if (n == 0) return py::cast(handles);
-  handles.reserve(static_cast<size_t>(n));
-  const uint32_t group = rt.new_group(req.sig.process_set);
-  try {
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      Request q = req;
-      q.name = std::move(names[i]);
-      q.sig.group_id = group;
-      q.sig.group_size = static_cast<uint32_t>(n);
-      handles.push_back(rt.enqueue(std::move(q), std::move(ins[i]), std::move(outs[i])));
-    }
-  } catch (const std::invalid_argument& e) {
+  std::vector<int> handles(static_cast<size_t>(n));
+  std::string err;
+  const int32_t enqueued = door::submit(rt, qs.data(), ins.data(), outs.data(), static_cast<int32_t>(n), true,
+                                        handles.data(), &err);
+  handles.resize(static_cast<size_t>(enqueued));
+  if (enqueued < n) {
     // ValueError naming the refused member, carrying the members enqueued before it: their
     // memory must stay alive until the core is done with them.
-    py::object err = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_ValueError, "s", e.what()));
-    if (!err) throw py::error_already_set();
-    err.attr("handles") = py::cast(handles);
-    PyErr_SetObject(PyExc_ValueError, err.ptr());
+    py::object e = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_ValueError, "s", err.c_str()));
+    if (!e) throw py::error_already_set();
+    e.attr("handles") = py::cast(handles);
+    PyErr_SetObject(PyExc_ValueError, e.ptr());
     throw py::error_already_set();
   }
   return py::cast(handles);
 }
 
-// Waits for one handle, or for every handle of a list (the GIL released once): see
-// Runtime.wait in _core.pyi.
+// Waits for one handle, or for every handle of a list (the GIL released once), through the
+// door: see Runtime.wait in _core.pyi.
 py::object wait(Runtime& rt, py::handle handles, int64_t stream) {
+  std::string refused;
   if (PyLong_Check(handles.ptr())) {
     const int h = static_cast<int>(to_int(handles.ptr()));
     OpPtr op;
-    bool finished = true;
+    char finished = 1;
     {
       py::gil_scoped_release nogil;
-      const int64_t t0 = steady_us();
-      int64_t t1 = t0;
-      op = stream < 0 ? rt.wait(h, &t1) : rt.wait_on_stream(h, static_cast<uint64_t>(stream), &finished);
-      rt.note_wait(t0, stream < 0 ? t1 : steady_us(), op->planned_us);
+      door::wait(rt, &h, 1, stream, &op, &finished, &refused);
     }
-    return result_of(*op, finished);
+    if (!op) throw std::invalid_argument(refused);
+    return result_of(op, finished);
   }
   const std::vector<int> hs = handles.cast<std::vector<int>>();
+  const int32_t n = static_cast<int32_t>(hs.size());
   std::vector<OpPtr> ops(hs.size());
   std::vector<char> finished(hs.size(), 1);
-  std::string refused;
-  size_t first_bad = hs.size();  // the first op that failed or was refused
+  int32_t first_bad;  // the first op that failed or was refused
   {
     py::gil_scoped_release nogil;
-    const int64_t t0 = steady_us();
-    int64_t now = t0;  // the latest reading, handed from one wait to the next
-    int64_t planned = 0;
-    for (size_t i = 0; i < hs.size(); ++i) {  // every one, even after one failed: their memory is in use until then
-      try {
-        bool fin = true;
-        ops[i] = stream < 0 ? rt.wait(hs[i], &now) : rt.wait_on_stream(hs[i], static_cast<uint64_t>(stream), &fin);
-        finished[i] = fin;
-        planned = std::max(planned, ops[i]->planned_us);
-        if (fin && !ops[i]->status.ok() && first_bad == hs.size()) first_bad = i;
-      } catch (const std::invalid_argument& e) {
-        if (first_bad == hs.size()) {
-          first_bad = i;
-          refused = e.what();
-        }
-      }
-    }
-    rt.note_wait(t0, stream < 0 && now ? now : steady_us(), planned);
+    first_bad = door::wait(rt, hs.data(), n, stream, ops.data(), finished.data(), &refused);
   }
-  if (first_bad < hs.size()) {
+  if (first_bad < n) {
     if (!ops[first_bad]) throw std::invalid_argument(refused);
-    return py::cast(to_result(*ops[first_bad], true));
+    return py::cast(to_result(ops[first_bad], true));
   }
   bool any = false;
   for (const OpPtr& op : ops) any = any || hands_back(*op);
   if (!any) return py::none();
   py::list out;
-  for (size_t i = 0; i < ops.size(); ++i) out.append(result_of(*ops[i], finished[i]));
+  for (size_t i = 0; i < ops.size(); ++i) out.append(result_of(ops[i], finished[i]));
   return std::move(out);
 }
 
@@ -330,9 +316,9 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", &wait, py::arg("handle"), py::arg("stream") = -1)
       .def("poll",
            [](Runtime& rt, py::handle handles) {
-             if (PyLong_Check(handles.ptr())) return rt.poll(static_cast<int>(to_int(handles.ptr())));
+             if (PyLong_Check(handles.ptr())) return door::poll(rt, static_cast<int>(to_int(handles.ptr())));
              for (int h : handles.cast<std::vector<int>>())
-               if (!rt.poll(h)) return false;
+               if (!door::poll(rt, h)) return false;
              return true;
            },
            py::arg("handle"))

@@ -1,6 +1,9 @@
-// The C door (capi/appliance_core.h): each function of the table over the process's Runtime.
-// Exceptions never cross it: a refused submit returns its message in err.
+// The C door (capi/appliance_core.h): each function of the table is the door's work
+// (capi/door.h) on the process's Runtime. Exceptions never cross it: a refused submit returns its
+// message in err.
 #include "capi/capi.h"
+
+#include "capi/door.h"
 
 #include <cstring>
 #include <mutex>
@@ -43,17 +46,6 @@ void copy_err(const std::string& what, char* err, size_t len) {
   err[n] = '\0';
 }
 
-void fill_status(appliance_core_op* h, appliance_core_status* st) {
-  const Status& s = h->op->status;
-  if (h->message.empty() && !s.ok()) h->message = s.to_string();
-  st->ok = s.ok() ? 1 : 0;
-  st->code = static_cast<int32_t>(s.code);
-  st->origin_rank = s.origin_rank;
-  st->code_name = code_name(s.code);
-  st->origin_host = s.host.c_str();
-  st->message = h->message.c_str();
-}
-
 int32_t c_topology(appliance_core_topology* out) {
   std::shared_ptr<Runtime> rt = process_runtime();
   if (!rt) return 0;
@@ -74,34 +66,10 @@ int32_t c_process_set(int32_t id, int32_t* size, int32_t* rank) {
   return mine >= 0 ? 1 : 0;
 }
 
-void describe(const appliance_core_request& r, Request* q, TensorDesc* in, TensorDesc* out) {
-  if (r.kind < 0 || !op_kind_valid(static_cast<uint8_t>(r.kind))) throw std::invalid_argument("unknown operation kind " + std::to_string(r.kind));
-  if (r.reduce_op < 0 || !reduce_op_valid(static_cast<uint8_t>(r.reduce_op))) throw std::invalid_argument("unknown reduce op " + std::to_string(r.reduce_op));
-  if (r.dtype < 0 || !dtype_valid(static_cast<uint8_t>(r.dtype))) throw std::invalid_argument("unknown dtype code " + std::to_string(r.dtype));
-  if (r.ndim < 0 || (r.ndim > 0 && !r.shape)) throw std::invalid_argument("bad shape (ndim " + std::to_string(r.ndim) + ")");
-  const OpKind kind = static_cast<OpKind>(r.kind);
-  const bool core_output = kind == OpKind::kAllgather || kind == OpKind::kAlltoall || kind == OpKind::kReducescatter;
-  if (core_output && r.device >= 0) throw std::invalid_argument(std::string(op_kind_name(kind)) + " through the C door takes host memory only");
-  q->sig.kind = kind;
-  q->sig.op = static_cast<ReduceOp>(r.reduce_op);
-  q->sig.prescale = r.prescale == 0 ? 1.0 : r.prescale;
-  q->sig.postscale = r.postscale == 0 ? 1.0 : r.postscale;
-  q->sig.root = r.root;
-  q->sig.process_set = r.process_set;
-  if (r.name) q->name = r.name;
-  if (r.nsplits > 0) q->splits.assign(r.splits, r.splits + r.nsplits);
-  in->ptr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(r.data));
-  in->dtype = static_cast<DataType>(r.dtype);
-  in->shape.assign(r.shape, r.shape + r.ndim);
-  in->device = r.device;
-  in->stream = r.stream;
-  *out = *in;
-  out->ptr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(r.out));
-}
-
 int32_t c_submit(const appliance_core_request* reqs, int32_t n, appliance_core_done done, void* user,
                  appliance_core_op** ops, char* err, size_t err_len) {
-  int32_t i = 0;
+  std::string why;
+  int32_t enqueued = 0;
   try {
     std::shared_ptr<Runtime> rt = process_runtime();
     if (!rt) throw std::invalid_argument("the collective runtime has not been initialized; call hvd.init() first");
@@ -109,84 +77,71 @@ int32_t c_submit(const appliance_core_request* reqs, int32_t n, appliance_core_d
     if (!done && !ops) throw std::invalid_argument("submit without a callback needs ops[] for wait()");
     std::vector<Request> qs(static_cast<size_t>(n));
     std::vector<TensorDesc> ins(static_cast<size_t>(n)), outs(static_cast<size_t>(n));
-    for (int32_t k = 0; k < n; ++k) describe(reqs[k], &qs[k], &ins[k], &outs[k]);  // every member read first
-    if (n > 1) {
-      const uint32_t group = rt->new_group(qs[0].sig.process_set);
-      for (Request& q : qs) {
-        q.sig.group_id = group;
-        q.sig.group_size = static_cast<uint32_t>(n);
-      }
-    }
-    for (; i < n; ++i) {
-      if (done) {
-        rt->enqueue(std::move(qs[i]), std::move(ins[i]), std::move(outs[i]), [done, user, i](const OpPtr& op) {
+    for (int32_t k = 0; k < n; ++k) door::describe(reqs[k], &qs[k], &ins[k], &outs[k]);  // every member read first
+    if (done) {
+      enqueued = door::submit(*rt, qs.data(), ins.data(), outs.data(), n, n > 1, nullptr, &why, [done, user](int32_t i) {
+        return door::Completion([done, user, i](const OpPtr& op) {
           auto* h = new appliance_core_op;
           h->op = op;
           appliance_core_status st;
-          fill_status(h, &st);
+          door::status(*op, &h->message, &st);
           done(user, i, h, &st);
         });
-      } else {
-        auto* h = new appliance_core_op;
-        h->rt = rt;
-        try {
-          h->handle = rt->enqueue(std::move(qs[i]), std::move(ins[i]), std::move(outs[i]));
-        } catch (...) {
-          delete h;
-          throw;
-        }
-        ops[i] = h;
+      });
+    } else {
+      std::vector<int> handles(static_cast<size_t>(n));
+      enqueued = door::submit(*rt, qs.data(), ins.data(), outs.data(), n, n > 1, handles.data(), &why);
+      for (int32_t i = 0; i < enqueued; ++i) {
+        ops[i] = new appliance_core_op;
+        ops[i]->rt = rt;
+        ops[i]->handle = handles[i];
       }
     }
   } catch (const std::exception& e) {
-    copy_err(e.what(), err, err_len);
+    why = e.what();
   }
-  return i;
+  if (enqueued < n) copy_err(why, err, err_len);
+  return enqueued;
+}
+
+// Waits (once) for a wait-based operation; an unknown handle completes it as refused.
+void settle(appliance_core_op* h) {
+  if (h->op) return;
+  std::string refused;
+  char finished = 1;
+  door::wait(*h->rt, &h->handle, 1, -1, &h->op, &finished, &refused);
+  if (!h->op) {
+    h->op = std::make_shared<OpState>();
+    h->op->status = Status{Code::kInvalid, -1, "", refused};
+    h->op->done.store(true);
+  }
 }
 
 int32_t c_poll(appliance_core_op* h) {
   if (h->op) return h->op->done.load() ? 1 : 0;
   try {
-    return h->rt->poll(h->handle) ? 1 : 0;
+    return door::poll(*h->rt, h->handle) ? 1 : 0;
   } catch (const std::exception&) {
     return 1;  // forgotten: done
   }
 }
 
 void c_wait(appliance_core_op* h, appliance_core_status* st) {
-  if (!h->op) {
-    int64_t now = 0;
-    h->op = h->rt->wait(h->handle, &now);
-  }
-  fill_status(h, st);
+  settle(h);
+  door::status(*h->op, &h->message, st);
 }
 
 void c_output(appliance_core_op* h, appliance_core_output* out) {
-  *out = appliance_core_output{};
-  if (!h->op || !h->op->done.load() || !h->op->status.ok()) return;
-  const OpState& op = *h->op;
-  out->value = op.value;
-  if (op.output) {
-    out->data = op.output->data();
-    out->bytes = op.output_bytes;
-    out->ndim = static_cast<int32_t>(op.out_shape.size());
-    out->shape = op.out_shape.data();
+  if (!h->op) {
+    *out = appliance_core_output{};
+    return;
   }
-  if (op.req.sig.kind == OpKind::kAlltoall) {
-    out->nsplits = static_cast<int32_t>(op.recv_splits.size());
-    out->splits = op.recv_splits.data();
-  }
+  door::output(*h->op, out);
 }
 
 void c_release(appliance_core_op* h) {
   if (!h) return;
-  if (!h->op && h->rt) {  // never waited for: its handle is freed once done
-    try {
-      int64_t now = 0;
-      h->op = h->rt->wait(h->handle, &now);
-    } catch (const std::exception&) {
-    }
-  }
+  if (!h->op && h->rt) settle(h);  // never waited for: its handle is freed once done
   delete h;
 }
 
