@@ -31,6 +31,7 @@ from .state import Event, JobState
 from .view import LinesDisplay, LiveDisplay, closing_line
 
 TICK_S = 1.0
+WARM_JOIN_S = 60.0  # the longest the end of a job waits for the warm-up's imports to finish
 
 
 def silent_bound_s(environ: Optional[Mapping[str, str]] = None) -> float:
@@ -79,6 +80,7 @@ class Observer:
         self._stack = contextlib.ExitStack()
         self._stop = threading.Event()
         self._ticker: Optional[threading.Thread] = None
+        self._warmer: Optional[threading.Thread] = None
         self._lock = threading.Lock()
 
     # -- the launcher's calls ------------------------------------------------------------------
@@ -118,7 +120,8 @@ class Observer:
                     self.record_dir, self.job_id, self.size, warn=lambda s: self._say(f"{self.prefix}: warning: {s}")))
             self._start_display()
             if self.record is not None:
-                threading.Thread(target=self._warm, name="observe-warm", daemon=True).start()
+                self._warmer = threading.Thread(target=self._warm, name="observe-warm", daemon=True)
+                self._warmer.start()
             self._ticker = threading.Thread(target=self._tick, name="observe-ticker", daemon=True)
             self._ticker.start()
         except BaseException:
@@ -162,6 +165,11 @@ class Observer:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join(5)
+        # A short job can end while the warm-up still imports its C extensions (protobuf, matplotlib):
+        # the interpreter's shutdown under an import in a daemon thread is a segfault, and the
+        # report needs those libraries anyway.
+        if self._warmer is not None:
+            self._warmer.join(WARM_JOIN_S)
         try:
             if self.display is not None:
                 if isinstance(self.display, LiveDisplay) and self.sink is not None:
