@@ -24,6 +24,16 @@ METRICS = "metrics.json"
 N_TEST = 297
 
 
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """The training's own arguments, the same for every example job (same model size, data split
+    and schedule, so the torch and Keras jobs compare)."""
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=64, help="global batch size (split across ranks)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--seed", type=int, default=1234)
+
+
 def add_run_args(p: argparse.ArgumentParser, default_run: str) -> None:
     """The arguments that say where a run's files go (the same for every example job)."""
     p.add_argument("--run", default=default_run,

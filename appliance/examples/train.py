@@ -61,11 +61,7 @@ from appliance.examples import share
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=64, help="global batch size (split across ranks)")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--seed", type=int, default=1234)
+    share.add_training_args(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda:<local rank> when a GPU is visible, else cpu")
     share.add_run_args(p, "digits")
