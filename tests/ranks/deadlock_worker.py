@@ -5,7 +5,8 @@ Usage: deadlock_worker.py CASE, started by rank_group.RankGroup with the contrac
 (HOROVOD_RANK/SIZE...). Each rank writes rank<R>.json into APPLIANCE_TEST_OUT: ``blocked_at``
 (time.time() as it entered its last blocking call), then ``error``, ``code``, ``at`` (when the
 call raised) or ``error: None`` with ``steps``. Exit codes: 0 the case finished, 3 the job
-failed (HorovodInternalError), 4 a MismatchError, 1 anything else.
+failed (HorovodInternalError), 4 a MismatchError, 1 anything else. The slow cases' rank is slow
+for APPLIANCE_TEST_SLOW_S seconds (default 15; the test sets it a little beyond its deadlock bound).
 """
 import json
 import os
@@ -21,6 +22,7 @@ from appliance.runtime import process_sets
 OUT = os.environ["APPLIANCE_TEST_OUT"]
 RANK = int(os.environ["HOROVOD_RANK"])
 SIZE = int(os.environ["HOROVOD_SIZE"])
+SLOW_S = float(os.environ.get("APPLIANCE_TEST_SLOW_S", "15"))
 state = {"steps": 0, "blocked_at": None}
 
 
@@ -89,20 +91,20 @@ def case_sets():
 
 
 def case_checkpoint():
-    """Rank 1 'checkpoints' for 15 s before its allreduce; the others wait in theirs."""
+    """Rank 1 'checkpoints' for SLOW_S before its allreduce; the others wait in theirs."""
     rt.allreduce(x(), name="before")
     if RANK == 1:
-        time.sleep(15)
+        time.sleep(SLOW_S)
     blocking(rt.allreduce, x(), name="after")
     state["steps"] = 2
 
 
 def case_long_step():
-    """A 15 s step on rank 0; the others submitted three gradients asynchronously (as the torch
+    """A SLOW_S step on rank 0; the others submitted three gradients asynchronously (as the torch
     hooks do) and wait on them in turn; rank 0 then submits them in another order."""
     names = ["g0", "g1", "g2"]
     if RANK == 0:
-        time.sleep(15)
+        time.sleep(SLOW_S)
         names.reverse()
     arrays = [x() for _ in names]
     state["blocked_at"] = time.time()
