@@ -14,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _tf_collectives  # noqa: E402
+import _tf_eager  # noqa: E402
 import _tf_features  # noqa: E402
 import _tf_suite  # noqa: E402
 import _tf_training  # noqa: E402
@@ -22,7 +23,7 @@ from _report import report  # noqa: E402
 import appliance.tensorflow as hvd  # noqa: E402
 
 CASES = {}
-for _mod in (_tf_collectives, _tf_training, _tf_features, _tf_suite):
+for _mod in (_tf_collectives, _tf_eager, _tf_training, _tf_features, _tf_suite):
     CASES.update(_mod.CASES)
 
 

@@ -1,7 +1,7 @@
 """A training step with appliance.tensorflow on real ranks: eagerly (DistributedGradientTape),
 inside tf.function and in a tf.compat.v1 session (DistributedOptimizer, BroadcastGlobalVariablesHook)
 it gives the numbers of one process on every rank's rows; a step's gradients are planned in one
-round and fused. Needs TensorFlow (conftest.py)."""
+round and fused; an eager allreduce takes the host path or the op's and both pair up. Needs TensorFlow (conftest.py)."""
 import pytest
 
 
@@ -18,8 +18,8 @@ def test_same_numbers_eager_function_and_session(run_ranks, np_):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_steps_gradients_fuse_in_one_round(run_ranks):
-    ranks = run_ranks(2, "tf_hvd", "fusion", env={"OMP_NUM_THREADS": "1"}, timeout=240)
+def test_a_steps_gradients_fuse_in_one_round_and_eager_ops_take_either_path(run_ranks):
+    ranks = run_ranks(2, "tf_hvd", "fusion,eager_paths", env={"OMP_NUM_THREADS": "1"}, timeout=240)
     for r in range(2):
         rounds = ranks[r]["fusion_rounds"]
         total = {k: sum(x[k] for x in rounds) for k in rounds[0]}
@@ -27,3 +27,4 @@ def test_a_steps_gradients_fuse_in_one_round(run_ranks):
         # as the step's ops complete, so one may land in the neighbouring step's reading: +1)
         assert total["tensors"] == 36, rounds
         assert total["plans"] <= 4 and total["entries"] <= 4 and total["fused_entries"] >= 3, rounds
+        assert ranks[r]["eager_paths"], ranks[r]  # tests/ranks/_tf_eager.py
