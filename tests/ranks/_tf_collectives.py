@@ -1,6 +1,10 @@
 """Cases for tf_hvd.py: every collective x dtype x a few shapes, eagerly and inside
 tf.function, against numpy; grouped allreduce; IndexedSlices; the scalar ops; gradients; calls
-before init."""
+before init. APPLIANCE_TEST_TF_ALTERNATE=1: the dtype sweeps (allreduce, allgather, broadcast) run
+each combination in one mode, eager and tf.function alternating, so every dtype and op still meets
+both modes (a second size needs the sizes' checks, not the tracing's again)."""
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -44,21 +48,27 @@ def close(got, want, dtype, what):
     assert np.allclose(got, want, rtol=tol, atol=tol), (what, got.ravel()[:6], want.ravel()[:6])
 
 
-def modes(fn):
-    """fn eagerly, and fn inside a tf.function."""
-    return [("eager", fn), ("function", tf.function(fn))]
+ALTERNATE = os.environ.get("APPLIANCE_TEST_TF_ALTERNATE") == "1"
+
+
+def modes(fn, i=None):
+    """fn eagerly, and fn inside a tf.function; for combination ``i`` of a sweep under
+    APPLIANCE_TEST_TF_ALTERNATE=1, only one of them (by the parity of ``i``)."""
+    both = [("eager", fn), ("function", tf.function(fn))]
+    return both if i is None or not ALTERNATE else [both[i % 2]]
 
 
 def case_allreduce(hvd):
     rank, size = hvd.rank(), hvd.size()
-    checked = 0
+    checked, combination = 0, 0
     for dtype in DTYPES:
         ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product] if dtype.is_floating else [hvd.Sum, hvd.Min, hvd.Max]
         for shape in SHAPES:
-            for op in ops:
+            for op in ops:  # 5 and 3 ops: an odd step, so each (dtype, op) alternates over the shapes
                 mine = tf.constant(data(rank, dtype, shape, op), dtype=dtype)
                 want = reference(hvd, op, [data(r, dtype, shape, op) for r in range(size)])
-                for mode, fn in modes(lambda t: hvd.allreduce(t, op=op, name=f"ar.{dtype.name}.{op}")):
+                combination += 1
+                for mode, fn in modes(lambda t: hvd.allreduce(t, op=op, name=f"ar.{dtype.name}.{op}"), combination):
                     close(fn(mine), want, dtype, f"allreduce {mode} {dtype.name} {shape} op {op}")
                     checked += 1
     # prescale and postscale
@@ -81,13 +91,13 @@ def case_grouped_allreduce(hvd):
 
 def case_allgather(hvd):
     rank, size = hvd.rank(), hvd.size()
-    for dtype in DTYPES + [tf.bool]:
-        for tail in [(), (4,), (2, 3)]:
+    for d, dtype in enumerate(DTYPES + [tf.bool]):
+        for k, tail in enumerate([(), (4,), (2, 3)]):
             def shape_of(r):
                 return (r + 1,) + tail
             mine = tf.constant(data(rank, dtype, shape_of(rank)), dtype=dtype)
             want = np.concatenate([data(r, dtype, shape_of(r)) for r in range(size)])
-            for mode, fn in modes(lambda t: hvd.allgather(t)):
+            for mode, fn in modes(lambda t: hvd.allgather(t), d + k):
                 got = fn(mine)
                 if dtype == tf.bool:
                     assert np.array_equal(got.numpy(), want), (mode, tail)
@@ -101,11 +111,11 @@ def case_allgather(hvd):
 
 def case_broadcast(hvd):
     rank, size = hvd.rank(), hvd.size()
-    for dtype in DTYPES + [tf.bool]:
-        for shape in SHAPES:
-            for root in {0, size - 1}:
+    for d, dtype in enumerate(DTYPES + [tf.bool]):
+        for k, shape in enumerate(SHAPES):
+            for root in sorted({0, size - 1}):
                 mine = tf.constant(data(rank, dtype, shape), dtype=dtype)
-                for mode, fn in modes(lambda t: hvd.broadcast(t, root)):
+                for mode, fn in modes(lambda t: hvd.broadcast(t, root), d + k + root):
                     got = fn(mine).numpy()
                     want = data(root, dtype, shape)
                     if dtype == tf.bool:
