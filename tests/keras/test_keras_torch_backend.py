@@ -3,7 +3,7 @@ its own rows and initial weights (tests/ranks/keras_torch.py): ``fit`` with ``Di
 and the broadcast callback leaves both ranks with the weights of one process trained on both
 ranks' rows of each step (the gradients, torch tensors, averaged through the runtime's numpy
 API); the epoch's loss is the ranks' average; an option that path lacks (fp16 compression) is
-refused by name. Needs TensorFlow (conftest.py) and torch."""
+refused by name, and so is a Keras 3 backend with no averaging path (jax). Needs TensorFlow (conftest.py) and torch."""
 from __future__ import annotations
 
 import os
@@ -26,6 +26,7 @@ def test_keras3_on_torch_averages_like_one_process(run_ranks):
         assert rep and rep["ok"] and rep["backend"] == "torch", (r, rep)
         assert np.allclose(rep["weights"], rep["reference"], atol=1e-5), (r, rep["weights"][:3], rep["reference"][:3])
         assert "compression" in (rep["fp16_error"] or ""), rep["fp16_error"]
+        assert "KERAS_BACKEND=jax" in (rep["jax_error"] or ""), rep["jax_error"]
     raw = np.array([rep["raw_loss"] for rep in reps])
     assert not np.allclose(raw[0], raw[1])
     for rep in reps:

@@ -6,7 +6,8 @@ Every rank has its own rows and its own initial weights (both seeded by rank); `
 ``MetricAverageCallback``, 2 epochs of 3 steps. Reports the backend, the weights, a one-process
 ``fit`` (no Horovod) on every rank's rows of each step from root's initial weights, the History's
 losses and this rank's own (a callback before the average), and the error of a
-``DistributedOptimizer`` with fp16 compression (refused by name on this backend).
+``DistributedOptimizer`` with fp16 compression (refused by name on this backend), and of one made
+while Keras says its backend is jax (refused by name: no path averages jax gradients).
 """
 import os
 import sys
@@ -74,6 +75,14 @@ def main():
             rep["fp16_error"] = None
         except NotImplementedError as e:
             rep["fp16_error"] = str(e)
+        real, keras.backend.backend = keras.backend.backend, lambda: "jax"  # as KERAS_BACKEND=jax says
+        try:
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+            rep["jax_error"] = None
+        except NotImplementedError as e:
+            rep["jax_error"] = str(e)
+        finally:
+            keras.backend.backend = real
         rep["ok"] = True
     finally:
         report(rep)

@@ -16,8 +16,10 @@ applied every N-th pass; the passes between only count ``iterations``. A rank ou
 ``process_set`` keeps its own gradients, as Horovod's. Variables are keyed by ``id`` (Keras 3's
 variables have no ``ref()``). Keras 3 on ``KERAS_BACKEND=torch`` hands ``apply`` torch tensors:
 they are averaged by ``_torch_backend`` (the runtime's numpy API), which refuses what it lacks.
+Keras 3 on any other backend (jax, numpy) is refused when the optimizer is made, naming it.
 
-Environment: none. Failure modes: collectives fail as ``appliance.tensorflow.mpi_ops`` says; a
+Environment: ``KERAS_BACKEND`` (Keras's). Failure modes: ``NotImplementedError`` naming a Keras 3
+backend other than tensorflow and torch; collectives fail as ``appliance.tensorflow.mpi_ops`` says; a
 Keras 3 step compiled with XLA (``jit_compile``, Keras 3's default where a GPU is visible) raises
 ValueError naming ``jit_compile=False`` when traced (the op library has no XLA kernels);
 ranks must call the optimizer on the same variables in the same order (the group's name in a
@@ -170,11 +172,25 @@ def _torch_check(reducer, agg) -> None:
             _torch_backend.refuse(what)
 
 
+KERAS3_BACKENDS = ("tensorflow", "torch")
+
+
+def check_backend(backend: str) -> None:
+    """NotImplementedError naming a Keras 3 backend whose gradients reach neither TensorFlow's ops
+    nor the runtime's numpy path (``_torch_backend``)."""
+    if backend not in KERAS3_BACKENDS:
+        raise NotImplementedError(f"horovod.keras on KERAS_BACKEND={backend}: not supported; its gradients are "
+                                  f"averaged on the {' and '.join(KERAS3_BACKENDS)} backends only")
+
+
 def _keras3_class(base, make):
     class _Distributed(base):
         _hvd_distributed = True
 
         def __init__(self, *args, **kwargs):
+            import keras
+
+            check_backend(keras.backend.backend())
             super().__init__(*args, **kwargs)
             make(self)
 
