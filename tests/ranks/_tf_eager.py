@@ -1,6 +1,6 @@
-"""Cases for tf_hvd.py: the two ways an eager allreduce reaches the core. A host tensor that no
-tape watches goes to the core as memory, without the op library; one under a tape goes through
-the op (so it differentiates). Ranks on different paths pair up, and the host path gives the
+"""Cases for tf_hvd.py: the two ways an eager allreduce reaches the core. A host tensor up to
+256 KiB that no tape watches goes to the core as memory, without the op library; a larger one, or
+one under a tape, goes through the op (which differentiates). Ranks on different paths pair up, and the host path gives the
 op's numbers, dtypes, device and errors."""
 import numpy as np
 import tensorflow as tf
@@ -44,6 +44,12 @@ def case_eager_paths(hvd):
             else:
                 y = hvd.allreduce(x, op=hvd.Sum)
         assert y.numpy().tolist() == [float(total)], y
+
+        # above the host path's size the op path runs (no copy of a large result)
+        calls.clear()
+        n = mpi_ops._HOST_MAX_BYTES // 4
+        assert hvd.allreduce(tf.ones([n]), op=hvd.Sum).numpy().min() == size and not calls
+        assert hvd.allreduce(tf.ones([n + 1]), op=hvd.Sum).numpy().min() == size and calls
 
         # a shape that differs between ranks: the op's error on every rank, then the runtime goes on
         calls.clear()
