@@ -147,19 +147,22 @@ def test_checkpoint_and_metrics_agree_after_kills_at_random_moments(tmp_path):
 
     # The resume: the dead holder's lock is taken over at once, metrics.json is rebuilt first,
     # and the job trains to the end on the trajectory of an uninterrupted run.
+    # The uninterrupted reference run starts beside it, in its own directory.
     ckpt, _ = _state(model_dir)
     target = (ckpt["epoch"] if ckpt else 0) + 2
-    job = Job(tmp_path, "--epochs", target)
-    assert job.wait(timeout=120) == 0, (seed, job.lines[-20:])
-    assert job.seen("took over the lock of run 'r'"), (seed, job.lines[:5])
-    ckpt, metrics = _state(model_dir)
-    assert ckpt["epoch"] == target and metrics == ckpt["metrics"], seed
-    assert sorted(os.listdir(model_dir)) == ["checkpoint.pt", "metrics.json"]  # no temporaries left
-    assert not (tmp_path / "locks" / "run-r.lock").exists()
     reference = tmp_path / "reference"
     reference.mkdir()
-    ref = Job(reference, "--epochs", target)
-    assert ref.wait(timeout=120) == 0, ref.lines[-20:]
+    job, ref = Job(tmp_path, "--epochs", target), Job(reference, "--epochs", target)
+    try:
+        assert job.wait(timeout=120) == 0, (seed, job.lines[-20:])
+        assert job.seen("took over the lock of run 'r'"), (seed, job.lines[:5])
+        ckpt, metrics = _state(model_dir)
+        assert ckpt["epoch"] == target and metrics == ckpt["metrics"], seed
+        assert sorted(os.listdir(model_dir)) == ["checkpoint.pt", "metrics.json"]  # no temporaries left
+        assert not (tmp_path / "locks" / "run-r.lock").exists()
+        assert ref.wait(timeout=120) == 0, ref.lines[-20:]
+    finally:
+        ref.kill()
     _, ref_metrics = _state(reference / "models" / "r")
     assert [e["loss"] for e in metrics["epochs"]] == [e["loss"] for e in ref_metrics["epochs"]], seed
     print(f"seed {seed}: after each kill {outcomes}; takeovers by the next start: {takeovers}")
