@@ -2,7 +2,8 @@
 line: OpenMPI's ``mpirun`` (PMIx) and MPICH's ``mpiexec.hydra`` (PMI-1), as torch scripts are
 (tests/runtime/test_mpirun_lines.py). The bootstrap is the runtime's (``config.ORIGINS``), so the
 TensorFlow binding needs no detection of its own; this proves it. Each rank allreduces and
-allgathers and writes its result in one line; every process ends."""
+allgathers (rows 1 and 2: unequal) and writes its result in one line; every process ends. Two
+ranks: each rank costs seconds of CPU importing TensorFlow, and a third proves nothing more here."""
 from __future__ import annotations
 
 import os
@@ -28,8 +29,8 @@ sys.stdout.flush()
 """
 
 LINES = {
-    "mpirun": "mpirun -np 3 -H localhost:3 -bind-to none -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL python tf_job.py",
-    "hydra": "mpiexec.hydra -n 3 python tf_job.py",
+    "mpirun": "mpirun -np 2 -H localhost:2 -bind-to none -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL python tf_job.py",
+    "hydra": "mpiexec.hydra -n 2 python tf_job.py",
 }
 
 
@@ -42,5 +43,5 @@ def test_a_tensorflow_script_runs_under_the_process_managers_line(tmp_path, mana
         environ["APPLIANCE_TF_OPS_DIR"] = os.environ["APPLIANCE_TF_OPS_DIR"]
     rc, out, left = ml.run(LINES[manager], tmp_path, environ, timeout=200)
     assert rc == 0 and not left, out[-4000:]
-    seen = sorted(re.findall(r"TF rank (\d) size 3 local (\d) sum 6 gathered \[0, 1, 1, 2, 2, 2\]", out))
-    assert seen == [("0", "0"), ("1", "1"), ("2", "2")], out[-4000:]
+    seen = sorted(re.findall(r"TF rank (\d) size 2 local (\d) sum 3 gathered \[0, 1, 1\]", out))
+    assert seen == [("0", "0"), ("1", "1")], out[-4000:]
