@@ -1,7 +1,7 @@
 """Elastic fault soak: one elastic job trained for minutes while faults are injected at random.
 
     sudo .venv/bin/python benchmarks/elastic_soak.py --minutes 30 --json benchmarks/results/elastic_soak.json
-    sudo .venv/bin/python benchmarks/elastic_soak.py --minutes 1.5 --each-kind-once   # the CI form
+    sudo .venv/bin/python benchmarks/elastic_soak.py --minutes 1.5 --each-kind-once --settle 0.5 1   # the CI form
 
 Hosts: this machine plus three simulated hosts (tests/fixtures/netns.py: network namespaces on a
 bridge, real sshd, keys from `appliance keys`), one slot each. The job is `python -m appliance
@@ -12,7 +12,7 @@ It starts with localhost and two hosts listed; the third is the "new host".
 
 Faults, from ``--seed``: kinds come in shuffled cycles (every kind once per cycle, when it can
 apply), one fault at a time, each after the job is back at the size of the listed hosts and has
-trained there for a random 1-3 s:
+trained there for a random 1-3 s (``--settle LO HI``: LO-HI s):
 - kill: a random rank's process SIGKILLed;
 - stop: a random remote host's ranks SIGSTOPped for the heartbeat timeout + 1.5 s, then SIGCONT;
 - cut: a random remote host's switch port down for the heartbeat timeout + 1.5 s, then up;
@@ -365,7 +365,7 @@ class Soak:
                 if not self.steady(2.0, 120):
                     break
                 continue
-            settled = self.steady(self.rng.uniform(1.0, 3.0), 45)
+            settled = self.steady(self.rng.uniform(*self.args.settle), 45)
             kind = self.next_kind()
             if kind is None:
                 time.sleep(0.5)
@@ -485,6 +485,8 @@ def main() -> int:
                     help="APPLIANCE_HEARTBEAT_TIMEOUT of the job, seconds (default 2)")
     ap.add_argument("--each-kind-once", action="store_true",
                     help="stop injecting once every kind has been injected (within --minutes): the CI smoke")
+    ap.add_argument("--settle", type=float, nargs=2, default=(1.0, 3.0), metavar=("LO", "HI"),
+                    help="before each fault the job trains at full size for a random LO-HI s (default 1 3)")
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args()
     why = netns.available()

@@ -1,7 +1,8 @@
-"""The elastic fault soak's short form: ``benchmarks/elastic_soak.py --minutes 1.5 --each-kind-once``
-trains one elastic job on this machine and three simulated hosts (network namespaces, real sshd)
+"""The elastic fault soak's short form: ``benchmarks/elastic_soak.py --minutes 1.5 --each-kind-once
+--settle 0.5 1`` trains one elastic job on this machine and three simulated hosts (network namespaces, real sshd)
 while it kills a rank, SIGSTOPs a host's ranks, cuts a host's network, removes a host from
-discovery and adds one, each kind once (then it stops injecting and takes the end's resources). Asserted from its JSON: every fault recovered within the
+discovery and adds one, each kind once, each after 0.5-1 s of training at full size (at least two
+commits: 4 steps of 0.05 s each), then it stops injecting and takes the end's resources. Asserted from its JSON: every fault recovered within the
 script's bound (heartbeat timeout + 60 s), no committed step lost, every round started from a
 committed state, the ranks agreed at every step, the final model equals a one-process replay of
 its committed sizes, nothing grew between the start and the end (processes, the launcher's fds
@@ -63,8 +64,8 @@ def test_elastic_soak_short_form(request, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "APPLIANCE_", "OMPI_", "PMIX_"))}
     env["PYTHONPATH"] = str(ROOT)
     p = subprocess.Popen([sys.executable, str(BENCH / "elastic_soak.py"), "--minutes", "1.5", "--each-kind-once",
-                          "--seed", "7", "--json", str(out)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                          "--settle", "0.5", "1", "--seed", "7", "--json", str(out)], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = p.communicate(timeout=420)
     finally:
