@@ -2,7 +2,8 @@
 each of its four allreduce backends (our TF path eager and in a tf.function, our torch path,
 MultiWorkerMirroredStrategy) at 4 KiB and 64 KiB, and images/s for DistributedGradientTape and
 the strategy and for Keras ``fit`` with DistributedOptimizer and under the strategy (tf-keras, which
-tests/run.sh installs) on a tiny model, printed and in its JSON. No timed assertions.
+tests/run.sh installs) on a tiny model, printed and in its JSON. As root (CI) the allreduces run with
+``--realtime`` (every rank's threads at SCHED_FIFO). No timed assertions.
 
 TensorFlow is needed (the ``test`` extra installs tensorflow-cpu): without it the test skips, and
 fails under --strict-prereqs (CI)."""
@@ -32,8 +33,9 @@ def test_tf_path_quick(tmp_path, request):
     if os.environ.get("APPLIANCE_TF_OPS_DIR"):  # where this checkout's op library is kept
         env["APPLIANCE_TF_OPS_DIR"] = os.environ["APPLIANCE_TF_OPS_DIR"]
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tf_path.py"), "--quick", "--json", str(out)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    realtime = os.geteuid() == 0  # SCHED_FIFO needs root (or CAP_SYS_NICE)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tf_path.py"), "--quick", "--json", str(out)]
+                          + (["--realtime"] if realtime else []), env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text())
     got = {(r["backend"], r["bytes"]): r for r in result["rows"]}
@@ -43,3 +45,4 @@ def test_tf_path_quick(tmp_path, request):
     assert all(len(v) == 1 and v[0] > 0 for v in result["train"].values()), result["train"]
     assert "\nallreduce, float32, 2 ranks" in proc.stdout and "tf-tape/mwms: " in proc.stdout
     assert "keras-fit/mwms-fit: " in proc.stdout
+    assert result["realtime"] is realtime and ("at SCHED_FIFO" in proc.stdout) is realtime
