@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark
 
 MANIFEST = ROOT / "deploy" / "kubernetes" / "mpijob-elastic.yaml"
 STEP_S = 0.1
+COMMIT = 2  # elastic_steps.py commits every COMMIT steps
 
 
 # The crash tests' cool-down: the Kubernetes default (10 s, doubling; COOLDOWN_S) is the launcher's
@@ -33,7 +34,7 @@ STEP_S = 0.1
 SHORT_COOLDOWN = ["--blacklist-cooldown-range", "1", "1"]
 
 
-def elastic_job(k8s_jobs, steps: int, *, replicas: int = 2, np_: int = 2, commit: int = 2,
+def elastic_job(k8s_jobs, steps: int, *, replicas: int = 2, np_: int = 2, commit: int = COMMIT,
                 flags: tuple[str, ...] = (), **kw) -> MPIJob:
     job = k8s_jobs(MPIJob, MANIFEST, mounts={str(RANKS): "/k8s-ranks"}, **kw)
     job.replicas = replicas
@@ -82,6 +83,18 @@ def wait_for(what: str, cond, job, timeout: float = 90, poll: float = 0.05):
         time.sleep(poll)
         job.launcher.container_obj.reload()
     pytest.fail(f"{what}: not within {timeout} s\n{job.all_logs()}")
+
+
+def steps_past(job, size: int, step: int) -> bool:
+    """Whether a worker's step file shows a step at ``size`` past ``step``."""
+    for f in records(job, "step.*"):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec["size"] == size and rec["step"] > step:
+            return True
+    return False
 
 
 class FirstStep:
@@ -181,24 +194,6 @@ def test_workers_started_after_the_launcher_are_waited_for_without_the_launchers
     assert set(done[0]["sizes"]) == {2}
 
 
-def test_a_crashed_worker_recreated_under_its_name_rejoins(k8s_jobs):
-    job = elastic_job(k8s_jobs, steps=5000, flags=SHORT_COOLDOWN)  # ended by stop_soon once the worker is back
-    started(job)
-    job.crash_worker(1)
-    wait_for("a step at size 1", lambda: steps_at(job, 1), job)
-    wait_for("the crashed pod out of discover_hosts.sh", lambda: any(len(h) == 1 for _, h in job.discovery_log), job)
-    recreated = time.time()
-    job.start_worker(1)  # the user deletes the failed pod; the operator re-creates the same name
-    first = FirstStep(job, 2, after=recreated)
-    wait_for("a step at size 2 again", first, job, timeout=150)
-    listed = next(t for t, hosts in job.discovery_log if t > recreated and len(hosts) == 2)
-    print(f"\n[k8s] crash + re-create: listed again -> first step at size 2: {first.first - listed:.2f} s "
-          f"(re-created -> first step {first.first - recreated:.2f} s)")
-    done = finish(job, stop_soon(job))
-    sizes = done[0]["sizes"]
-    assert 1 in sizes and sizes[-1] == 2 and sizes.index(1) < len(sizes) - 1 - sizes[::-1].index(1), sizes
-
-
 SSHD_LATE_S = 8  # a pending host is checked again 1, 3, 7, 15 s after its first check failed: it joins at the 7 s one
 
 
@@ -217,10 +212,12 @@ def test_a_listed_worker_whose_sshd_is_late_is_pending_then_joins(k8s_jobs):
     assert done[0]["sizes"][-1] == 3
 
 
-def test_a_crashed_rank_in_a_running_pod_rejoins_after_the_cool_down(k8s_jobs):
-    """The pod stays Running (sshd lives), so discover_hosts.sh keeps listing it: Horovod's
-    permanent blacklist would strand it; the cool-down lets it back."""
-    job = elastic_job(k8s_jobs, steps=5000, flags=SHORT_COOLDOWN)  # ended by stop_soon once the host is back
+def test_a_crashed_rank_in_a_running_pod_then_a_crashed_pod_recreated_under_its_name_rejoin(k8s_jobs):
+    """One job, two crashes of worker 1. Its rank crashes while the pod stays Running (sshd lives),
+    so discover_hosts.sh keeps listing it: Horovod's permanent blacklist would strand it; the
+    cool-down lets it back. Then the pod itself crashes (phase Failed: it leaves the listing) and
+    is re-created under the same name, which the job takes back too."""
+    job = elastic_job(k8s_jobs, steps=5000, flags=SHORT_COOLDOWN)  # ended by stop_soon once the worker is back
     started(job)
     step = max(json.loads(f.read_text())["step"] for f in records(job, "step.*"))
     switch(job, "kill.1", step + 5)  # worker 1 SIGKILLs itself there
@@ -230,6 +227,21 @@ def test_a_crashed_rank_in_a_running_pod_rejoins_after_the_cool_down(k8s_jobs):
     wait_for("a step at size 2 again", first, job, timeout=150)
     print(f"\n[k8s] crashed rank, pod still listed: back at size 2 after {first.first - crashed:.2f} s (the cool-down)")
     assert all(len(hosts) == 2 for _, hosts in job.discovery_log)  # never left discovery
+    back = max(json.loads(f.read_text())["step"] for f in records(job, "step.*"))
+    wait_for("a commit at size 2 (the steps before one are rolled back by the next crash)",
+             lambda: steps_past(job, 2, back + 2 * COMMIT), job)
+
+    job.crash_worker(1)
+    wait_for("a step at size 1 after the pod's crash", lambda: steps_at(job, 1, after=first.first), job)
+    wait_for("the crashed pod out of discover_hosts.sh", lambda: any(len(h) == 1 for _, h in job.discovery_log), job)
+    recreated = time.time()
+    job.start_worker(1)  # the user deletes the failed pod; the operator re-creates the same name
+    again = FirstStep(job, 2, after=recreated)
+    wait_for("a step at size 2 after the re-creation", again, job, timeout=150)
+    listed = next(t for t, hosts in job.discovery_log if t > recreated and len(hosts) == 2)
+    print(f"\n[k8s] crash + re-create: listed again -> first step at size 2: {again.first - listed:.2f} s "
+          f"(re-created -> first step {again.first - recreated:.2f} s)")
     done = finish(job, stop_soon(job))
     sizes = done[0]["sizes"]
-    assert 1 in sizes and sizes[-1] == 2, sizes
+    runs = [n for i, n in enumerate(sizes) if i == 0 or sizes[i - 1] != n]  # the sizes in the order they ran
+    assert runs == [2, 1, 2, 1, 2], sizes
