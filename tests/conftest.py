@@ -10,19 +10,17 @@ Prerequisite tools (sshd, mpirun, docker) are checked by ``require_tool``: a mis
 the test locally but fails it under ``--strict-prereqs`` (CI), so a tier cannot silently vanish.
 
 The fixtures of the infrastructure tiers (pytest markers ``ssh``, ``docker``, ``k8s``, ``slurm``, ``gpu``) and
-the stand-in device libraries are plugins in ``tests/fixtures``, loaded below for every folder.
+the stand-in device libraries are plugins in ``tests/fixtures``, loaded below for every folder;
+``run_ranks`` is ``fixtures.ranks.launch_ranks`` into the test's temporary directory.
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import signal
-import sys
 
 import pytest
 
-from fixtures import RANKS, ROOT
+from fixtures.ranks import Ranks, launch_ranks
 
 # The tiers' fixtures, usable from every folder of tests/ (see tests/fixtures/__init__.py).
 pytest_plugins = [
@@ -63,41 +61,8 @@ def require_tool(request):
     return check
 
 
-class Ranks:
-    def __init__(self, result, reports):
-        self.result = result
-        self.reports = reports
-
-    def __getitem__(self, rank):
-        return self.reports[rank]
-
-    def __len__(self):
-        return len(self.reports)
-
-    def output(self, rank=None, stream=None) -> str:
-        return "\n".join(text for r, s, text in self.result.lines
-                         if (rank is None or r == rank) and (stream is None or s == stream))
-
-
 @pytest.fixture
 def run_ranks(tmp_path):
-    def run(np: int, worker: str, *args, env: dict | None = None, timeout: float = 60, expect_ok: bool = True,
-            hosts: str | None = None) -> Ranks:
-        from appliance.launcher import launch
-
-        out = tmp_path / f"reports-{worker}-{np}"
-        out.mkdir(exist_ok=True)
-        full_env = {"APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
-        full_env.update(env or {})
-        command = [sys.executable, str(RANKS / f"{worker}.py"), *map(str, args)]
-        result = launch(command, np=np, hosts=hosts or f"localhost:{np}", env=full_env, timeout=timeout)
-        reports = []
-        for r in range(np):
-            path = out / f"rank{r}.json"
-            reports.append(json.loads(path.read_text()) if path.exists() else None)
-        ranks = Ranks(result, reports)
-        if expect_ok and result.returncode != 0:
-            pytest.fail(f"launch failed (rc={result.returncode}, rank {result.failed_rank}: {result.reason}):\n"
-                        + ranks.output()[-6000:])
-        return ranks
+    def run(np: int, worker: str, *args, **kwargs) -> Ranks:
+        return launch_ranks(tmp_path / f"reports-{worker}-{np}", np, worker, *args, **kwargs)
     return run

@@ -11,13 +11,12 @@ tf.function alternate, APPLIANCE_TEST_TF_ALTERNATE: the modes are the 2-rank job
 process sets (HOROVOD_DYNAMIC_PROCESS_SETS=1; the default mode is the training tests'). A case
 that fails ends its job: the tests of the cases after it fail too, each showing the job's output.
 """
-import json
 import os
-import sys
 
 import pytest
 
-from fixtures import RANKS, ROOT
+from fixtures import ROOT
+from fixtures.ranks import launch_ranks
 
 CASES = (
     "before_init,allreduce,grouped_allreduce,allgather,broadcast,reducescatter,alltoall,join,indexed_slices,scalars,"
@@ -28,22 +27,17 @@ AFTER = {2: "horovod_suite", 3: "process_sets"}
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """job(np_): the reports of the np_-rank job (run at its first use) and its output's tail."""
-    from appliance.launcher import launch
-
     done = {}
 
     def run(np_):
         if np_ not in done:
-            out = tmp_path_factory.mktemp(f"tf-collectives-{np_}")
-            env = {"APPLIANCE_TEST_OUT": str(out), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'shim'}",
-                   "OMP_NUM_THREADS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1",
-                   "APPLIANCE_TEST_TF_ALTERNATE": "1" if np_ == 3 else "0"}
-            result = launch([sys.executable, str(RANKS / "tf_hvd.py"), f"{CASES},{AFTER[np_]}"], np=np_,
-                            hosts=f"localhost:{np_}", env=env, timeout=360)
-            reports = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").exists() else None
-                       for r in range(np_)]
-            tail = "\n".join(text for _, _, text in result.lines)[-6000:]
-            done[np_] = (reports, f"rc {result.returncode} (rank {result.failed_rank}: {result.reason}):\n{tail}")
+            env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'shim'}", "OMP_NUM_THREADS": "1",
+                   "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "APPLIANCE_TEST_TF_ALTERNATE": "1" if np_ == 3 else "0"}
+            ranks = launch_ranks(tmp_path_factory.mktemp(f"tf-collectives-{np_}"), np_, "tf_hvd",
+                                 f"{CASES},{AFTER[np_]}", env=env, timeout=360, expect_ok=False)
+            res = ranks.result
+            done[np_] = (ranks.reports, f"rc {res.returncode} (rank {res.failed_rank}: {res.reason}):\n"
+                                        f"{ranks.output()[-6000:]}")
         return done[np_]
     return run
 
