@@ -58,17 +58,20 @@ def switch(job, name: str, value) -> None:
         (d / f".{name}.tmp").rename(d / name)
 
 
+def step_records(job):
+    """The workers' step files as read now (each holds its worker's last step); a file caught
+    mid-write is skipped."""
+    for f in records(job, "step.*"):
+        try:
+            yield json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+
+
 def steps_at(job, size: int, after: float = 0.0) -> float | None:
     """The earliest time in the workers' step files (each holds its worker's last step) of a step
     at ``size`` taken after ``after``, or None."""
-    firsts = []
-    for f in records(job, "step.*"):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if rec["size"] == size and rec["t"] > after:
-            firsts.append(rec["t"])
+    firsts = [rec["t"] for rec in step_records(job) if rec["size"] == size and rec["t"] > after]
     return min(firsts) if firsts else None
 
 
@@ -87,14 +90,7 @@ def wait_for(what: str, cond, job, timeout: float = 90, poll: float = 0.05):
 
 def steps_past(job, size: int, step: int) -> bool:
     """Whether a worker's step file shows a step at ``size`` past ``step``."""
-    for f in records(job, "step.*"):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if rec["size"] == size and rec["step"] > step:
-            return True
-    return False
+    return any(rec["size"] == size and rec["step"] > step for rec in step_records(job))
 
 
 class FirstStep:
